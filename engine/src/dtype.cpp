@@ -1,0 +1,122 @@
+#include "tvc/dtype.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "tvc/error.h"
+
+namespace tvc {
+
+namespace {
+struct DTypeInfo {
+  const char* name;
+  size_t size;
+};
+constexpr DTypeInfo kInfo[kNumDTypes] = {
+    {"float32", 4}, {"float64", 8}, {"float16", 2}, {"bfloat16", 2}, {"int64", 8},
+    {"int32", 4},   {"int16", 2},   {"int8", 1},    {"uint8", 1},    {"bool", 1},
+};
+}  // namespace
+
+size_t dtype_size(DType dtype) { return kInfo[static_cast<int>(dtype)].size; }
+const char* dtype_name(DType dtype) { return kInfo[static_cast<int>(dtype)].name; }
+const char* device_name(Device device) { return device == Device::CPU ? "cpu" : "cuda"; }
+
+bool is_floating(DType d) {
+  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
+}
+bool is_integral(DType d) { return !is_floating(d) && d != DType::Bool; }
+
+DType promote_types(DType a, DType b) {
+  if (a == b) return a;
+  if (a == DType::Bool) return b;
+  if (b == DType::Bool) return a;
+  if (is_floating(a) != is_floating(b)) return is_floating(a) ? a : b;
+  if (is_floating(a)) {
+    // float16 with bfloat16 -> float32; otherwise the wider one.
+    if ((a == DType::Float16 && b == DType::BFloat16) || (a == DType::BFloat16 && b == DType::Float16))
+      return DType::Float32;
+    if (a == DType::Float64 || b == DType::Float64) return DType::Float64;
+    return DType::Float32;
+  }
+  // both integral
+  if (a == DType::UInt8 || b == DType::UInt8) {
+    DType other = a == DType::UInt8 ? b : a;
+    return other == DType::Int8 ? DType::Int16 : other;
+  }
+  auto rank = [](DType d) {
+    switch (d) {
+      case DType::Int8: return 0;
+      case DType::Int16: return 1;
+      case DType::Int32: return 2;
+      default: return 3;
+    }
+  };
+  return rank(a) > rank(b) ? a : b;
+}
+
+float half_bits_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400) == 0);
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mant & 0x3ff) << 13;
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t float_to_half_bits(float value) {
+  uint32_t u;
+  std::memcpy(&u, &value, 4);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  uint32_t absu = u & 0x7fffffffu;
+  if (absu > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (absu >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (absu < 0x38800000u) {  // subnormal or zero in half: round(|x| * 2^24)
+    float a;
+    std::memcpy(&a, &absu, 4);
+    float scaled = a * 16777216.0f;  // exact: power of two
+    auto m = static_cast<uint32_t>(std::nearbyint(scaled));  // round half to even
+    return static_cast<uint16_t>(sign | m);
+  }
+  uint32_t mant_odd = (absu >> 13) & 1u;
+  absu += 0xc8000fffu + mant_odd;  // re-bias exponent (-112 << 23) and round to nearest even
+  return static_cast<uint16_t>(sign | (absu >> 13));
+}
+
+std::string Scalar::str() const {
+  switch (kind_) {
+    case Kind::Bool: return i_ ? "True" : "False";
+    case Kind::Int: return std::to_string(i_);
+    case Kind::Float: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", d_);
+      return buf;
+    }
+  }
+  return "";
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace tvc

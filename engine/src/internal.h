@@ -1,0 +1,32 @@
+// Helpers shared by the op implementations in engine/src (not installed).
+#pragma once
+
+#include <vector>
+
+#include "tvc/autograd.h"
+#include "tvc/kernel.h"
+#include "tvc/ops.h"
+#include "tvc/tensor.h"
+
+namespace tvc::detail {
+
+// A new tensor over base's storage with the given geometry (no autograd recorded).
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset);
+// An uninitialised tensor of shape and dtype laid out as `like` suggests (channels-last stays
+// channels-last for 4-d shapes).
+Tensor empty_with_format(const Shape& shape, DType dtype, MemoryFormat format);
+// Runs op's kernel with the given inputs and outputs.
+inline void run(Op op, std::vector<Tensor> in, std::vector<Tensor> out, const void* params = nullptr) {
+  run_kernel(op, in, out, params);
+}
+// Sorted, wrapped, de-duplicated reduction dims (empty = all).
+std::vector<int64_t> reduction_dims(const Shape& dims, int64_t ndim, const char* op);
+// The shape after reducing dims, with or without keepdim.
+Shape reduced_shape(const Shape& shape, const std::vector<int64_t>& dims, bool keepdim);
+// Makes a reduced tensor's shape keepdim by inserting size-1 dims at dims (sorted).
+Tensor unsqueeze_dims(const Tensor& t, const std::vector<int64_t>& dims);
+// Suggests the memory format for a result computed from inputs: ChannelsLast when any 4-d input
+// is channels-last.
+MemoryFormat result_format(const std::vector<Tensor>& inputs);
+
+}  // namespace tvc::detail

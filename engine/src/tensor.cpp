@@ -1,0 +1,661 @@
+// Tensor metadata, views (with their backward rules), copies and creation.
+#include "tvc/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <sstream>
+
+#include "internal.h"
+
+namespace tvc {
+
+using autograd::GradList;
+using detail::make_view;
+
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
+  int64_t n = std::max<int64_t>(ndim, 1);
+  TVC_CHECK(dim >= -n && dim < n, op, ": dim ", dim, " is out of range for a tensor with ", ndim,
+            " dims");
+  return dim < 0 ? dim + n : dim;
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    TVC_CHECK(s >= 0, "negative size in shape ", shape);
+    TVC_CHECK(s == 0 || n <= INT64_MAX / s, "shape ", shape, " has more elements than int64 holds");
+    n *= s;
+  }
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape, MemoryFormat format) {
+  Shape strides(shape.size());
+  if (format == MemoryFormat::ChannelsLast && shape.size() == 4) {
+    int64_t c = shape[1], h = shape[2], w = shape[3];
+    strides[1] = 1;
+    strides[3] = std::max<int64_t>(c, 1);
+    strides[2] = strides[3] * std::max<int64_t>(w, 1);
+    strides[0] = strides[2] * std::max<int64_t>(h, 1);
+    return strides;
+  }
+  int64_t s = 1;
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
+    strides[i] = s;
+    s *= std::max<int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+// ---------------------------------------------------------------- metadata
+
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+int64_t Tensor::numel() const { return shape_numel(shape()); }
+
+bool Tensor::is_contiguous(MemoryFormat format) const {
+  const Shape& sh = shape();
+  if (format == MemoryFormat::ChannelsLast) {
+    if (sh.size() != 4) return false;
+    Shape expect = contiguous_strides(sh, MemoryFormat::ChannelsLast);
+    for (int i = 0; i < 4; ++i)
+      if (sh[i] != 1 && strides()[i] != expect[i]) return false;
+    return true;
+  }
+  int64_t expected = 1;
+  for (int64_t i = dim() - 1; i >= 0; --i) {
+    if (sh[i] == 1) continue;
+    if (strides()[i] != expected) return false;
+    expected *= sh[i];
+  }
+  return true;
+}
+
+MemoryFormat Tensor::suggest_memory_format() const {
+  if (dim() == 4 && !is_contiguous() && is_contiguous(MemoryFormat::ChannelsLast))
+    return MemoryFormat::ChannelsLast;
+  return MemoryFormat::Contiguous;
+}
+
+void* Tensor::raw_data() const {
+  auto* base = static_cast<char*>(storage()->data());
+  return base + storage_offset() * static_cast<int64_t>(element_size());
+}
+
+template <typename T>
+T Tensor::item() const {
+  TVC_CHECK(numel() == 1, "item: tensor with ", numel(), " elements (shape ", shape(),
+            ") cannot be converted to a number");
+  return static_cast<T>(item_double());
+}
+template float Tensor::item<float>() const;
+template double Tensor::item<double>() const;
+template int64_t Tensor::item<int64_t>() const;
+template int32_t Tensor::item<int32_t>() const;
+template bool Tensor::item<bool>() const;
+
+double Tensor::item_double() const {
+  TVC_CHECK(numel() == 1, "item: tensor with ", numel(), " elements (shape ", shape(),
+            ") cannot be converted to a number");
+  return to_vector()[0];
+}
+
+std::vector<double> Tensor::to_vector() const {
+  Tensor c = detach().to(DType::Float64).contiguous();
+  const double* p = c.data_ptr<double>();
+  return std::vector<double>(p, p + c.numel());
+}
+
+// ---------------------------------------------------------------- views
+
+namespace detail {
+
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.storage();
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = base.dtype();
+  impl->view_base = base.impl()->view_base ? base.impl()->view_base : base.impl_ptr();
+  return Tensor(std::move(impl));
+}
+
+Tensor empty_with_format(const Shape& shape, DType dtype, MemoryFormat format) {
+  return empty_strided(shape, contiguous_strides(shape, format), {.dtype = dtype});
+}
+
+MemoryFormat result_format(const std::vector<Tensor>& inputs) {
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.suggest_memory_format() == MemoryFormat::ChannelsLast)
+      return MemoryFormat::ChannelsLast;
+  return MemoryFormat::Contiguous;
+}
+
+}  // namespace detail
+
+namespace {
+
+// Records a view op's backward; views share the version counter of their base.
+Tensor record_view(const char* name, const Tensor& self, Tensor out, autograd::BackwardFn fn) {
+  autograd::record(name, {self}, {out}, std::move(fn));
+  return out;
+}
+
+// Strides for viewing a tensor of (shape, strides) as new_shape, or nullopt when no view exists
+// (PyTorch's computeStride).
+std::optional<Shape> view_strides(const Shape& shape, const Shape& strides, const Shape& new_shape) {
+  Shape out(new_shape.size());
+  if (shape_numel(shape) == 0) return contiguous_strides(new_shape);
+  int64_t view_d = static_cast<int64_t>(new_shape.size()) - 1;
+  int64_t chunk_base_stride = strides.empty() ? 1 : strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    tensor_numel *= shape[d];
+    if (d == 0 || (shape[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
+        out[view_d] = view_numel * chunk_base_stride;
+        view_numel *= new_shape[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (d > 0) {
+        chunk_base_stride = strides[d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return out;
+}
+
+Shape infer_shape(Shape shape, int64_t numel, const char* op) {
+  int64_t infer = -1, known = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      TVC_CHECK(infer < 0, op, ": only one dimension can be -1 in shape ", shape);
+      infer = static_cast<int64_t>(i);
+    } else {
+      TVC_CHECK(shape[i] >= 0, op, ": invalid size ", shape[i], " in shape ", shape);
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    TVC_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape,
+              " is invalid for input of size ", numel);
+    shape[infer] = numel / known;
+  }
+  TVC_CHECK(shape_numel(shape) == numel, op, ": shape ", shape, " is invalid for input of size ",
+            numel);
+  return shape;
+}
+
+}  // namespace
+
+Tensor Tensor::view(const Shape& new_shape_in) const {
+  Shape new_shape = infer_shape(new_shape_in, numel(), "view");
+  auto st = view_strides(shape(), strides(), new_shape);
+  TVC_CHECK(st.has_value(), "view: shape ", new_shape_in, " is not compatible with input shape ",
+            shape(), " and strides ", strides(), "; use reshape");
+  Shape in_shape = shape();
+  return record_view("ViewBackward0", *this, make_view(*this, new_shape, *st, storage_offset()),
+                     [in_shape](const GradList& g) -> GradList { return {g[0].reshape(in_shape)}; });
+}
+
+Tensor Tensor::reshape(const Shape& new_shape_in) const {
+  Shape new_shape = infer_shape(new_shape_in, numel(), "reshape");
+  if (view_strides(shape(), strides(), new_shape)) return view(new_shape);
+  return contiguous().view(new_shape);
+}
+
+Tensor Tensor::permute(const Shape& dims) const {
+  TVC_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: number of dims ", dims,
+            " does not match the tensor's ", dim(), " dims (shape ", shape(), ")");
+  Shape sh(dims.size()), st(dims.size()), inverse(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    int64_t d = wrap_dim(dims[i], dim(), "permute");
+    TVC_CHECK(!seen[d], "permute: dim ", d, " repeats in ", dims);
+    seen[d] = true;
+    sh[i] = shape()[d];
+    st[i] = strides()[d];
+    inverse[d] = static_cast<int64_t>(i);
+  }
+  return record_view("PermuteBackward0", *this, make_view(*this, sh, st, storage_offset()),
+                     [inverse](const GradList& g) -> GradList { return {g[0].permute(inverse)}; });
+}
+
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  if (dim() == 0) return *this;
+  d0 = wrap_dim(d0, dim(), "transpose");
+  d1 = wrap_dim(d1, dim(), "transpose");
+  Shape sh = shape(), st = strides();
+  std::swap(sh[d0], sh[d1]);
+  std::swap(st[d0], st[d1]);
+  return record_view("TransposeBackward0", *this, make_view(*this, sh, st, storage_offset()),
+                     [d0, d1](const GradList& g) -> GradList { return {g[0].transpose(d0, d1)}; });
+}
+
+Tensor Tensor::t() const {
+  TVC_CHECK(dim() <= 2, "t: expects a tensor with <= 2 dims, got shape ", shape());
+  return dim() < 2 ? *this : transpose(0, 1);
+}
+
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  TVC_CHECK(dim() > 0, "slice: cannot slice a 0-d tensor");
+  d = wrap_dim(d, dim(), "slice");
+  TVC_CHECK(step > 0, "slice: step must be positive, got ", step);
+  int64_t n = shape()[d];
+  if (start < 0) start += n;
+  if (end < 0) end += n;
+  start = std::clamp<int64_t>(start, 0, n);
+  end = std::clamp<int64_t>(end, start, n);
+  Shape sh = shape(), st = strides();
+  sh[d] = (end - start + step - 1) / step;
+  st[d] *= step;
+  Shape in_shape = shape();
+  DType dt = dtype();
+  return record_view(
+      "SliceBackward0", *this, make_view(*this, sh, st, storage_offset() + start * strides()[d]),
+      [in_shape, dt, d, start, end, step](const GradList& g) -> GradList {
+        Tensor gi = zeros(in_shape, {.dtype = dt});
+        gi.slice(d, start, end, step).copy_(g[0]);
+        return {gi};
+      });
+}
+
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  TVC_CHECK(dim() > 0, "narrow: cannot narrow a 0-d tensor");
+  d = wrap_dim(d, dim(), "narrow");
+  int64_t n = shape()[d];
+  if (start < 0) start += n;
+  TVC_CHECK(start >= 0 && length >= 0 && start + length <= n, "narrow: start ", start, " + length ",
+            length, " exceeds dimension ", d, " of size ", n, " (shape ", shape(), ")");
+  return slice(d, start, start + length);
+}
+
+Tensor Tensor::select(int64_t d, int64_t index) const {
+  TVC_CHECK(dim() > 0, "select: cannot select from a 0-d tensor");
+  d = wrap_dim(d, dim(), "select");
+  int64_t n = shape()[d];
+  TVC_CHECK(index >= -n && index < n, "select: index ", index, " is out of range for dimension ",
+            d, " of size ", n, " (shape ", shape(), ")");
+  if (index < 0) index += n;
+  Shape sh = shape(), st = strides();
+  int64_t off = storage_offset() + index * st[d];
+  sh.erase(sh.begin() + d);
+  st.erase(st.begin() + d);
+  Shape in_shape = shape();
+  DType dt = dtype();
+  return record_view("SelectBackward0", *this, make_view(*this, sh, st, off),
+                     [in_shape, dt, d, index](const GradList& g) -> GradList {
+                       Tensor gi = zeros(in_shape, {.dtype = dt});
+                       gi.select(d, index).copy_(g[0]);
+                       return {gi};
+                     });
+}
+
+Tensor Tensor::expand(const Shape& target) const {
+  int64_t nd = static_cast<int64_t>(target.size());
+  TVC_CHECK(nd >= dim(), "expand: the number of sizes ", target,
+            " must be at least the tensor's dims (shape ", shape(), ")");
+  Shape sh(nd), st(nd);
+  for (int64_t i = nd - 1; i >= 0; --i) {
+    int64_t j = i - (nd - dim());
+    int64_t size = j >= 0 ? shape()[j] : 1;
+    int64_t stride = j >= 0 ? strides()[j] : 0;
+    int64_t want = target[i];
+    if (want == -1) {
+      TVC_CHECK(j >= 0, "expand: -1 is not allowed for a new leading dim in ", target);
+      want = size;
+    }
+    TVC_CHECK(want >= 0, "expand: invalid size ", want, " in ", target);
+    if (size != want) {
+      TVC_CHECK(size == 1, "expand: the size ", size, " of dim ", j, " (shape ", shape(),
+                ") must match ", want, " or be 1 (target ", target, ")");
+      stride = 0;
+    }
+    sh[i] = want;
+    st[i] = stride;
+  }
+  Shape in_shape = shape();
+  return record_view("ExpandBackward0", *this, make_view(*this, sh, st, storage_offset()),
+                     [in_shape](const GradList& g) -> GradList { return {sum_to(g[0], in_shape)}; });
+}
+
+Tensor Tensor::unsqueeze(int64_t d) const {
+  d = wrap_dim(d, dim() + 1, "unsqueeze");
+  Shape sh = shape(), st = strides();
+  int64_t stride = d < dim() ? st[d] * sh[d] : 1;
+  sh.insert(sh.begin() + d, 1);
+  st.insert(st.begin() + d, stride);
+  return record_view("UnsqueezeBackward0", *this, make_view(*this, sh, st, storage_offset()),
+                     [d](const GradList& g) -> GradList { return {g[0].squeeze(d)}; });
+}
+
+Tensor Tensor::squeeze() const {
+  Shape sh, st;
+  for (int64_t i = 0; i < dim(); ++i)
+    if (shape()[i] != 1) {
+      sh.push_back(shape()[i]);
+      st.push_back(strides()[i]);
+    }
+  Shape in_shape = shape();
+  return record_view("SqueezeBackward0", *this, make_view(*this, sh, st, storage_offset()),
+                     [in_shape](const GradList& g) -> GradList { return {g[0].reshape(in_shape)}; });
+}
+
+Tensor Tensor::squeeze(int64_t d) const {
+  if (dim() == 0) return *this;
+  d = wrap_dim(d, dim(), "squeeze");
+  if (shape()[d] != 1) return *this;
+  Shape sh = shape(), st = strides();
+  sh.erase(sh.begin() + d);
+  st.erase(st.begin() + d);
+  return record_view("SqueezeBackward1", *this, make_view(*this, sh, st, storage_offset()),
+                     [d](const GradList& g) -> GradList { return {g[0].unsqueeze(d)}; });
+}
+
+Tensor Tensor::flatten(int64_t start, int64_t end) const {
+  if (dim() == 0) return reshape({1});
+  start = wrap_dim(start, dim(), "flatten");
+  end = wrap_dim(end, dim(), "flatten");
+  TVC_CHECK(start <= end, "flatten: start_dim ", start, " must not be after end_dim ", end);
+  Shape sh(shape().begin(), shape().begin() + start);
+  int64_t n = 1;
+  for (int64_t i = start; i <= end; ++i) n *= shape()[i];
+  sh.push_back(n);
+  sh.insert(sh.end(), shape().begin() + end + 1, shape().end());
+  return reshape(sh);
+}
+
+Tensor Tensor::unflatten(int64_t d, const Shape& sizes) const {
+  d = wrap_dim(d, dim(), "unflatten");
+  Shape sh(shape().begin(), shape().begin() + d);
+  Shape inner = infer_shape(sizes, shape()[d], "unflatten");
+  sh.insert(sh.end(), inner.begin(), inner.end());
+  sh.insert(sh.end(), shape().begin() + d + 1, shape().end());
+  return view(sh);
+}
+
+Tensor Tensor::as_strided(const Shape& sh, const Shape& st, int64_t offset) const {
+  TVC_CHECK(sh.size() == st.size(), "as_strided: shape ", sh, " and strides ", st,
+            " differ in length");
+  TVC_CHECK(!(requires_grad() && is_grad_enabled()),
+            "as_strided: not differentiable; call it on a detached tensor or under NoGradGuard");
+  int64_t max_index = offset;
+  for (size_t i = 0; i < sh.size(); ++i) {
+    TVC_CHECK(sh[i] >= 0 && st[i] >= 0, "as_strided: negative size or stride in ", sh, " / ", st);
+    if (sh[i] == 0) max_index = -1;
+    if (max_index >= 0) max_index += (sh[i] - 1) * st[i];
+  }
+  TVC_CHECK(offset >= 0 && (max_index < 0 || (max_index + 1) * static_cast<int64_t>(element_size()) <=
+                                                   static_cast<int64_t>(storage()->nbytes())),
+            "as_strided: shape ", sh, " strides ", st, " offset ", offset,
+            " reach past the storage of ", storage()->nbytes(), " bytes");
+  return make_view(*this, sh, st, offset);
+}
+
+Tensor Tensor::contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::Preserve) return *this;
+  if (is_contiguous(format)) return *this;
+  return clone(format);
+}
+
+// ---------------------------------------------------------------- copies
+
+Tensor Tensor::clone(MemoryFormat format) const {
+  if (format == MemoryFormat::Preserve) format = suggest_memory_format();
+  Tensor out = detail::empty_with_format(shape(), dtype(), format);
+  detail::run(Op::copy, {*this}, {out});
+  autograd::record("CloneBackward0", {*this}, {out},
+                   [](const GradList& g) -> GradList { return {g[0]}; });
+  return out;
+}
+
+Tensor Tensor::to(DType target) const {
+  if (target == dtype()) return *this;
+  Tensor out = detail::empty_with_format(shape(), target, suggest_memory_format());
+  detail::run(Op::copy, {*this}, {out});
+  if (is_floating(target) && is_floating(dtype())) {
+    DType src = dtype();
+    autograd::record("ToCopyBackward0", {*this}, {out},
+                     [src](const GradList& g) -> GradList { return {g[0].to(src)}; });
+  }
+  return out;
+}
+
+Tensor Tensor::to(Device target) const {
+  TVC_CHECK(target == device(), "to: moving a tensor from ", device_name(device()), " to ",
+            device_name(target), " is not supported in this build");
+  return *this;
+}
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = storage();
+  impl->shape = shape();
+  impl->strides = strides();
+  impl->offset = storage_offset();
+  impl->dtype = dtype();
+  return Tensor(std::move(impl));
+}
+
+Tensor& Tensor::detach_() {
+  impl_->grad_fn.reset();
+  impl_->output_nr = 0;
+  impl_->requires_grad = false;
+  return *this;
+}
+
+// ---------------------------------------------------------------- creation
+
+Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions options) {
+  TVC_CHECK(shape.size() == strides.size(), "empty_strided: shape ", shape, " and strides ",
+            strides, " differ in length");
+  int64_t n = shape_numel(shape);
+  int64_t extent = n == 0 ? 0 : 1;
+  for (size_t i = 0; i < shape.size() && n; ++i) extent += (shape[i] - 1) * strides[i];
+  size_t bytes = static_cast<size_t>(extent) * dtype_size(options.dtype);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = Storage::allocate(bytes, options.device);
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->dtype = options.dtype;
+  impl->requires_grad = options.requires_grad;
+  TVC_CHECK(!options.requires_grad || is_floating(options.dtype),
+            "only floating point tensors can require gradients, got ", dtype_name(options.dtype));
+  return Tensor(std::move(impl));
+}
+
+Tensor empty(const Shape& shape, TensorOptions options) {
+  return empty_strided(shape, contiguous_strides(shape), options);
+}
+
+Tensor empty_like(const Tensor& t, MemoryFormat format) {
+  if (format == MemoryFormat::Preserve) format = t.suggest_memory_format();
+  return detail::empty_with_format(t.shape(), t.dtype(), format);
+}
+
+Tensor full(const Shape& shape, Scalar value, TensorOptions options) {
+  bool rg = options.requires_grad;
+  options.requires_grad = false;
+  Tensor t = empty(shape, options);
+  t.fill_(value);
+  if (rg) t.requires_grad_(true);
+  return t;
+}
+
+Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0, options); }
+Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1, options); }
+Tensor zeros_like(const Tensor& t) { return empty_like(t).fill_(0); }
+Tensor ones_like(const Tensor& t) { return empty_like(t).fill_(1); }
+Tensor full_like(const Tensor& t, Scalar value) { return empty_like(t).fill_(value); }
+Tensor scalar_tensor(Scalar value, TensorOptions options) { return full({}, value, options); }
+
+Tensor arange(double start, double end, double step, TensorOptions options) {
+  TVC_CHECK(step != 0, "arange: step must be nonzero");
+  TVC_CHECK(std::isfinite(start) && std::isfinite(end), "arange: start ", start, " and end ", end,
+            " must be finite");
+  TVC_CHECK((end - start) / step >= 0, "arange: upper bound ", end, " and lower bound ", start,
+            " are inconsistent with step sign ", step);
+  double count = std::ceil((end - start) / step);
+  TVC_CHECK(count < 1e15, "arange: ", count, " elements is too many");
+  Tensor t = empty({static_cast<int64_t>(count)}, {.dtype = options.dtype});
+  FillParams p{.a = start, .b = step};
+  detail::run(Op::arange, {}, {t}, &p);
+  if (options.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor arange(int64_t end, TensorOptions options) { return arange(0, static_cast<double>(end), 1, options); }
+
+Tensor linspace(double start, double end, int64_t steps, TensorOptions options) {
+  TVC_CHECK(steps >= 0, "linspace: number of steps must be non-negative, got ", steps);
+  // As PyTorch: the first half counts up from start, the second half down from end.
+  std::vector<double> v(steps);
+  double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0;
+  int64_t half = steps / 2;
+  for (int64_t i = 0; i < steps; ++i)
+    v[i] = i < half ? start + step * static_cast<double>(i)
+                    : end - step * static_cast<double>(steps - 1 - i);
+  Tensor t = tensor<double>(v).to(options.dtype);
+  if (options.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor from_blob(void* data, const Shape& shape, DType dtype, Storage::Deleter deleter,
+                 std::optional<Shape> strides) {
+  Shape st = strides ? *strides : contiguous_strides(shape);
+  TVC_CHECK(st.size() == shape.size(), "from_blob: shape ", shape, " and strides ", st,
+            " differ in length");
+  int64_t n = shape_numel(shape);
+  int64_t extent = n == 0 ? 0 : 1;
+  for (size_t i = 0; i < shape.size() && n; ++i) {
+    TVC_CHECK(st[i] >= 0, "from_blob: negative stride in ", st);
+    extent += (shape[i] - 1) * st[i];
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = Storage::wrap(data, static_cast<size_t>(extent) * dtype_size(dtype), std::move(deleter));
+  impl->shape = shape;
+  impl->strides = st;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+template <typename T>
+Tensor tensor(const std::vector<T>& values, std::optional<Shape> shape) {
+  Shape sh = shape ? *shape : Shape{static_cast<int64_t>(values.size())};
+  TVC_CHECK(shape_numel(sh) == static_cast<int64_t>(values.size()), "tensor: ", values.size(),
+            " values do not fill shape ", sh);
+  Tensor t = empty(sh, {.dtype = dtype_of<T>()});
+  std::copy(values.begin(), values.end(), t.data_ptr<T>());
+  return t;
+}
+template Tensor tensor<float>(const std::vector<float>&, std::optional<Shape>);
+template Tensor tensor<double>(const std::vector<double>&, std::optional<Shape>);
+template Tensor tensor<int64_t>(const std::vector<int64_t>&, std::optional<Shape>);
+template Tensor tensor<int32_t>(const std::vector<int32_t>&, std::optional<Shape>);
+template Tensor tensor<uint8_t>(const std::vector<uint8_t>&, std::optional<Shape>);
+template Tensor tensor<Half>(const std::vector<Half>&, std::optional<Shape>);
+template Tensor tensor<BFloat16>(const std::vector<BFloat16>&, std::optional<Shape>);
+
+template <>
+Tensor tensor<bool>(const std::vector<bool>& values, std::optional<Shape> shape) {
+  std::vector<uint8_t> bytes(values.begin(), values.end());
+  Tensor t = tensor<uint8_t>(bytes, shape);
+  t.impl()->dtype = DType::Bool;
+  return t;
+}
+
+// ---------------------------------------------------------------- printing
+
+namespace {
+
+std::string format_float(double v, bool int_mode, bool sci, int width) {
+  char buf[64];
+  if (std::isnan(v)) std::snprintf(buf, sizeof buf, "nan");
+  else if (std::isinf(v)) std::snprintf(buf, sizeof buf, v > 0 ? "inf" : "-inf");
+  else if (sci) std::snprintf(buf, sizeof buf, "%.4e", v);
+  else if (int_mode) std::snprintf(buf, sizeof buf, "%.0f.", v);
+  else std::snprintf(buf, sizeof buf, "%.4f", v);
+  std::string s = buf;
+  if (static_cast<int>(s.size()) < width) s.insert(0, width - s.size(), ' ');
+  return s;
+}
+
+}  // namespace
+
+std::string Tensor::repr() const {
+  if (!defined()) return "tensor(undefined)";
+  std::vector<double> v = to_vector();
+  bool floating = is_floating(dtype());
+  bool int_mode = true, sci = false;
+  double amax = 0, amin_nonzero = INFINITY;
+  for (double x : v) {
+    if (!std::isfinite(x)) continue;
+    if (x != std::floor(x)) int_mode = false;
+    amax = std::max(amax, std::fabs(x));
+    if (x != 0) amin_nonzero = std::min(amin_nonzero, std::fabs(x));
+  }
+  if (floating) {
+    if (int_mode) sci = amax > 1e8;
+    else sci = amax / amin_nonzero > 1000 || amax > 1e8 || amin_nonzero < 1e-4;
+  }
+  const int64_t summarize_threshold = 1000, edge = 3;
+  bool summarize = numel() > summarize_threshold;
+  auto fmt = [&](double x) -> std::string {
+    if (dtype() == DType::Bool) return x != 0 ? "True" : "False";
+    if (!floating) return std::to_string(static_cast<int64_t>(x));
+    return format_float(x, int_mode, sci, 0);
+  };
+  size_t width = 0;
+  for (double x : v) width = std::max(width, fmt(x).size());
+  Shape st = contiguous_strides(shape());
+  std::ostringstream os;
+  os << "tensor(";
+  std::function<void(int64_t, int64_t, int)> rec = [&](int64_t d, int64_t base, int indent) {
+    if (d == dim()) {
+      std::string s = fmt(v[base]);
+      os << std::string(width - s.size(), ' ') << s;
+      return;
+    }
+    os << "[";
+    int64_t n = shape()[d];
+    for (int64_t i = 0; i < n; ++i) {
+      if (summarize && n > 2 * edge && i == edge) {
+        os << (d + 1 == dim() ? "..., " : "...,\n" + std::string(indent + 1, ' '));
+        i = n - edge;
+      }
+      rec(d + 1, base + i * st[d], indent + 1);
+      if (i + 1 < n) {
+        if (d + 1 == dim()) os << ", ";
+        else os << "," << std::string(dim() - d - 1, '\n') << std::string(indent + 1, ' ');
+      }
+    }
+    os << "]";
+  };
+  if (numel() == 0) {
+    os << "[]";
+    if (dim() != 1) {
+      os << ", size=(";
+      for (int64_t i = 0; i < dim(); ++i) os << (i ? ", " : "") << shape()[i];
+      os << (dim() == 1 ? ",)" : ")");
+    }
+  } else {
+    rec(0, 0, 7);
+  }
+  bool default_dtype = dtype() == DType::Float32 || dtype() == DType::Int64 || dtype() == DType::Bool;
+  if (!default_dtype) os << ", dtype=torch." << dtype_name(dtype());
+  if (grad_fn()) os << ", grad_fn=<" << grad_fn()->name() << ">";
+  else if (requires_grad()) os << ", requires_grad=True";
+  os << ")";
+  return os.str();
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.repr(); }
+
+}  // namespace tvc

@@ -1,0 +1,115 @@
+// The kernel registry: for each KERNEL op of tvc/op_list.h and each device, one function.
+//
+// Ops in engine/src allocate their outputs, then call run_kernel(op, inputs, outputs, params).
+// Backends fill the registry explicitly (no static initialisers, which a static library drops):
+// kernels/cpu/register.cpp defines register_cpu_kernels(), kernels/cuda the CUDA one. A missing
+// kernel is a clear error naming the op and device; a kernel that does not support a dtype
+// raises naming the op, dtype and device.
+//
+// Contract for kernels: outputs are allocated by the caller with their final shape; elementwise
+// inputs arrive already broadcast (expanded) to the output shape and converted to one dtype.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tvc/op_list.h"
+#include "tvc/tensor.h"
+
+namespace tvc {
+
+struct KernelArgs {
+  std::span<const Tensor> in;
+  std::span<Tensor> out;
+  const void* params = nullptr;
+  template <typename P>
+  const P& p() const {
+    return *static_cast<const P*>(params);
+  }
+};
+using KernelFn = void (*)(const KernelArgs& args);
+
+// CPU instruction-set paths. The library is built for baseline x86-64; the AVX2 and AVX-512
+// kernels live in their own files and are chosen at run time by CPUID, or forced with the
+// environment variable TVC_ISA=generic|avx2|avx512.
+enum class Isa : uint8_t { generic, avx2, avx512 };
+const char* isa_name(Isa isa);
+std::vector<Isa> available_isas();  // the paths this machine can run, generic first
+Isa active_isa();
+void set_isa(Isa isa);  // re-registers the CPU kernels for isa; throws if the CPU lacks it
+
+class KernelRegistry {
+ public:
+  void set(Op op, Device device, KernelFn fn);
+  KernelFn get(Op op, Device device) const;  // null when absent
+  bool supports(Op op, Device device) const { return get(op, device) != nullptr; }
+
+ private:
+  KernelFn table_[kNumOps][2] = {};
+};
+
+// The registry, filled on first use.
+KernelRegistry& kernel_registry();
+
+// Runs op's kernel for the device of the first input (or output).
+void run_kernel(Op op, std::span<const Tensor> in, std::span<Tensor> out,
+                const void* params = nullptr);
+
+// Raised by kernels for a dtype they do not implement.
+[[noreturn]] void unsupported_dtype(Op op, DType dtype, Device device);
+
+// Backend entry points (called by kernel_registry()).
+void register_cpu_kernels(KernelRegistry& registry, Isa isa);
+#ifdef TVC_HAVE_CUDA
+void register_cuda_kernels(KernelRegistry& registry);
+#endif
+
+// ---- parameters of kernels that take any ----
+
+// Unary ops with constants: leaky_relu (a = slope), clamp (a = min, b = max, has_a/has_b),
+// softplus (a = beta, b = threshold), gelu (approximate_tanh), pow_scalar (a = exponent).
+struct UnaryParams {
+  double a = 0, b = 0;
+  bool has_a = true, has_b = true;
+  bool approximate_tanh = false;
+};
+
+// fill (value), uniform (a = from, b = to), normal (a = mean, b = std), randint (a = low,
+// b = high), arange (a = start, b = step): the random ones read seed and counter offset.
+struct FillParams {
+  double a = 0, b = 0;
+  uint64_t seed = 0, offset = 0;
+};
+
+// bmm: out[b] = in0[b] @ in1[b], shapes (B,M,K) (B,K,N) -> (B,M,N), any strides.
+// Reductions (sum, amax, amin, argmax, argmin): the output is given in keepdim form; dims where
+// the output has extent 1 and the input does not are reduced.
+struct TopkParams {
+  int64_t k, dim;
+  bool largest, sorted;
+};
+
+// conv2d: in = (input N,C,H,W; weight O,C/g,kh,kw) -> out (N,O,Ho,Wo).
+// conv2d_backward_input: in = (grad_out, weight) -> out (grad_input, shape of input).
+// conv2d_backward_weight: in = (grad_out, input) -> out (grad_weight).
+struct Conv2dParams {
+  int64_t stride[2], padding[2], dilation[2], groups;
+};
+
+// max_pool2d: in = (input) -> out (values, int64 indices into H*W of each plane).
+// max_pool2d_backward: in = (grad_out, indices) -> out (grad_input, zero-filled by the kernel).
+// avg_pool2d(_backward): in = (input | grad_out) -> out.
+struct Pool2dParams {
+  int64_t kernel[2], stride[2], padding[2], dilation[2];
+  bool ceil_mode = false, count_include_pad = true;
+  int64_t divisor_override = 0;  // 0: none
+};
+
+// index_select: in = (input, int64 index) -> out; gather: in = (input, int64 index) -> out.
+// index_add / scatter_add: in = (grad, index) -> out (zero-filled by the caller, accumulated).
+struct IndexParams {
+  int64_t dim;
+};
+
+}  // namespace tvc

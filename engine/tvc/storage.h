@@ -1,0 +1,50 @@
+// Reference-counted memory that tensors view.
+//
+// A Storage owns (or borrows, or maps) one buffer and calls its deleter when the last tensor
+// viewing it goes away. It also carries the version counter that every view of it shares: each
+// in-place write bumps it, and autograd compares it with the version saved for backward.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "tvc/dtype.h"
+
+namespace tvc {
+
+class Storage {
+ public:
+  using Deleter = std::function<void(void*)>;
+
+  // Fresh, uninitialised, 64-byte aligned memory. Throws tvc::Error when nbytes cannot be had.
+  static std::shared_ptr<Storage> allocate(size_t nbytes, Device device = Device::CPU);
+  // An existing buffer, not copied; deleter (may be empty) runs when the storage dies. No
+  // alignment is assumed of data. Used for external buffers and memory maps.
+  static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, Deleter deleter,
+                                       Device device = Device::CPU);
+
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage();
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  Storage(void* data, size_t nbytes, Deleter deleter, Device device)
+      : data_(data), nbytes_(nbytes), deleter_(std::move(deleter)), device_(device) {}
+  void* data_;
+  size_t nbytes_;
+  Deleter deleter_;
+  Device device_;
+  std::atomic<uint64_t> version_{0};
+};
+
+}  // namespace tvc

@@ -1,0 +1,222 @@
+// tvc::Tensor: an n-dimensional strided view of a Storage, with autograd.
+//
+// A Tensor is a cheap, reference-counted handle; copies share the same tensor (as in PyTorch).
+// shape[i] is the extent of dim i, strides[i] the step in elements between neighbours along i,
+// storage_offset the element index of [0, ..., 0] in the storage. View ops (view, permute,
+// slice, ...) make new tensors over the same storage without copying; their results share the
+// storage's version counter. Free functions for every op are in tvc/ops.h.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tvc/dtype.h"
+#include "tvc/error.h"
+#include "tvc/storage.h"
+
+namespace tvc {
+
+using Shape = std::vector<int64_t>;
+
+namespace autograd {
+class Node;
+}
+
+// Layout of a 4-d tensor: NCHW strides (Contiguous) or NHWC strides (ChannelsLast).
+// Preserve keeps the input's layout.
+enum class MemoryFormat : uint8_t { Contiguous, ChannelsLast, Preserve };
+
+struct TensorOptions {
+  DType dtype = DType::Float32;
+  Device device = Device::CPU;
+  bool requires_grad = false;
+};
+
+class Tensor;
+using TensorHook = std::function<Tensor(const Tensor& grad)>;  // may return an undefined tensor
+
+// The state behind a Tensor handle. Not used directly.
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  Shape strides;
+  int64_t offset = 0;
+  DType dtype = DType::Float32;
+
+  // autograd
+  bool requires_grad = false;
+  bool retains_grad = false;
+  std::shared_ptr<TensorImpl> grad;
+  std::shared_ptr<autograd::Node> grad_fn;  // null for leaves
+  uint32_t output_nr = 0;                   // which output of grad_fn this is
+  std::weak_ptr<autograd::Node> grad_accumulator;
+  std::vector<std::pair<int, TensorHook>> leaf_hooks;  // hooks of a leaf, by handle
+  std::shared_ptr<TensorImpl> view_base;              // set on views made by view ops
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined tensor
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  // ---- metadata ----
+  const Shape& shape() const { return checked().shape; }
+  const Shape& sizes() const { return shape(); }
+  int64_t size(int64_t dim) const;  // negative dims count from the end
+  const Shape& strides() const { return checked().strides; }
+  int64_t stride(int64_t dim) const;
+  int64_t dim() const { return static_cast<int64_t>(checked().shape.size()); }
+  int64_t numel() const;
+  DType dtype() const { return checked().dtype; }
+  Device device() const { return checked().storage->device(); }
+  size_t element_size() const { return dtype_size(dtype()); }
+  int64_t storage_offset() const { return checked().offset; }
+  const std::shared_ptr<Storage>& storage() const { return checked().storage; }
+  bool is_contiguous(MemoryFormat format = MemoryFormat::Contiguous) const;
+  // ChannelsLast when this 4-d tensor is NHWC-strided but not NCHW-contiguous, else Contiguous.
+  MemoryFormat suggest_memory_format() const;
+  TensorOptions options() const { return {dtype(), device(), false}; }
+  uint64_t version() const { return storage()->version(); }
+
+  // ---- data ----
+  void* raw_data() const;  // address of element [0, ..., 0]
+  template <typename T>
+  T* data_ptr() const {
+    TVC_CHECK(dtype() == dtype_of<T>(), "data_ptr: tensor has dtype ", dtype_name(dtype()),
+              ", asked for ", dtype_name(dtype_of<T>()));
+    return static_cast<T*>(raw_data());
+  }
+  template <typename T>
+  T item() const;           // the value of a one-element tensor, converted to T
+  double item_double() const;
+  std::vector<double> to_vector() const;  // all elements in row-major order, as double
+
+  // ---- views (share storage) ----
+  Tensor view(const Shape& shape) const;        // one dim may be -1; needs compatible strides
+  Tensor reshape(const Shape& shape) const;     // a view when possible, else a copy
+  Tensor permute(const Shape& dims) const;
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  Tensor t() const;  // transpose of a tensor with <= 2 dims
+  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;  // clamps like Python
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor select(int64_t dim, int64_t index) const;
+  Tensor expand(const Shape& shape) const;  // -1 keeps a dim
+  Tensor expand_as(const Tensor& other) const { return expand(other.shape()); }
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor unflatten(int64_t dim, const Shape& sizes) const;
+  Tensor as_strided(const Shape& shape, const Shape& strides, int64_t storage_offset) const;
+  Tensor contiguous(MemoryFormat format = MemoryFormat::Contiguous) const;
+  Tensor operator[](int64_t index) const { return select(0, index); }
+
+  // ---- copies and conversions ----
+  Tensor clone(MemoryFormat format = MemoryFormat::Preserve) const;
+  Tensor to(DType dtype) const;  // same tensor when the dtype already matches
+  Tensor to(Device device) const;
+  Tensor detach() const;  // shares storage and version counter, no history
+  Tensor& detach_();
+
+  // ---- autograd ----
+  bool requires_grad() const { return checked().requires_grad; }
+  Tensor& requires_grad_(bool requires_grad = true);
+  bool is_leaf() const { return checked().grad_fn == nullptr; }
+  Tensor grad() const;
+  void set_grad(const Tensor& grad) const;
+  const std::shared_ptr<autograd::Node>& grad_fn() const { return checked().grad_fn; }
+  void retain_grad() const;
+  bool retains_grad() const { return checked().retains_grad; }
+  // Computes gradients of this tensor w.r.t. the graph leaves. grad defaults to ones for a
+  // one-element tensor. Without retain_graph the graph's saved tensors are freed.
+  void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
+  // hook(grad) runs when this tensor's gradient is computed; a defined result replaces it.
+  // Returns a handle for remove_hook.
+  int register_hook(TensorHook hook) const;
+  void remove_hook(int handle) const;
+
+  // ---- in-place ----
+  Tensor& zero_();
+  Tensor& fill_(Scalar value);
+  Tensor& copy_(const Tensor& src);  // broadcasts src, converts dtype
+  Tensor& add_(const Tensor& other, Scalar alpha = 1);
+  Tensor& add_(Scalar other);
+  Tensor& sub_(const Tensor& other, Scalar alpha = 1);
+  Tensor& mul_(const Tensor& other);
+  Tensor& mul_(Scalar other);
+  Tensor& div_(const Tensor& other);
+  Tensor& div_(Scalar other);
+  Tensor& clamp_(std::optional<double> min, std::optional<double> max);
+  Tensor& relu_();
+  Tensor& masked_fill_(const Tensor& mask, Scalar value);
+  Tensor& uniform_(double from = 0, double to = 1);
+  Tensor& normal_(double mean = 0, double std = 1);
+
+  // ---- common ops as methods (see tvc/ops.h) ----
+  Tensor sum(const Shape& dims = {}, bool keepdim = false) const;
+  Tensor mean(const Shape& dims = {}, bool keepdim = false) const;
+  Tensor matmul(const Tensor& other) const;
+  Tensor pow(Scalar exponent) const;
+  Tensor sqrt() const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor abs() const;
+  Tensor neg() const;
+  Tensor relu() const;
+  Tensor sigmoid() const;
+  Tensor tanh() const;
+  Tensor argmax(int64_t dim, bool keepdim = false) const;
+
+  std::string repr() const;  // like PyTorch's repr: tensor([...], dtype=...)
+
+ private:
+  TensorImpl& checked() const {
+    TVC_CHECK(impl_ != nullptr, "tensor is undefined");
+    return *impl_;
+  }
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// ---- creation ----
+Tensor empty(const Shape& shape, TensorOptions options = {});
+Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions options = {});
+Tensor empty_like(const Tensor& t, MemoryFormat format = MemoryFormat::Preserve);
+Tensor zeros(const Shape& shape, TensorOptions options = {});
+Tensor zeros_like(const Tensor& t);
+Tensor ones(const Shape& shape, TensorOptions options = {});
+Tensor ones_like(const Tensor& t);
+Tensor full(const Shape& shape, Scalar value, TensorOptions options = {});
+Tensor full_like(const Tensor& t, Scalar value);
+Tensor scalar_tensor(Scalar value, TensorOptions options = {});
+// [start, end) with step; dtype int64 unless options say otherwise.
+Tensor arange(double start, double end, double step = 1, TensorOptions options = {.dtype = DType::Int64});
+Tensor arange(int64_t end, TensorOptions options = {.dtype = DType::Int64});
+Tensor linspace(double start, double end, int64_t steps, TensorOptions options = {});
+// Wraps data without copying; strides default to row-major. deleter (may be empty) runs when the
+// last view dies. data needs no particular alignment.
+Tensor from_blob(void* data, const Shape& shape, DType dtype, Storage::Deleter deleter = {},
+                 std::optional<Shape> strides = std::nullopt);
+// A new tensor holding a copy of values, shaped as shape (default: 1-d).
+template <typename T>
+Tensor tensor(const std::vector<T>& values, std::optional<Shape> shape = std::nullopt);
+
+// Element count of a shape; throws on negative sizes or overflow.
+int64_t shape_numel(const Shape& shape);
+// Row-major (NCHW) strides of a shape, or NHWC strides for ChannelsLast.
+Shape contiguous_strides(const Shape& shape, MemoryFormat format = MemoryFormat::Contiguous);
+// Wraps a negative dim into [0, ndim); throws naming op when out of range.
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
+
+}  // namespace tvc

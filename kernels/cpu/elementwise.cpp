@@ -1,0 +1,295 @@
+// CPU kernels: copy/cast, fill, arange, unary and binary elementwise ops, where.
+// Shape legend: all operands have the output's shape (inputs pre-broadcast by the op).
+#include <cmath>
+#include <cstring>
+
+#include "cpu_kernels.h"
+#include "loops.h"
+
+namespace tvc::cpu {
+namespace {
+
+// ---------------------------------------------------------------- copy, fill, arange
+
+void copy_kernel(const KernelArgs& args) {
+  const Tensor& src = args.in[0];
+  const Tensor& dst = args.out[0];
+  if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
+    if (src.raw_data() != dst.raw_data())
+      std::memmove(dst.raw_data(), src.raw_data(), src.numel() * src.element_size());
+    return;
+  }
+  dispatch_all(dst.dtype(), Op::copy, [&]<typename TOut>() {
+    dispatch_all(src.dtype(), Op::copy, [&]<typename TIn>() {
+      using C = compute_t<TIn>;
+      map_elements<TOut, TIn, C, 2>({&dst, &src}, [](C v) {
+        if constexpr (std::is_same_v<TOut, bool>) return v != C(0);
+        else if constexpr (std::is_same_v<TOut, Half> || std::is_same_v<TOut, BFloat16>)
+          return static_cast<float>(v);
+        else return v;
+      });
+    });
+  });
+}
+
+void fill_kernel(const KernelArgs& args) {
+  const Tensor& out = args.out[0];
+  double value = args.p<FillParams>().a;
+  dispatch_all(out.dtype(), Op::fill, [&]<typename T>() {
+    T v = static_cast<T>(static_cast<compute_t<T>>(value));
+    for_each_strided<1>({&out}, [&](std::array<char*, 1> p, const std::array<int64_t, 1>& st, int64_t n) {
+      if (st[0] == sizeof(T)) {
+        T* o = reinterpret_cast<T*>(p[0]);
+        for (int64_t i = 0; i < n; ++i) o[i] = v;
+      } else {
+        for (int64_t i = 0; i < n; ++i) *reinterpret_cast<T*>(p[0] + i * st[0]) = v;
+      }
+    });
+  });
+}
+
+void arange_kernel(const KernelArgs& args) {
+  const Tensor& out = args.out[0];
+  const auto& p = args.p<FillParams>();
+  dispatch_numeric(out.dtype(), Op::arange, [&]<typename T>() {
+    T* o = out.data_ptr<T>();
+    int64_t n = out.numel();
+    for (int64_t i = 0; i < n; ++i)
+      o[i] = static_cast<T>(static_cast<compute_t<T>>(p.a + static_cast<double>(i) * p.b));
+  });
+}
+
+// ---------------------------------------------------------------- unary
+
+template <typename F>
+void unary_floating(const KernelArgs& args, Op op, F f) {
+  const Tensor& in = args.in[0];
+  const Tensor& out = args.out[0];
+  dispatch_floating(in.dtype(), op, [&]<typename T>() {
+    using C = compute_t<T>;
+    map_elements<T, T, C, 2>({&out, &in}, [&](C x) { return f(x); });
+  });
+}
+
+template <typename F>
+void unary_numeric(const KernelArgs& args, Op op, F f) {
+  const Tensor& in = args.in[0];
+  const Tensor& out = args.out[0];
+  dispatch_numeric(in.dtype(), op, [&]<typename T>() {
+    using C = compute_t<T>;
+    map_elements<T, T, C, 2>({&out, &in}, [&](C x) { return static_cast<C>(f(x)); });
+  });
+}
+
+template <typename C>
+C sigmoid_of(C x) {
+  return C(1) / (C(1) + std::exp(-x));
+}
+
+void neg_kernel(const KernelArgs& a) { unary_numeric(a, Op::neg, [](auto x) { return -x; }); }
+void abs_kernel(const KernelArgs& a) {
+  unary_numeric(a, Op::abs, [](auto x) { return x < 0 ? -x : x; });
+}
+void sign_kernel(const KernelArgs& a) {
+  unary_numeric(a, Op::sign, [](auto x) { return (decltype(x)(0) < x) - (x < decltype(x)(0)); });
+}
+void exp_kernel(const KernelArgs& a) { unary_floating(a, Op::exp, [](auto x) { return std::exp(x); }); }
+void log_kernel(const KernelArgs& a) { unary_floating(a, Op::log, [](auto x) { return std::log(x); }); }
+void sqrt_kernel(const KernelArgs& a) { unary_floating(a, Op::sqrt, [](auto x) { return std::sqrt(x); }); }
+void rsqrt_kernel(const KernelArgs& a) {
+  unary_floating(a, Op::rsqrt, [](auto x) { return decltype(x)(1) / std::sqrt(x); });
+}
+void erf_kernel(const KernelArgs& a) { unary_floating(a, Op::erf, [](auto x) { return std::erf(x); }); }
+void relu_kernel(const KernelArgs& a) {
+  unary_numeric(a, Op::relu, [](auto x) { return x < decltype(x)(0) ? decltype(x)(0) : x; });
+}
+void leaky_relu_kernel(const KernelArgs& a) {
+  double slope = a.p<UnaryParams>().a;
+  unary_floating(a, Op::leaky_relu, [slope](auto x) {
+    using C = decltype(x);
+    return x > C(0) ? x : x * static_cast<C>(slope);
+  });
+}
+void gelu_kernel(const KernelArgs& a) {
+  if (a.p<UnaryParams>().approximate_tanh) {
+    unary_floating(a, Op::gelu, [](auto x) {
+      using C = decltype(x);
+      const C k = static_cast<C>(0.7978845608028654);  // sqrt(2/pi)
+      return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
+    });
+  } else {
+    unary_floating(a, Op::gelu, [](auto x) {
+      using C = decltype(x);
+      return x * C(0.5) * (C(1) + std::erf(x * static_cast<C>(0.7071067811865476)));
+    });
+  }
+}
+void silu_kernel(const KernelArgs& a) {
+  unary_floating(a, Op::silu, [](auto x) { return x * sigmoid_of(x); });
+}
+void sigmoid_kernel(const KernelArgs& a) {
+  unary_floating(a, Op::sigmoid, [](auto x) { return sigmoid_of(x); });
+}
+void hardsigmoid_kernel(const KernelArgs& a) {
+  unary_floating(a, Op::hardsigmoid, [](auto x) {
+    using C = decltype(x);
+    return std::min(std::max(x + C(3), C(0)), C(6)) / C(6);
+  });
+}
+void hardswish_kernel(const KernelArgs& a) {
+  unary_floating(a, Op::hardswish, [](auto x) {
+    using C = decltype(x);
+    return x * std::min(std::max(x + C(3), C(0)), C(6)) / C(6);
+  });
+}
+void tanh_kernel(const KernelArgs& a) { unary_floating(a, Op::tanh, [](auto x) { return std::tanh(x); }); }
+void softplus_kernel(const KernelArgs& a) {
+  double beta = a.p<UnaryParams>().a, threshold = a.p<UnaryParams>().b;
+  unary_floating(a, Op::softplus, [beta, threshold](auto x) {
+    using C = decltype(x);
+    C bx = x * static_cast<C>(beta);
+    return bx > static_cast<C>(threshold) ? x : std::log1p(std::exp(bx)) / static_cast<C>(beta);
+  });
+}
+void clamp_kernel(const KernelArgs& a) {
+  const auto& p = a.p<UnaryParams>();
+  unary_numeric(a, Op::clamp, [p](auto x) {
+    using C = decltype(x);
+    if constexpr (std::is_floating_point_v<C>)
+      if (std::isnan(x)) return x;
+    if (p.has_a && x < static_cast<C>(p.a)) x = static_cast<C>(p.a);
+    if (p.has_b && x > static_cast<C>(p.b)) x = static_cast<C>(p.b);
+    return x;
+  });
+}
+void pow_scalar_kernel(const KernelArgs& a) {
+  double e = a.p<UnaryParams>().a;
+  if (e == 2) {
+    unary_numeric(a, Op::pow_scalar, [](auto x) { return x * x; });
+    return;
+  }
+  unary_floating(a, Op::pow_scalar, [e](auto x) {
+    using C = decltype(x);
+    return e == 0.5 ? std::sqrt(x) : std::pow(x, static_cast<C>(e));
+  });
+}
+
+// ---------------------------------------------------------------- binary
+
+template <typename F>
+void binary_numeric(const KernelArgs& args, Op op, F f) {
+  const Tensor& a = args.in[0];
+  const Tensor& b = args.in[1];
+  const Tensor& out = args.out[0];
+  dispatch_all(a.dtype(), op, [&]<typename T>() {
+    using C = compute_t<T>;
+    if constexpr (std::is_same_v<T, bool>) {
+      map_elements<T, T, bool, 3>({&out, &a, &b}, [&](bool x, bool y) { return static_cast<bool>(f(x, y)); });
+    } else {
+      map_elements<T, T, C, 3>({&out, &a, &b}, [&](C x, C y) { return static_cast<C>(f(x, y)); });
+    }
+  });
+}
+
+template <typename F>
+void compare(const KernelArgs& args, Op op, F f) {
+  const Tensor& a = args.in[0];
+  const Tensor& b = args.in[1];
+  const Tensor& out = args.out[0];
+  dispatch_all(a.dtype(), op, [&]<typename T>() {
+    using C = compute_t<T>;
+    map_elements<bool, T, C, 3>({&out, &a, &b}, [&](C x, C y) { return f(x, y); });
+  });
+}
+
+void add_kernel(const KernelArgs& a) { binary_numeric(a, Op::add, [](auto x, auto y) { return x + y; }); }
+void sub_kernel(const KernelArgs& a) { binary_numeric(a, Op::sub, [](auto x, auto y) { return x - y; }); }
+void mul_kernel(const KernelArgs& a) { binary_numeric(a, Op::mul, [](auto x, auto y) { return x * y; }); }
+void div_kernel(const KernelArgs& a) {
+  if (!is_floating(a.in[0].dtype())) unsupported_dtype(Op::div, a.in[0].dtype(), Device::CPU);
+  binary_numeric(a, Op::div, [](auto x, auto y) { return x / y; });
+}
+void pow_kernel(const KernelArgs& a) {
+  if (!is_floating(a.in[0].dtype())) unsupported_dtype(Op::pow, a.in[0].dtype(), Device::CPU);
+  binary_numeric(a, Op::pow, [](auto x, auto y) { return std::pow(x, y); });
+}
+template <bool kMax>
+void extremum_kernel(const KernelArgs& a) {
+  binary_numeric(a, kMax ? Op::maximum : Op::minimum, [](auto x, auto y) {
+    using C = decltype(x);
+    if constexpr (std::is_floating_point_v<C>) {
+      if (std::isnan(x)) return x;
+      if (std::isnan(y)) return y;
+    }
+    return kMax ? (x > y ? x : y) : (x < y ? x : y);
+  });
+}
+void eq_kernel(const KernelArgs& a) { compare(a, Op::eq, [](auto x, auto y) { return x == y; }); }
+void ne_kernel(const KernelArgs& a) { compare(a, Op::ne, [](auto x, auto y) { return x != y; }); }
+void lt_kernel(const KernelArgs& a) { compare(a, Op::lt, [](auto x, auto y) { return x < y; }); }
+void le_kernel(const KernelArgs& a) { compare(a, Op::le, [](auto x, auto y) { return x <= y; }); }
+void gt_kernel(const KernelArgs& a) { compare(a, Op::gt, [](auto x, auto y) { return x > y; }); }
+void ge_kernel(const KernelArgs& a) { compare(a, Op::ge, [](auto x, auto y) { return x >= y; }); }
+
+// in = (condition bool, a, b) -> out: condition ? a : b.
+void where_kernel(const KernelArgs& args) {
+  const Tensor& cond = args.in[0];
+  const Tensor& a = args.in[1];
+  const Tensor& b = args.in[2];
+  const Tensor& out = args.out[0];
+  TVC_CHECK(cond.dtype() == DType::Bool, "where: condition must be bool, got ", dtype_name(cond.dtype()));
+  dispatch_all(a.dtype(), Op::where, [&]<typename T>() {
+    for_each_strided<4>({&out, &cond, &a, &b},
+                        [](std::array<char*, 4> p, const std::array<int64_t, 4>& st, int64_t n) {
+                          for (int64_t i = 0; i < n; ++i) {
+                            bool c = *reinterpret_cast<const bool*>(p[1] + i * st[1]);
+                            *reinterpret_cast<T*>(p[0] + i * st[0]) =
+                                *reinterpret_cast<const T*>(p[c ? 2 : 3] + i * st[c ? 2 : 3]);
+                          }
+                        });
+  });
+}
+
+}  // namespace
+
+void register_elementwise_kernels(KernelRegistry& r) {
+  const Device cpu = Device::CPU;
+  r.set(Op::copy, cpu, copy_kernel);
+  r.set(Op::fill, cpu, fill_kernel);
+  r.set(Op::arange, cpu, arange_kernel);
+  r.set(Op::neg, cpu, neg_kernel);
+  r.set(Op::abs, cpu, abs_kernel);
+  r.set(Op::sign, cpu, sign_kernel);
+  r.set(Op::exp, cpu, exp_kernel);
+  r.set(Op::log, cpu, log_kernel);
+  r.set(Op::sqrt, cpu, sqrt_kernel);
+  r.set(Op::rsqrt, cpu, rsqrt_kernel);
+  r.set(Op::erf, cpu, erf_kernel);
+  r.set(Op::relu, cpu, relu_kernel);
+  r.set(Op::leaky_relu, cpu, leaky_relu_kernel);
+  r.set(Op::gelu, cpu, gelu_kernel);
+  r.set(Op::silu, cpu, silu_kernel);
+  r.set(Op::sigmoid, cpu, sigmoid_kernel);
+  r.set(Op::hardsigmoid, cpu, hardsigmoid_kernel);
+  r.set(Op::hardswish, cpu, hardswish_kernel);
+  r.set(Op::tanh, cpu, tanh_kernel);
+  r.set(Op::softplus, cpu, softplus_kernel);
+  r.set(Op::clamp, cpu, clamp_kernel);
+  r.set(Op::pow_scalar, cpu, pow_scalar_kernel);
+  r.set(Op::add, cpu, add_kernel);
+  r.set(Op::sub, cpu, sub_kernel);
+  r.set(Op::mul, cpu, mul_kernel);
+  r.set(Op::div, cpu, div_kernel);
+  r.set(Op::pow, cpu, pow_kernel);
+  r.set(Op::maximum, cpu, extremum_kernel<true>);
+  r.set(Op::minimum, cpu, extremum_kernel<false>);
+  r.set(Op::eq, cpu, eq_kernel);
+  r.set(Op::ne, cpu, ne_kernel);
+  r.set(Op::lt, cpu, lt_kernel);
+  r.set(Op::le, cpu, le_kernel);
+  r.set(Op::gt, cpu, gt_kernel);
+  r.set(Op::ge, cpu, ge_kernel);
+  r.set(Op::where, cpu, where_kernel);
+}
+
+}  // namespace tvc::cpu

@@ -1,0 +1,202 @@
+// Iteration machinery shared by the CPU kernels: dtype dispatch and strided n-ary loops.
+//
+// for_each_strided visits every element of same-shaped operands (the output first) in an order
+// that follows the output's memory layout, coalescing dims that are contiguous in all operands,
+// and splits the outer iterations over the OpenMP threads in fixed chunks. Each element is
+// computed by exactly one thread with no cross-element state, so results do not depend on the
+// thread count.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "tvc/kernel.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace tvc::cpu {
+
+// Calls f.template operator()<T>() for the C++ type T of dtype.
+template <typename F>
+void dispatch_all(DType dtype, Op op, F&& f) {
+  switch (dtype) {
+    case DType::Float32: return f.template operator()<float>();
+    case DType::Float64: return f.template operator()<double>();
+    case DType::Float16: return f.template operator()<Half>();
+    case DType::BFloat16: return f.template operator()<BFloat16>();
+    case DType::Int64: return f.template operator()<int64_t>();
+    case DType::Int32: return f.template operator()<int32_t>();
+    case DType::Int16: return f.template operator()<int16_t>();
+    case DType::Int8: return f.template operator()<int8_t>();
+    case DType::UInt8: return f.template operator()<uint8_t>();
+    case DType::Bool: return f.template operator()<bool>();
+  }
+  unsupported_dtype(op, dtype, Device::CPU);
+}
+
+// Floating dtypes only.
+template <typename F>
+void dispatch_floating(DType dtype, Op op, F&& f) {
+  switch (dtype) {
+    case DType::Float32: return f.template operator()<float>();
+    case DType::Float64: return f.template operator()<double>();
+    case DType::Float16: return f.template operator()<Half>();
+    case DType::BFloat16: return f.template operator()<BFloat16>();
+    default: unsupported_dtype(op, dtype, Device::CPU);
+  }
+}
+
+// Numbers (everything but bool).
+template <typename F>
+void dispatch_numeric(DType dtype, Op op, F&& f) {
+  if (dtype == DType::Bool) unsupported_dtype(op, dtype, Device::CPU);
+  dispatch_all(dtype, op, std::forward<F>(f));
+}
+
+// Worth splitting over threads: more than this many elements of work.
+inline constexpr int64_t kParallelGrain = 32768;
+
+// Runs body(begin, end) over [0, n) split into contiguous chunks, one per thread.
+template <typename F>
+void parallel_for(int64_t n, int64_t work_per_item, F&& body) {
+#ifdef _OPENMP
+  int threads = omp_get_max_threads();
+  if (threads > 1 && n > 1 && n * work_per_item > kParallelGrain && !omp_in_parallel()) {
+    int64_t chunks = std::min<int64_t>(threads, n);
+#pragma omp parallel for schedule(static) num_threads(static_cast<int>(chunks))
+    for (int64_t c = 0; c < chunks; ++c) {
+      int64_t b = n * c / chunks, e = n * (c + 1) / chunks;
+      body(b, e);
+    }
+    return;
+  }
+#endif
+  body(int64_t{0}, n);
+}
+
+// Geometry of an n-ary strided iteration, in bytes, innermost dim last.
+template <size_t N>
+struct StridedGeometry {
+  std::vector<int64_t> shape;
+  std::vector<std::array<int64_t, N>> strides;  // per dim, per operand (bytes)
+};
+
+template <size_t N>
+StridedGeometry<N> make_geometry(const std::array<const Tensor*, N>& ops) {
+  const Tensor& out = *ops[0];
+  int64_t nd = out.dim();
+  // Visit dims in the order of the output's strides, largest first (stable), so channels-last
+  // outputs are written sequentially.
+  std::vector<int64_t> order;
+  for (int64_t d = 0; d < nd; ++d)
+    if (out.shape()[d] != 1) order.push_back(d);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return out.strides()[a] > out.strides()[b]; });
+  StridedGeometry<N> g;
+  for (int64_t d : order) {
+    std::array<int64_t, N> st;
+    for (size_t k = 0; k < N; ++k)
+      st[k] = ops[k]->strides()[d] * static_cast<int64_t>(ops[k]->element_size());
+    if (!g.shape.empty()) {
+      // Merge into the previous dim when contiguous across both for every operand.
+      bool merge = true;
+      for (size_t k = 0; k < N; ++k) merge &= g.strides.back()[k] == st[k] * out.shape()[d];
+      if (merge) {
+        g.shape.back() *= out.shape()[d];
+        g.strides.back() = st;
+        continue;
+      }
+    }
+    g.shape.push_back(out.shape()[d]);
+    g.strides.push_back(st);
+  }
+  if (g.shape.empty()) {
+    g.shape.push_back(1);
+    g.strides.push_back({});
+  }
+  return g;
+}
+
+// Calls inner(ptrs, byte_strides, n) for each innermost row of the operands; ops[0] is the
+// output. Operands must have the same shape.
+template <size_t N, typename Inner>
+void for_each_strided(const std::array<const Tensor*, N>& ops, Inner&& inner) {
+  if (ops[0]->numel() == 0) return;
+  StridedGeometry<N> g = make_geometry(ops);
+  std::array<char*, N> base;
+  for (size_t k = 0; k < N; ++k) base[k] = static_cast<char*>(ops[k]->raw_data());
+  int64_t nd = static_cast<int64_t>(g.shape.size());
+  int64_t inner_n = g.shape.back();
+  std::array<int64_t, N> inner_st = g.strides.back();
+  int64_t outer = 1;
+  for (int64_t d = 0; d + 1 < nd; ++d) outer *= g.shape[d];
+  parallel_for(outer, inner_n, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> idx(std::max<int64_t>(nd - 1, 1), 0);
+    int64_t rem = begin;
+    for (int64_t d = nd - 2; d >= 0; --d) {
+      idx[d] = rem % g.shape[d];
+      rem /= g.shape[d];
+    }
+    for (int64_t o = begin; o < end; ++o) {
+      std::array<char*, N> p = base;
+      for (int64_t d = 0; d + 1 < nd; ++d)
+        for (size_t k = 0; k < N; ++k) p[k] += idx[d] * g.strides[d][k];
+      inner(p, inner_st, inner_n);
+      for (int64_t d = nd - 2; d >= 0; --d) {
+        if (++idx[d] < g.shape[d]) break;
+        idx[d] = 0;
+      }
+    }
+  });
+}
+
+// Elementwise map: out[i] = f(in0[i], ..., in{N-2}[i]) with loads converted to C (compute type)
+// and the result converted to the output's type.
+template <typename TOut, typename TIn, typename C, size_t N, typename F>
+void map_elements(const std::array<const Tensor*, N>& ops, F&& f) {
+  for_each_strided<N>(ops, [&](std::array<char*, N> p, const std::array<int64_t, N>& st, int64_t n) {
+    bool contiguous = st[0] == sizeof(TOut);
+    for (size_t k = 1; k < N; ++k) contiguous &= st[k] == sizeof(TIn);
+    if constexpr (N == 2) {
+      auto* out = reinterpret_cast<TOut*>(p[0]);
+      auto* a = reinterpret_cast<const TIn*>(p[1]);
+      if (contiguous) {
+        for (int64_t i = 0; i < n; ++i) out[i] = static_cast<TOut>(f(static_cast<C>(a[i])));
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          *reinterpret_cast<TOut*>(p[0] + i * st[0]) =
+              static_cast<TOut>(f(static_cast<C>(*reinterpret_cast<const TIn*>(p[1] + i * st[1]))));
+      }
+    } else if constexpr (N == 3) {
+      auto* out = reinterpret_cast<TOut*>(p[0]);
+      auto* a = reinterpret_cast<const TIn*>(p[1]);
+      auto* b = reinterpret_cast<const TIn*>(p[2]);
+      if (contiguous) {
+        for (int64_t i = 0; i < n; ++i)
+          out[i] = static_cast<TOut>(f(static_cast<C>(a[i]), static_cast<C>(b[i])));
+      } else if (st[0] == sizeof(TOut) && st[1] == sizeof(TIn) && st[2] == 0) {
+        C bv = static_cast<C>(*b);
+        for (int64_t i = 0; i < n; ++i) out[i] = static_cast<TOut>(f(static_cast<C>(a[i]), bv));
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          *reinterpret_cast<TOut*>(p[0] + i * st[0]) = static_cast<TOut>(
+              f(static_cast<C>(*reinterpret_cast<const TIn*>(p[1] + i * st[1])),
+                static_cast<C>(*reinterpret_cast<const TIn*>(p[2] + i * st[2]))));
+      }
+    } else {
+      static_assert(N == 4, "map_elements supports 1 to 3 inputs");
+      for (int64_t i = 0; i < n; ++i)
+        *reinterpret_cast<TOut*>(p[0] + i * st[0]) = static_cast<TOut>(
+            f(static_cast<C>(*reinterpret_cast<const TIn*>(p[1] + i * st[1])),
+              static_cast<C>(*reinterpret_cast<const TIn*>(p[2] + i * st[2])),
+              static_cast<C>(*reinterpret_cast<const TIn*>(p[3] + i * st[3]))));
+    }
+  });
+}
+
+}  // namespace tvc::cpu
