@@ -1,16 +1,202 @@
+// Tensor core: views and strides, storage sharing, creation, type promotion, printing, errors.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <thread>
+
+#include "compare.h"
+#include "torch_golden.h"
 #include "tvc/autograd.h"
 #include "tvc/ops.h"
 
 using namespace tvc;
+using tvc::test::py_tensor;
+using tvc::test::relative_error;
+using tvc::test::torch_run;
 
-TEST(Tensor, BasicArithmeticAndBackward) {
-  Tensor a = randn({3, 4}, {.dtype = DType::Float64}).requires_grad_();
-  Tensor b = randn({4}, {.dtype = DType::Float64}).requires_grad_();
-  Tensor y = sum(mul(relu(a), b) + exp(a));
-  y.backward();
-  ASSERT_TRUE(a.grad().defined());
-  ASSERT_EQ(b.grad().shape(), Shape({4}));
-  std::cout << a.grad() << "\n" << b.grad() << "\n";
+TEST(Tensor, ViewsShareStorageAndVersion) {
+  Tensor t = arange(24, {.dtype = DType::Float32}).reshape({2, 3, 4});
+  Tensor v = t.permute({2, 0, 1});
+  EXPECT_EQ(v.shape(), Shape({4, 2, 3}));
+  EXPECT_EQ(v.strides(), Shape({1, 12, 4}));
+  EXPECT_EQ(v.storage(), t.storage());
+  EXPECT_FALSE(v.is_contiguous());
+  uint64_t before = t.version();
+  v.select(0, 1).fill_(-1);
+  EXPECT_EQ(t.version(), before + 1);
+  EXPECT_EQ(t.select(2, 1).sum().item<double>(), -6);
+  Tensor s = t.slice(2, 1, 4, 2);  // columns 1 and 3
+  EXPECT_EQ(s.shape(), Shape({2, 3, 2}));
+  EXPECT_EQ(s.strides(), Shape({12, 4, 2}));
+  EXPECT_EQ(s.storage_offset(), 1);
+  Tensor n = t.narrow(1, 1, 2);
+  EXPECT_EQ(n.storage_offset(), 4);
+  EXPECT_EQ(t.unsqueeze(1).shape(), Shape({2, 1, 3, 4}));
+  EXPECT_EQ(t.unsqueeze(-1).strides(), Shape({12, 4, 1, 1}));
+  EXPECT_EQ(t.flatten(1).shape(), Shape({2, 12}));
+  EXPECT_EQ(t.reshape({4, -1}).shape(), Shape({4, 6}));
+  EXPECT_EQ(tensor<float>({1, 2, 3}).reshape({3, 1}).expand({3, 5}).strides(), Shape({1, 0}));
+  EXPECT_EQ(t.unflatten(2, {2, 2}).shape(), Shape({2, 3, 2, 2}));
+  EXPECT_EQ(zeros({1, 3, 1}).squeeze().shape(), Shape({3}));
+}
+
+TEST(Tensor, ReshapeCopiesOnlyWhenNeeded) {
+  Tensor t = randn({4, 6});
+  EXPECT_EQ(t.reshape({2, 12}).storage(), t.storage());
+  Tensor tt = t.t();
+  Tensor r = tt.reshape({24});
+  EXPECT_NE(r.storage(), t.storage());
+  EXPECT_THROW(tt.view({24}), Error);
+  EXPECT_LE(relative_error(r, tt.contiguous().view({24})), 0);
+}
+
+TEST(Tensor, ChannelsLast) {
+  Tensor t = randn({2, 3, 4, 5});
+  Tensor cl = t.contiguous(MemoryFormat::ChannelsLast);
+  EXPECT_EQ(cl.strides(), Shape({60, 1, 15, 3}));
+  EXPECT_TRUE(cl.is_contiguous(MemoryFormat::ChannelsLast));
+  EXPECT_EQ(cl.suggest_memory_format(), MemoryFormat::ChannelsLast);
+  // Elementwise results keep channels-last (documented rule), values equal.
+  Tensor y = add(cl, ones({3, 1, 1}));
+  EXPECT_EQ(y.suggest_memory_format(), MemoryFormat::ChannelsLast);
+  EXPECT_EQ(relative_error(y, add(t, ones({3, 1, 1}))), 0);
+  EXPECT_EQ(cl.clone().suggest_memory_format(), MemoryFormat::ChannelsLast);
+  EXPECT_EQ(relu(cl).suggest_memory_format(), MemoryFormat::ChannelsLast);
+}
+
+TEST(Tensor, FromBlobUnalignedNoCopy) {
+  std::vector<unsigned char> raw(1 + 6 * sizeof(float));
+  float values[6] = {1, 2, 3, 4, 5, 6};
+  std::memcpy(raw.data() + 1, values, sizeof values);  // deliberately misaligned
+  bool deleted = false;
+  {
+    Tensor t = from_blob(raw.data() + 1, {2, 3}, DType::Float32, [&](void*) { deleted = true; });
+    EXPECT_EQ(t.raw_data(), raw.data() + 1);
+    EXPECT_EQ(sum(t).item<double>(), 21);
+    EXPECT_EQ(t.t().contiguous().to_vector(), std::vector<double>({1, 4, 2, 5, 3, 6}));
+  }
+  EXPECT_TRUE(deleted);
+}
+
+TEST(Tensor, CreationOps) {
+  EXPECT_EQ(zeros({2, 3}).to_vector(), std::vector<double>(6, 0));
+  EXPECT_EQ(full({2}, 7, {.dtype = DType::Int32}).dtype(), DType::Int32);
+  EXPECT_EQ(arange(5).dtype(), DType::Int64);
+  EXPECT_EQ(arange(0, 1, 0.25, {.dtype = DType::Float64}).to_vector(), std::vector<double>({0, 0.25, 0.5, 0.75}));
+  EXPECT_THROW(arange(0, 10, -1), Error);
+  EXPECT_THROW(empty({2, -3}), Error);
+  EXPECT_THROW(empty({int64_t{1} << 40, int64_t{1} << 40}), Error);  // no giant allocation
+}
+
+TEST(Tensor, TypePromotionMatchesPyTorch) {
+  std::vector<DType> types = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Int64,
+                              DType::Int32,   DType::Int16,   DType::Int8,    DType::UInt8,    DType::Bool};
+  std::string code = "import itertools\nts = [" ;
+  for (DType t : types) code += std::string("torch.") + dtype_name(t) + ",";
+  code += "]\nprint(json.dumps([[str(torch.promote_types(a, b)).replace('torch.', '') for b in ts] for a in ts]))\n";
+  auto j = tvc::test::torch_json(code);
+  ASSERT_FALSE(j.is_null());
+  for (size_t a = 0; a < types.size(); ++a)
+    for (size_t b = 0; b < types.size(); ++b)
+      EXPECT_EQ(dtype_name(promote_types(types[a], types[b])), j[a][b].get<std::string>())
+          << dtype_name(types[a]) << " + " << dtype_name(types[b]);
+  // Scalars and 0-d tensors rank below dimensioned tensors of the same category.
+  Tensor i = arange(3);
+  EXPECT_EQ((i * 2.5).dtype(), DType::Float32);
+  EXPECT_EQ((i * 2).dtype(), DType::Int64);
+  EXPECT_EQ(add(ones({2}), scalar_tensor(1.0, {.dtype = DType::Float64})).dtype(), DType::Float32);
+  EXPECT_EQ(add(ones({2}, {.dtype = DType::Float16}), ones({2})).dtype(), DType::Float32);
+}
+
+TEST(Tensor, HalfAndBFloat16Rounding) {
+  // Bit patterns of round-to-nearest-even conversions, including subnormals and overflow.
+  EXPECT_EQ(Half(1.0f).bits, 0x3c00);
+  EXPECT_EQ(Half(65504.0f).bits, 0x7bff);
+  EXPECT_EQ(Half(65520.0f).bits, 0x7c00);
+  EXPECT_EQ(Half(5.960464477539063e-08f).bits, 0x0001);
+  EXPECT_EQ(Half(-2.0f).bits, 0xc000);
+  EXPECT_EQ(static_cast<float>(Half(0.333333f)), 0.333251953125f);
+  EXPECT_EQ(BFloat16(1.0f).bits, 0x3f80);
+  EXPECT_EQ(static_cast<float>(BFloat16(3.14159f)), 3.140625f);
+  Tensor x = randn({1000});
+  std::string code = "x = " + py_tensor(x) + "\nprint(json_tensors([x.half().float(), x.bfloat16().float()]))\n";
+  auto j = tvc::test::torch_json(code);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(relative_error(x.to(DType::Float16).to(DType::Float32), tvc::test::tensor_from_json(j[0])), 0);
+  EXPECT_EQ(relative_error(x.to(DType::BFloat16).to(DType::Float32), tvc::test::tensor_from_json(j[1])), 0);
+}
+
+TEST(Tensor, ReprLikePyTorch) {
+  std::vector<Tensor> cases = {
+      tensor<float>({0.5f, -1.25f, 3.0f, 100.125f}, Shape{2, 2}),
+      tensor<float>({1, 2, 3}),
+      tensor<double>({1e-5, 2.5, 3e5}),
+      arange(6).reshape({2, 3}),
+      tensor<bool>({true, false}),
+      zeros({0, 3}),
+      scalar_tensor(2.5),
+      arange(24, {.dtype = DType::Float32}).reshape({2, 3, 4}),
+      arange(2000, {.dtype = DType::Float32}),
+  };
+  std::string code = "ts = [";
+  for (const Tensor& t : cases) code += py_tensor(t) + ",";
+  code += "]\nprint(json.dumps([repr(t) for t in ts]))\n";
+  auto j = tvc::test::torch_json(code);
+  ASSERT_FALSE(j.is_null());
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(cases[i].repr(), j[i].get<std::string>());
+}
+
+TEST(Tensor, ErrorsNameOpAndShapes) {
+  try {
+    add(ones({2, 3}), ones({4}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "add: shapes [2, 3] and [4] cannot be broadcast together");
+  }
+  try {
+    matmul(ones({2, 3}), ones({4, 5}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[2, 3] and [4, 5]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ones({2}).select(0, 5), Error);
+  EXPECT_THROW(ones({2, 3}).permute({0, 0}), Error);
+  EXPECT_THROW(ones({2, 3}).sum({2}), Error);
+  EXPECT_THROW(ones({2, 3}).expand({3, 3}), Error);
+  EXPECT_THROW(ones({2, 3}).item<float>(), Error);
+  EXPECT_THROW(ones({3}, {.dtype = DType::Int64}).data_ptr<float>(), Error);
+}
+
+TEST(Tensor, ReductionsAreThreadCountIndependent) {
+  Tensor x = randn({257, 1031});
+  set_num_threads(1);
+  Tensor a = sum(x, {1}), b = sum(x);
+  set_num_threads(2);
+  Tensor c = sum(x, {1}), d = sum(x);
+  EXPECT_EQ(relative_error(a, c), 0);
+  EXPECT_EQ(relative_error(b, d), 0);
+}
+
+TEST(Tensor, MemoryMappedStorage) {
+  std::string path = ::testing::TempDir() + "tvc_map_test.bin";
+  std::vector<float> values = {1.5f, -2.0f, 3.25f, 4.0f};
+  {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(values.data(), sizeof(float), values.size(), f);
+    std::fclose(f);
+  }
+  auto storage = Storage::map_file(path);
+  ASSERT_EQ(storage->nbytes(), 16u);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = storage;
+  impl->shape = {2, 2};
+  impl->strides = {2, 1};
+  Tensor t(impl);
+  EXPECT_EQ(t.to_vector(), std::vector<double>({1.5, -2.0, 3.25, 4.0}));
+  t.fill_(0);  // private mapping: the file is untouched
+  auto again = Storage::map_file(path);
+  EXPECT_EQ(static_cast<const float*>(again->data())[0], 1.5f);
+  EXPECT_THROW(Storage::map_file(path + ".missing"), Error);
+  std::remove(path.c_str());
 }

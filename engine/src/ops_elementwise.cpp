@@ -88,8 +88,6 @@ Tensor unary_forward(Op op, const Tensor& t, DType dtype, const UnaryParams* par
 // Floating dtype for ops that produce floats from any input (exp of an int tensor is float32).
 DType float_dtype(const Tensor& t) { return is_floating(t.dtype()) ? t.dtype() : DType::Float32; }
 
-Tensor float_mask(const Tensor& mask, DType dtype) { return mask.to(dtype); }
-
 // Records a unary op's backward: fn(grad, saved input, saved output) -> grad input.
 Tensor record_unary(const char* name, const Tensor& in, Tensor out,
                     std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)> fn) {

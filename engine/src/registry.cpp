@@ -119,6 +119,17 @@ KernelFn KernelRegistry::get(Op op, Device device) const {
   return table_[static_cast<int>(op)][static_cast<int>(device)];
 }
 
+void KernelRegistry::set_memory(Device device, const DeviceMemory& memory) {
+  TVC_CHECK(device != Device::CPU && memory.allocate && memory.release && memory.copy,
+            "KernelRegistry::set_memory: needs all three functions, for a device other than cpu");
+  memory_[static_cast<int>(device)] = memory;
+}
+
+const DeviceMemory* KernelRegistry::memory(Device device) const {
+  const DeviceMemory& m = memory_[static_cast<int>(device)];
+  return m.allocate ? &m : nullptr;
+}
+
 void run_kernel(Op op, std::span<const Tensor> in, std::span<Tensor> out, const void* params) {
   Device device = !in.empty() ? in[0].device() : out[0].device();
   for (const Tensor& t : in)

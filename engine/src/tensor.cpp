@@ -57,6 +57,7 @@ int64_t Tensor::numel() const { return shape_numel(shape()); }
 
 bool Tensor::is_contiguous(MemoryFormat format) const {
   const Shape& sh = shape();
+  if (numel() == 0) return format != MemoryFormat::ChannelsLast || sh.size() == 4;
   if (format == MemoryFormat::ChannelsLast) {
     if (sh.size() != 4) return false;
     Shape expect = contiguous_strides(sh, MemoryFormat::ChannelsLast);
@@ -149,6 +150,7 @@ Tensor record_view(const char* name, const Tensor& self, Tensor out, autograd::B
 std::optional<Shape> view_strides(const Shape& shape, const Shape& strides, const Shape& new_shape) {
   Shape out(new_shape.size());
   if (shape_numel(shape) == 0) return contiguous_strides(new_shape);
+  if (shape.empty()) return Shape(new_shape.size(), 1);  // a 0-d tensor views as any size-1 shape
   int64_t view_d = static_cast<int64_t>(new_shape.size()) - 1;
   int64_t chunk_base_stride = strides.empty() ? 1 : strides.back();
   int64_t tensor_numel = 1, view_numel = 1;
@@ -429,9 +431,20 @@ Tensor Tensor::to(DType target) const {
 }
 
 Tensor Tensor::to(Device target) const {
-  TVC_CHECK(target == device(), "to: moving a tensor from ", device_name(device()), " to ",
+  Device source = device();
+  if (target == source) return *this;
+  // The copy goes through the memory functions of the non-CPU side's backend.
+  const DeviceMemory* memory = kernel_registry().memory(source == Device::CPU ? target : source);
+  TVC_CHECK(memory != nullptr, "to: moving a tensor from ", device_name(source), " to ",
             device_name(target), " is not supported in this build");
-  return *this;
+  Tensor src = contiguous();
+  Tensor out = empty(shape(), {.dtype = dtype(), .device = target});
+  if (size_t bytes = static_cast<size_t>(numel()) * element_size())
+    memory->copy(out.raw_data(), target, src.raw_data(), source, bytes);
+  if (is_floating(dtype()))
+    autograd::record("ToCopyBackward0", {*this}, {out},
+                     [source](const GradList& g) -> GradList { return {g[0].to(source)}; });
+  return out;
 }
 
 Tensor Tensor::detach() const {
@@ -518,7 +531,7 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions options) 
   // As PyTorch: the first half counts up from start, the second half down from end.
   std::vector<double> v(steps);
   double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0;
-  int64_t half = steps / 2;
+  int64_t half = steps == 1 ? 1 : steps / 2;  // a single step is start, as PyTorch
   for (int64_t i = 0; i < steps; ++i)
     v[i] = i < half ? start + step * static_cast<double>(i)
                     : end - step * static_cast<double>(steps - 1 - i);
@@ -572,88 +585,172 @@ Tensor tensor<bool>(const std::vector<bool>& values, std::optional<Shape> shape)
 }
 
 // ---------------------------------------------------------------- printing
+// A port of the rules of PyTorch's torch/_tensor_str.py (precision 4, threshold 1000,
+// edgeitems 3, linewidth 80), so that repr() prints what Python prints.
 
 namespace {
 
-std::string format_float(double v, bool int_mode, bool sci, int width) {
+constexpr int64_t kPrintThreshold = 1000, kEdgeItems = 3, kLineWidth = 80;
+
+std::string printf_str(const char* fmt, double v) {
   char buf[64];
-  if (std::isnan(v)) std::snprintf(buf, sizeof buf, "nan");
-  else if (std::isinf(v)) std::snprintf(buf, sizeof buf, v > 0 ? "inf" : "-inf");
-  else if (sci) std::snprintf(buf, sizeof buf, "%.4e", v);
-  else if (int_mode) std::snprintf(buf, sizeof buf, "%.0f.", v);
-  else std::snprintf(buf, sizeof buf, "%.4f", v);
-  std::string s = buf;
-  if (static_cast<int>(s.size()) < width) s.insert(0, width - s.size(), ' ');
-  return s;
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
+}
+
+struct Formatter {
+  bool floating = false, int_mode = true, sci_mode = false, is_bool = false;
+  size_t max_width = 1;
+
+  Formatter(const std::vector<double>& values, DType dtype) {
+    floating = is_floating(dtype);
+    is_bool = dtype == DType::Bool;
+    if (!floating) {
+      for (double v : values) max_width = std::max(max_width, plain(v).size());
+      return;
+    }
+    std::vector<double> nz;
+    for (double v : values)
+      if (std::isfinite(v) && v != 0) nz.push_back(v);
+    if (nz.empty()) return;
+    double mn = INFINITY, mx = 0;
+    for (double v : nz) {
+      mn = std::min(mn, std::fabs(v));
+      mx = std::max(mx, std::fabs(v));
+      if (v != std::ceil(v)) int_mode = false;
+    }
+    if (int_mode) {
+      sci_mode = mx / mn > 1000. || mx > 1e8;
+      for (double v : nz)
+        max_width = std::max(max_width, sci_mode ? printf_str("%.4e", v).size() : printf_str("%.0f", v).size() + 1);
+    } else {
+      sci_mode = mx / mn > 1000. || mx > 1e8 || mn < 1e-4;
+      for (double v : nz) max_width = std::max(max_width, printf_str(sci_mode ? "%.4e" : "%.4f", v).size());
+    }
+  }
+
+  std::string plain(double v) const {
+    if (is_bool) return v != 0 ? "True" : "False";
+    return std::to_string(static_cast<int64_t>(v));
+  }
+
+  std::string format(double v) const {
+    std::string r;
+    if (!floating) {
+      r = plain(v);
+    } else if (std::isnan(v)) {
+      r = "nan";
+    } else if (std::isinf(v)) {
+      r = v > 0 ? "inf" : "-inf";
+    } else if (sci_mode) {
+      r = printf_str("%.4e", v);
+    } else if (int_mode) {
+      r = printf_str("%.0f", v) + ".";
+    } else {
+      r = printf_str("%.4f", v);
+    }
+    if (r.size() < max_width) r.insert(0, max_width - r.size(), ' ');
+    return r;
+  }
+};
+
+// The values printing shows: all, or the edge items of every dim when summarising.
+void summarized_values(const std::vector<double>& v, const Shape& shape, const Shape& st, int64_t dim,
+                       int64_t base, bool summarize, std::vector<double>& out) {
+  if (dim == static_cast<int64_t>(shape.size())) {
+    out.push_back(v[base]);
+    return;
+  }
+  int64_t n = shape[dim];
+  for (int64_t i = 0; i < n; ++i) {
+    if (summarize && n > 2 * kEdgeItems && i == kEdgeItems) i = n - kEdgeItems;
+    summarized_values(v, shape, st, dim + 1, base + i * st[dim], summarize, out);
+  }
+}
+
+std::string vector_str(const std::vector<double>& v, int64_t n, int64_t base, int64_t stride, int64_t indent,
+                       bool summarize, const Formatter& f) {
+  size_t element_length = f.max_width + 2;
+  int64_t per_line = std::max<int64_t>(1, (kLineWidth - indent) / static_cast<int64_t>(element_length));
+  std::vector<std::string> data;
+  for (int64_t i = 0; i < n; ++i) {
+    if (summarize && n > 2 * kEdgeItems && i == kEdgeItems) {
+      data.push_back(" ...");
+      i = n - kEdgeItems;
+    }
+    data.push_back(f.format(v[base + i * stride]));
+  }
+  std::string out = "[";
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (i > 0) out += (static_cast<int64_t>(i) % per_line == 0) ? ",\n" + std::string(indent + 1, ' ') : ", ";
+    out += data[i];
+  }
+  return out + "]";
+}
+
+std::string tensor_str(const std::vector<double>& v, const Shape& shape, const Shape& st, int64_t dim,
+                       int64_t base, int64_t indent, bool summarize, const Formatter& f) {
+  int64_t nd = static_cast<int64_t>(shape.size()) - dim;
+  if (nd == 0) return f.format(v[base]);
+  if (nd == 1) return vector_str(v, shape[dim], base, st[dim], indent, summarize, f);
+  std::vector<std::string> slices;
+  int64_t n = shape[dim];
+  for (int64_t i = 0; i < n; ++i) {
+    if (summarize && n > 2 * kEdgeItems && i == kEdgeItems) {
+      slices.push_back("...");
+      i = n - kEdgeItems;
+    }
+    slices.push_back(tensor_str(v, shape, st, dim + 1, base + i * st[dim], indent + 1, summarize, f));
+  }
+  std::string sep = "," + std::string(nd - 1, '\n') + std::string(indent + 1, ' ');
+  std::string out = "[";
+  for (size_t i = 0; i < slices.size(); ++i) out += (i ? sep : "") + slices[i];
+  return out + "]";
 }
 
 }  // namespace
 
 std::string Tensor::repr() const {
   if (!defined()) return "tensor(undefined)";
-  std::vector<double> v = to_vector();
-  bool floating = is_floating(dtype());
-  bool int_mode = true, sci = false;
-  double amax = 0, amin_nonzero = INFINITY;
-  for (double x : v) {
-    if (!std::isfinite(x)) continue;
-    if (x != std::floor(x)) int_mode = false;
-    amax = std::max(amax, std::fabs(x));
-    if (x != 0) amin_nonzero = std::min(amin_nonzero, std::fabs(x));
-  }
-  if (floating) {
-    if (int_mode) sci = amax > 1e8;
-    else sci = amax / amin_nonzero > 1000 || amax > 1e8 || amin_nonzero < 1e-4;
-  }
-  const int64_t summarize_threshold = 1000, edge = 3;
-  bool summarize = numel() > summarize_threshold;
-  auto fmt = [&](double x) -> std::string {
-    if (dtype() == DType::Bool) return x != 0 ? "True" : "False";
-    if (!floating) return std::to_string(static_cast<int64_t>(x));
-    return format_float(x, int_mode, sci, 0);
-  };
-  size_t width = 0;
-  for (double x : v) width = std::max(width, fmt(x).size());
-  Shape st = contiguous_strides(shape());
-  std::ostringstream os;
-  os << "tensor(";
-  std::function<void(int64_t, int64_t, int)> rec = [&](int64_t d, int64_t base, int indent) {
-    if (d == dim()) {
-      std::string s = fmt(v[base]);
-      os << std::string(width - s.size(), ' ') << s;
-      return;
-    }
-    os << "[";
-    int64_t n = shape()[d];
-    for (int64_t i = 0; i < n; ++i) {
-      if (summarize && n > 2 * edge && i == edge) {
-        os << (d + 1 == dim() ? "..., " : "...,\n" + std::string(indent + 1, ' '));
-        i = n - edge;
-      }
-      rec(d + 1, base + i * st[d], indent + 1);
-      if (i + 1 < n) {
-        if (d + 1 == dim()) os << ", ";
-        else os << "," << std::string(dim() - d - 1, '\n') << std::string(indent + 1, ' ');
-      }
-    }
-    os << "]";
-  };
-  if (numel() == 0) {
-    os << "[]";
-    if (dim() != 1) {
-      os << ", size=(";
-      for (int64_t i = 0; i < dim(); ++i) os << (i ? ", " : "") << shape()[i];
-      os << (dim() == 1 ? ",)" : ")");
-    }
-  } else {
-    rec(0, 0, 7);
-  }
+  const std::string prefix = "tensor(";
+  const int64_t indent = static_cast<int64_t>(prefix.size());
+  std::vector<std::string> suffixes;
   bool default_dtype = dtype() == DType::Float32 || dtype() == DType::Int64 || dtype() == DType::Bool;
-  if (!default_dtype) os << ", dtype=torch." << dtype_name(dtype());
-  if (grad_fn()) os << ", grad_fn=<" << grad_fn()->name() << ">";
-  else if (requires_grad()) os << ", requires_grad=True";
-  os << ")";
-  return os.str();
+  std::string body;
+  if (numel() == 0) {
+    if (dim() != 1) {
+      std::string size = "size=(";
+      for (int64_t i = 0; i < dim(); ++i) size += (i ? ", " : "") + std::to_string(shape()[i]);
+      suffixes.push_back(size + ")");
+    }
+    if (dtype() != DType::Float32) suffixes.push_back(std::string("dtype=torch.") + dtype_name(dtype()));
+    body = "[]";
+  } else {
+    if (!default_dtype) suffixes.push_back(std::string("dtype=torch.") + dtype_name(dtype()));
+    std::vector<double> v = to_vector();
+    bool summarize = numel() > kPrintThreshold;
+    Shape st = contiguous_strides(shape());
+    std::vector<double> shown;
+    summarized_values(v, shape(), st, 0, 0, summarize, shown);
+    Formatter f(shown, dtype());
+    body = tensor_str(v, shape(), st, 0, 0, indent, summarize, f);
+  }
+  if (grad_fn()) suffixes.push_back("grad_fn=<" + grad_fn()->name() + ">");
+  else if (requires_grad()) suffixes.push_back("requires_grad=True");
+  std::string out = prefix + body;
+  int64_t last_line_len = static_cast<int64_t>(out.size() - out.rfind('\n')) + 1;
+  if (out.find('\n') == std::string::npos) last_line_len = static_cast<int64_t>(out.size()) + 2;
+  for (const std::string& s : suffixes) {
+    int64_t len = static_cast<int64_t>(s.size());
+    if (last_line_len + len + 2 > kLineWidth) {
+      out += ",\n" + std::string(indent, ' ') + s;
+      last_line_len = indent + len;
+    } else {
+      out += ", " + s;
+      last_line_len += len + 2;
+    }
+  }
+  return out + ")";
 }
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.repr(); }

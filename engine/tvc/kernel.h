@@ -39,14 +39,29 @@ std::vector<Isa> available_isas();  // the paths this machine can run, generic f
 Isa active_isa();
 void set_isa(Isa isa);  // re-registers the CPU kernels for isa; throws if the CPU lacks it
 
+// The memory functions of a device other than the CPU, given by its backend with its kernels.
+// Storage::allocate and Tensor::to(Device) reach device memory only through these; each
+// function raises tvc::Error with the backend's message when the device call fails.
+struct DeviceMemory {
+  void* (*allocate)(size_t nbytes) = nullptr;  // nbytes > 0
+  void (*release)(void* data) = nullptr;       // never throws
+  // Copies nbytes from src (on src_device) to dst (on dst_device); one side may be the CPU.
+  void (*copy)(void* dst, Device dst_device, const void* src, Device src_device,
+               size_t nbytes) = nullptr;
+};
+
 class KernelRegistry {
  public:
   void set(Op op, Device device, KernelFn fn);
   KernelFn get(Op op, Device device) const;  // null when absent
   bool supports(Op op, Device device) const { return get(op, device) != nullptr; }
+  void set_memory(Device device, const DeviceMemory& memory);
+  // The memory functions of device, or null when no backend in this build provides them.
+  const DeviceMemory* memory(Device device) const;
 
  private:
   KernelFn table_[kNumOps][2] = {};
+  DeviceMemory memory_[2] = {};
 };
 
 // The registry, filled on first use.
@@ -90,7 +105,9 @@ struct TopkParams {
   bool largest, sorted;
 };
 
-// conv2d: in = (input N,C,H,W; weight O,C/g,kh,kw) -> out (N,O,Ho,Wo).
+// conv2d: in = (input N,C,H,W; weight O,C/g,kh,kw[; bias O]) -> out (N,O,Ho,Wo).
+// Operands may have any strides, except that outputs and grad_out must be NCHW- or NHWC-dense
+// with (H,W) flattening to one stride (as freshly allocated tensors are).
 // conv2d_backward_input: in = (grad_out, weight) -> out (grad_input, shape of input).
 // conv2d_backward_weight: in = (grad_out, input) -> out (grad_weight).
 struct Conv2dParams {

@@ -122,6 +122,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // ---- convolution and pooling ----
 // input (N,C,H,W), weight (O,C/groups,kh,kw), bias (O) -> (N,O,Ho,Wo). Unbatched (C,H,W) input
 // is accepted as PyTorch does. The output is channels-last when the input is.
+// Layout rule of conv2d and the 2-d pooling ops: when the input's suggest_memory_format() is
+// ChannelsLast the output and the input's gradient are channels-last, else NCHW-contiguous
+// (the weight's layout does not matter). groups == C with weight (k*C,1,kh,kw) is depthwise.
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
               std::array<int64_t, 2> stride = {1, 1}, std::array<int64_t, 2> padding = {0, 0},
               std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
@@ -144,6 +147,11 @@ Tensor adaptive_max_pool2d(const Tensor& input, std::array<int64_t, 2> output_si
 // input (N,C,*). In training mode (or without running stats) normalises with batch statistics
 // and, when running stats are given, updates them in place with momentum (nullopt: cumulative
 // moving average, using num_batches_tracked which must then be given and is incremented).
+// Details: normalising uses the biased batch variance, running_var is updated with the
+// unbiased one: running = (1 - m) * running + m * batch, where m = momentum or, for nullopt,
+// 1 / num_batches_tracked after the increment. num_batches_tracked (an int64 0-d tensor) is
+// incremented by the op itself in every training call that has running stats (PyTorch does it
+// in the module). Evaluation mode with running stats uses them and updates nothing.
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training,
                   std::optional<double> momentum = 0.1, double eps = 1e-5,
@@ -159,33 +167,46 @@ Tensor log_softmax(const Tensor& t, int64_t dim);
 Tensor dropout(const Tensor& t, double p, bool training, Generator* gen = nullptr);
 
 // ---- shape and indexing ----
+// cat: shapes equal except in dim, dtypes promoted as torch.cat; 1-d tensors of size 0 are
+// skipped (PyTorch's legacy rule). The result is channels-last when every input is.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
-Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);  // equal shapes
+// split and chunk return views. split: pieces of split_size, the last possibly smaller.
+// chunk: pieces of ceil(n / chunks), so fewer than chunks may come back (as torch.chunk).
 std::vector<Tensor> split(const Tensor& t, int64_t split_size, int64_t dim = 0);
 std::vector<Tensor> split(const Tensor& t, const std::vector<int64_t>& sizes, int64_t dim = 0);
 std::vector<Tensor> chunk(const Tensor& t, int64_t chunks, int64_t dim = 0);
 Tensor index_select(const Tensor& t, int64_t dim, const Tensor& index);
 Tensor gather(const Tensor& t, int64_t dim, const Tensor& index);
-// pad: pairs from the last dim backwards (left, right, top, bottom, ...), as F.pad.
-// mode: "constant", "reflect", "replicate", "circular".
+// pad: pairs from the last dim backwards (left, right, top, bottom, ...), as F.pad; negative
+// pads crop. mode: "constant" (any input), "reflect" and "replicate" (input with one or two
+// more dims than padded pairs: (C,*) or (N,C,*)), "circular" ((N,C,*) only).
 Tensor pad(const Tensor& t, const std::vector<int64_t>& pad, const std::string& mode = "constant",
            double value = 0);
+// roll: dims empty rolls the flattened tensor by shifts[0] (as torch.roll).
 Tensor roll(const Tensor& t, const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims);
-// input (N,C,H,W); mode "nearest", "bilinear", "bicubic". Give size or scale_factor.
+// input (N,C,H,W) -> (N,C,Ho,Wo); mode "nearest" (PyTorch's legacy nearest), "bilinear",
+// "bicubic" (A = -0.75). Give size or scale_factor (Ho = floor(H * scale); the kernels then use
+// 1/scale, as F.interpolate with recompute_scale_factor unset). antialias (bilinear, bicubic)
+// follows PyTorch's separable antialiased filters. The result keeps the input's memory format.
 Tensor interpolate(const Tensor& input, std::optional<std::array<int64_t, 2>> size,
                    std::optional<std::array<double, 2>> scale_factor = std::nullopt,
                    const std::string& mode = "nearest", bool align_corners = false,
                    bool antialias = false);
 
 // ---- losses (reduction: "mean", "sum" or "none") ----
-// input (N,K) or (N,K,d1,...) logits, target int64 (N) or (N,d1,...) class indices;
-// weight (K) optional.
+// input (N,K) or (N,K,d1,...) logits (or (K) with a 0-d target), target int64 (N) or (N,d1,...)
+// class indices, or floating class probabilities shaped as input; weight (K) optional. As
+// PyTorch 1.13: the weighted mean divides by the summed weights of non-ignored targets, and
+// label_smoothing eps gives (1 - eps) * nll + eps / K * (-sum_k w_k log p_k), reduced alike.
+// A class index outside [0, K) other than ignore_index raises.
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight = Tensor(),
                      int64_t ignore_index = -100, const std::string& reduction = "mean",
                      double label_smoothing = 0.0);
 Tensor nll_loss(const Tensor& input, const Tensor& target, const Tensor& weight = Tensor(),
                 int64_t ignore_index = -100, const std::string& reduction = "mean");
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction = "mean");
+// target shaped as input; weight broadcasts to the input, pos_weight along the last dim (K).
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const Tensor& weight = Tensor(),
                                         const std::string& reduction = "mean",

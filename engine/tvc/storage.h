@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "tvc/dtype.h"
 
@@ -25,6 +26,10 @@ class Storage {
   // alignment is assumed of data. Used for external buffers and memory maps.
   static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, Deleter deleter,
                                        Device device = Device::CPU);
+  // The whole file at path mapped privately (copy-on-write: writes never reach the file), read
+  // lazily by the kernel's page cache; unmapped when the storage dies. Throws tvc::Error naming
+  // the file when it cannot be opened or mapped.
+  static std::shared_ptr<Storage> map_file(const std::string& path);
 
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

@@ -1,7 +1,415 @@
+// CPU kernels: conv2d forward and its backward w.r.t. input and weight.
+//
+// Shape legend: N batch, C input channels, O output channels, G groups, Cg = C/G input and
+// Og = O/G output channels per group, H,W input size, kh,kw kernel size, Ho,Wo output size,
+// P = Ho*Wo output positions, K = Cg*kh*kw (the GEMM inner dim).
+//
+// General path: im2col lowers one (sample, group) to a (K, P) matrix and the CPU GEMM multiplies
+// the (Og, K) weight by it; backward w.r.t. input runs the GEMM transposed into a (K, P) matrix
+// and col2im scatters it back. 1x1, stride-1, unpadded convs use the input itself as the (K, P)
+// matrix. Depthwise convs (Cg == 1) use direct loops, as a GEMM with K = kh*kw is slow.
+// Tensors may have any strides (channels-last included): the kernels read and write through
+// them, so the output keeps whatever layout the caller allocated.
+//
+// Work is split over (sample, group) items, each computed by one thread in a fixed order, and
+// the weight gradient sums per-chunk partials (fixed chunks of the batch) in chunk order, so
+// results do not depend on the thread count.
+#include <algorithm>
+#include <vector>
+
 #include "cpu_kernels.h"
+#include "gemm.h"
+#include "loops.h"
 
 namespace tvc::cpu {
+namespace {
 
-void register_conv_kernels(KernelRegistry&) {}
+struct ConvGeom {
+  int64_t N, C, H, W, O, G, Cg, Og, kh, kw, Ho, Wo, P, K;
+  int64_t sh, sw, ph, pw, dh, dw;
+};
+
+// in_shape (N,C,H,W), weight_shape (O,Cg,kh,kw), out_shape (N,O,Ho,Wo).
+ConvGeom conv_geom(const Shape& in, const Shape& wt, const Shape& out, const Conv2dParams& p) {
+  ConvGeom g{};
+  g.N = in[0], g.C = in[1], g.H = in[2], g.W = in[3];
+  g.O = wt[0], g.Cg = wt[1], g.kh = wt[2], g.kw = wt[3];
+  g.Ho = out[2], g.Wo = out[3];
+  g.G = p.groups;
+  g.Og = g.O / g.G;
+  g.P = g.Ho * g.Wo;
+  g.K = g.Cg * g.kh * g.kw;
+  g.sh = p.stride[0], g.sw = p.stride[1];
+  g.ph = p.padding[0], g.pw = p.padding[1];
+  g.dh = p.dilation[0], g.dw = p.dilation[1];
+  return g;
+}
+
+// Output positions o in [lo, hi) for which the input index o*stride - pad + off is in [0, in).
+struct Range {
+  int64_t lo, hi;
+};
+Range valid_range(int64_t off, int64_t stride, int64_t pad, int64_t in, int64_t out) {
+  int64_t first = pad - off;  // o*stride >= first
+  int64_t lo = first <= 0 ? 0 : (first + stride - 1) / stride;
+  int64_t last = in - 1 + pad - off;  // o*stride <= last
+  int64_t hi = last < 0 ? 0 : last / stride + 1;
+  lo = std::min(lo, out);
+  hi = std::clamp(hi, lo, out);
+  return {lo, hi};
+}
+
+bool is_pointwise(const ConvGeom& g) {
+  return g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0;
+}
+
+// A 4-d operand: base pointer and element strides.
+template <typename T>
+struct Operand {
+  T* p;
+  int64_t s[4];
+};
+template <typename T>
+Operand<T> operand(const Tensor& t) {
+  return {static_cast<T*>(t.raw_data()),
+          {t.strides()[0], t.strides()[1], t.strides()[2], t.strides()[3]}};
+}
+
+// col (K, P) <- the receptive fields of channels [0, Cg) of x (x points at sample n, channel
+// c0; xs its strides), zero where the window reads padding.
+template <typename T>
+void im2col(const T* x, const int64_t* xs, const ConvGeom& g, T* col) {
+  for (int64_t c = 0; c < g.Cg; ++c)
+    for (int64_t i = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j) {
+        T* row = col + ((c * g.kh + i) * g.kw + j) * g.P;
+        Range rw = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
+        for (int64_t oh = 0; oh < g.Ho; ++oh) {
+          T* r = row + oh * g.Wo;
+          int64_t ih = oh * g.sh - g.ph + i * g.dh;
+          if (ih < 0 || ih >= g.H) {
+            std::fill(r, r + g.Wo, T(0));
+            continue;
+          }
+          const T* xr = x + c * xs[1] + ih * xs[2] + (j * g.dw - g.pw) * xs[3];
+          std::fill(r, r + rw.lo, T(0));
+          int64_t step = g.sw * xs[3];
+          if (step == 1)
+            std::copy(xr + rw.lo, xr + rw.hi, r + rw.lo);
+          else
+            for (int64_t ow = rw.lo; ow < rw.hi; ++ow) r[ow] = xr[ow * step];
+          std::fill(r + rw.hi, r + g.Wo, T(0));
+        }
+      }
+}
+
+// dx += the (K, P) matrix col scattered back over its receptive fields (the adjoint of im2col).
+template <typename T>
+void col2im(const T* col, const ConvGeom& g, T* dx, const int64_t* xs) {
+  for (int64_t c = 0; c < g.Cg; ++c)
+    for (int64_t i = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j) {
+        const T* row = col + ((c * g.kh + i) * g.kw + j) * g.P;
+        Range rw = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
+        int64_t step = g.sw * xs[3];
+        for (int64_t oh = 0; oh < g.Ho; ++oh) {
+          int64_t ih = oh * g.sh - g.ph + i * g.dh;
+          if (ih < 0 || ih >= g.H) continue;
+          const T* r = row + oh * g.Wo;
+          T* xr = dx + c * xs[1] + ih * xs[2] + (j * g.dw - g.pw) * xs[3];
+          if (step == 1)
+            for (int64_t ow = rw.lo; ow < rw.hi; ++ow) xr[ow] += r[ow];
+          else
+            for (int64_t ow = rw.lo; ow < rw.hi; ++ow) xr[ow * step] += r[ow];
+        }
+      }
+}
+
+// Runs body(begin, end) over n items: split over threads when there are at least as many items
+// as threads, else in one go so the GEMM inside can use the threads.
+template <typename F>
+void for_items(int64_t n, int64_t work_per_item, F&& body) {
+#ifdef _OPENMP
+  if (n < omp_get_max_threads()) {
+    body(int64_t{0}, n);
+    return;
+  }
+#endif
+  parallel_for(n, work_per_item, body);
+}
+
+// ---------------------------------------------------------------- depthwise (Cg == 1)
+
+// One output plane: y[o] (a (Ho,Wo) buffer) = sum over the window of w[o] * x[c].
+template <typename T>
+void depthwise_plane(const T* x, const int64_t* xs, const T* w, const ConvGeom& g, T* y) {
+  for (int64_t i = 0; i < g.kh; ++i)
+    for (int64_t j = 0; j < g.kw; ++j) {
+      T wv = w[i * g.kw + j];
+      Range rw = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
+      int64_t step = g.sw * xs[3];
+      for (int64_t oh = 0; oh < g.Ho; ++oh) {
+        int64_t ih = oh * g.sh - g.ph + i * g.dh;
+        if (ih < 0 || ih >= g.H) continue;
+        const T* xr = x + ih * xs[2] + (j * g.dw - g.pw) * xs[3];
+        T* yr = y + oh * g.Wo;
+        for (int64_t ow = rw.lo; ow < rw.hi; ++ow) yr[ow] += wv * xr[ow * step];
+      }
+    }
+}
+
+template <typename T>
+void depthwise_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y,
+                       const ConvGeom& g) {
+  parallel_for(g.N * g.O, g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
+    std::vector<T> buf(g.P);
+    for (int64_t it = b; it < e; ++it) {
+      int64_t n = it / g.O, o = it % g.O, c = o / g.Og;
+      std::fill(buf.begin(), buf.end(), bias ? bias[o] : T(0));
+      depthwise_plane(x.p + n * x.s[0] + c * x.s[1], x.s, w + o * g.kh * g.kw, g, buf.data());
+      T* yp = y.p + n * y.s[0] + o * y.s[1];
+      for (int64_t oh = 0; oh < g.Ho; ++oh)
+        for (int64_t ow = 0; ow < g.Wo; ++ow) yp[oh * y.s[2] + ow * y.s[3]] = buf[oh * g.Wo + ow];
+    }
+  });
+}
+
+template <typename T>
+void depthwise_backward_input(const Operand<const T>& dy, const T* w, const Operand<T>& dx,
+                              const ConvGeom& g) {
+  parallel_for(g.N * g.C, g.Og * g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
+    std::vector<T> buf(g.H * g.W);
+    const int64_t bs[4] = {0, 0, g.W, 1};
+    for (int64_t it = b; it < e; ++it) {
+      int64_t n = it / g.C, c = it % g.C;
+      std::fill(buf.begin(), buf.end(), T(0));
+      for (int64_t m = 0; m < g.Og; ++m) {
+        int64_t o = c * g.Og + m;
+        const T* dyp = dy.p + n * dy.s[0] + o * dy.s[1];
+        for (int64_t i = 0; i < g.kh; ++i)
+          for (int64_t j = 0; j < g.kw; ++j) {
+            T wv = w[(o * g.kh + i) * g.kw + j];
+            Range rw = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
+            for (int64_t oh = 0; oh < g.Ho; ++oh) {
+              int64_t ih = oh * g.sh - g.ph + i * g.dh;
+              if (ih < 0 || ih >= g.H) continue;
+              T* xr = buf.data() + ih * bs[2] + (j * g.dw - g.pw);
+              const T* dyr = dyp + oh * dy.s[2];
+              for (int64_t ow = rw.lo; ow < rw.hi; ++ow) xr[ow * g.sw] += wv * dyr[ow * dy.s[3]];
+            }
+          }
+      }
+      T* dxp = dx.p + n * dx.s[0] + c * dx.s[1];
+      for (int64_t h = 0; h < g.H; ++h)
+        for (int64_t x = 0; x < g.W; ++x) dxp[h * dx.s[2] + x * dx.s[3]] = buf[h * g.W + x];
+    }
+  });
+}
+
+template <typename T>
+void depthwise_backward_weight(const Operand<const T>& dy, const Operand<const T>& x, T* dw,
+                               const ConvGeom& g) {
+  parallel_for(g.O, g.N * g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; ++o) {
+      int64_t c = o / g.Og;
+      for (int64_t i = 0; i < g.kh; ++i)
+        for (int64_t j = 0; j < g.kw; ++j) {
+          Range rw = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
+          double acc = 0;
+          for (int64_t n = 0; n < g.N; ++n) {
+            const T* xp = x.p + n * x.s[0] + c * x.s[1];
+            const T* dyp = dy.p + n * dy.s[0] + o * dy.s[1];
+            for (int64_t oh = 0; oh < g.Ho; ++oh) {
+              int64_t ih = oh * g.sh - g.ph + i * g.dh;
+              if (ih < 0 || ih >= g.H) continue;
+              const T* xr = xp + ih * x.s[2] + (j * g.dw - g.pw) * x.s[3];
+              const T* dyr = dyp + oh * dy.s[2];
+              T row = 0;
+              for (int64_t ow = rw.lo; ow < rw.hi; ++ow)
+                row += dyr[ow * dy.s[3]] * xr[ow * g.sw * x.s[3]];
+              acc += row;
+            }
+          }
+          dw[(o * g.kh + i) * g.kw + j] = static_cast<T>(acc);
+        }
+    }
+  });
+}
+
+// ---------------------------------------------------------------- GEMM paths
+
+template <typename T>
+void conv_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y,
+                  const ConvGeom& g) {
+  if (g.Cg == 1 && g.G > 1) return depthwise_forward(x, w, bias, y, g);
+  // The input is its own (K, P) matrix when the conv is pointwise and H,W flatten to one stride.
+  bool direct = is_pointwise(g) && x.s[2] == g.W * x.s[3];
+  for_items(g.N * g.G, g.Og * g.K * g.P, [&](int64_t b, int64_t e) {
+    std::vector<T> col(direct ? 0 : g.K * g.P);
+    for (int64_t it = b; it < e; ++it) {
+      int64_t n = it / g.G, gi = it % g.G;
+      const T* xg = x.p + n * x.s[0] + gi * g.Cg * x.s[1];
+      const T* B = xg;
+      int64_t b_rs = x.s[1], b_cs = x.s[3];
+      if (!direct) {
+        im2col(xg, x.s, g, col.data());
+        B = col.data(), b_rs = g.P, b_cs = 1;
+      }
+      T* yg = y.p + n * y.s[0] + gi * g.Og * y.s[1];
+      // P flattens (Ho, Wo) with the W stride: outputs are allocated dense (NCHW or NHWC).
+      gemm<T>(g.Og, g.P, g.K, w + gi * g.Og * g.K, g.K, 1, B, b_rs, b_cs, yg, y.s[1], y.s[3], T(0));
+      if (bias)
+        for (int64_t o = 0; o < g.Og; ++o) {
+          T bv = bias[gi * g.Og + o];
+          for (int64_t p = 0; p < g.P; ++p) yg[o * y.s[1] + p * y.s[3]] += bv;
+        }
+    }
+  });
+}
+
+template <typename T>
+void conv_backward_input(const Operand<const T>& dy, const T* w, const Operand<T>& dx,
+                         const ConvGeom& g) {
+  if (g.Cg == 1 && g.G > 1) return depthwise_backward_input(dy, w, dx, g);
+  bool direct = is_pointwise(g) && dx.s[2] == g.W * dx.s[3];
+  for_items(g.N * g.G, g.Og * g.K * g.P, [&](int64_t b, int64_t e) {
+    std::vector<T> col(direct ? 0 : g.K * g.P);
+    for (int64_t it = b; it < e; ++it) {
+      int64_t n = it / g.G, gi = it % g.G;
+      const T* dyg = dy.p + n * dy.s[0] + gi * g.Og * dy.s[1];
+      T* dxg = dx.p + n * dx.s[0] + gi * g.Cg * dx.s[1];
+      const T* wg = w + gi * g.Og * g.K;
+      // (K, P) = W_g^T (K, Og) @ dY_g (Og, P)
+      if (direct) {
+        gemm<T>(g.K, g.P, g.Og, wg, 1, g.K, dyg, dy.s[1], dy.s[3], dxg, dx.s[1], dx.s[3], T(0));
+        continue;
+      }
+      gemm<T>(g.K, g.P, g.Og, wg, 1, g.K, dyg, dy.s[1], dy.s[3], col.data(), g.P, 1, T(0));
+      for (int64_t c = 0; c < g.Cg; ++c)
+        for (int64_t h = 0; h < g.H; ++h)
+          for (int64_t x = 0; x < g.W; ++x) dxg[c * dx.s[1] + h * dx.s[2] + x * dx.s[3]] = T(0);
+      col2im(col.data(), g, dxg, dx.s);
+    }
+  });
+}
+
+// The batch is cut into at most this many fixed chunks for the weight gradient.
+constexpr int64_t kWeightChunks = 8;
+
+template <typename T>
+void conv_backward_weight(const Operand<const T>& dy, const Operand<const T>& x, T* dw,
+                          const ConvGeom& g) {
+  if (g.Cg == 1 && g.G > 1) return depthwise_backward_weight(dy, x, dw, g);
+  bool direct = is_pointwise(g) && x.s[2] == g.W * x.s[3];
+  int64_t chunks = std::min(g.N, kWeightChunks);
+  int64_t wsize = g.O * g.K;
+  // Chunk 0 accumulates into dw, the others into partials summed in chunk order afterwards.
+  std::vector<T> partial(std::max<int64_t>(chunks - 1, 0) * wsize);
+  auto run_chunk = [&](int64_t ch) {
+    T* acc = ch == 0 ? dw : partial.data() + (ch - 1) * wsize;
+    std::vector<T> col(direct ? 0 : g.K * g.P);
+    int64_t n0 = g.N * ch / chunks, n1 = g.N * (ch + 1) / chunks;
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t gi = 0; gi < g.G; ++gi) {
+        const T* xg = x.p + n * x.s[0] + gi * g.Cg * x.s[1];
+        const T* B = xg;  // (P, K) = col^T
+        int64_t b_rs = x.s[3], b_cs = x.s[1];
+        if (!direct) {
+          im2col(xg, x.s, g, col.data());
+          B = col.data(), b_rs = 1, b_cs = g.P;
+        }
+        // dW_g (Og, K) += dY_g (Og, P) @ col^T (P, K)
+        const T* dyg = dy.p + n * dy.s[0] + gi * g.Og * dy.s[1];
+        gemm<T>(g.Og, g.K, g.P, dyg, dy.s[1], dy.s[3], B, b_rs, b_cs, acc + gi * g.Og * g.K, g.K, 1,
+                n == n0 ? T(0) : T(1));
+      }
+  };
+  if (chunks == 0) {
+    std::fill(dw, dw + wsize, T(0));
+    return;
+  }
+  parallel_for(chunks, g.N / chunks * g.O * g.K * g.P, [&](int64_t b, int64_t e) {
+    for (int64_t ch = b; ch < e; ++ch) run_chunk(ch);
+  });
+  for (int64_t ch = 1; ch < chunks; ++ch) {
+    const T* src = partial.data() + (ch - 1) * wsize;
+    for (int64_t i = 0; i < wsize; ++i) dw[i] += src[i];
+  }
+}
+
+// ---------------------------------------------------------------- kernels
+
+// Runs f<T>(in, out) for float32/float64 tensors; float16/bfloat16 operands are converted to
+// float32, computed, and the outputs converted back.
+template <typename F>
+void dispatch_conv(Op op, const KernelArgs& args, F&& f) {
+  DType dt = args.in[0].dtype();
+  switch (dt) {
+    case DType::Float32:
+      return f.template operator()<float>(args.in, args.out);
+    case DType::Float64:
+      return f.template operator()<double>(args.in, args.out);
+    case DType::Float16:
+    case DType::BFloat16: {
+      std::vector<Tensor> in, out;
+      for (const Tensor& t : args.in) in.push_back(t.to(DType::Float32));
+      for (const Tensor& t : args.out)
+        out.push_back(empty_strided(t.shape(), t.strides(), {.dtype = DType::Float32}));
+      f.template operator()<float>(std::span<const Tensor>(in), std::span<Tensor>(out));
+      for (size_t i = 0; i < out.size(); ++i) Tensor(args.out[i]).copy_(out[i]);
+      return;
+    }
+    default:
+      unsupported_dtype(op, dt, Device::CPU);
+  }
+}
+
+// in = (input, weight[, bias]) -> out (output).
+void conv2d_kernel(const KernelArgs& args) {
+  const auto& p = args.p<Conv2dParams>();
+  dispatch_conv(
+      Op::conv2d, args, [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
+        Tensor w = in[1].contiguous();
+        Tensor bias = in.size() > 2 ? in[2].contiguous() : Tensor();
+        ConvGeom g = conv_geom(in[0].shape(), w.shape(), out[0].shape(), p);
+        conv_forward<T>(operand<const T>(in[0]), w.data_ptr<T>(),
+                        bias.defined() ? bias.data_ptr<T>() : nullptr, operand<T>(out[0]), g);
+      });
+}
+
+// in = (grad_output, weight) -> out (grad_input).
+void conv2d_backward_input_kernel(const KernelArgs& args) {
+  const auto& p = args.p<Conv2dParams>();
+  dispatch_conv(Op::conv2d_backward_input, args,
+                [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
+                  Tensor w = in[1].contiguous();
+                  ConvGeom g = conv_geom(out[0].shape(), w.shape(), in[0].shape(), p);
+                  conv_backward_input<T>(operand<const T>(in[0]), w.data_ptr<T>(),
+                                         operand<T>(out[0]), g);
+                });
+}
+
+// in = (grad_output, input) -> out (grad_weight).
+void conv2d_backward_weight_kernel(const KernelArgs& args) {
+  const auto& p = args.p<Conv2dParams>();
+  dispatch_conv(Op::conv2d_backward_weight, args,
+                [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
+                  Tensor dw = out[0].is_contiguous()
+                                  ? out[0]
+                                  : empty(out[0].shape(), {.dtype = out[0].dtype()});
+                  ConvGeom g = conv_geom(in[1].shape(), dw.shape(), in[0].shape(), p);
+                  conv_backward_weight<T>(operand<const T>(in[0]), operand<const T>(in[1]),
+                                          dw.data_ptr<T>(), g);
+                  if (!dw.is_same(out[0])) Tensor(out[0]).copy_(dw);
+                });
+}
+
+}  // namespace
+
+void register_conv_kernels(KernelRegistry& r) {
+  r.set(Op::conv2d, Device::CPU, conv2d_kernel);
+  r.set(Op::conv2d_backward_input, Device::CPU, conv2d_backward_input_kernel);
+  r.set(Op::conv2d_backward_weight, Device::CPU, conv2d_backward_weight_kernel);
+}
 
 }  // namespace tvc::cpu

@@ -1,31 +1,242 @@
 // CPU GEMM and the bmm kernel. Shape legend: A (M,K), B (K,N), C (M,N), batch B.
+//
+// BLIS-style blocking (Goto's algorithm), with the loops ordered for a row-major C whose rows
+// are the vector direction of the micro-kernel (the roles of BLIS's A and B are swapped):
+//   for ic over M by MC:
+//     for pc over K by KC:              pack A[ic:+MC, pc:+KC] into MR-row micro-panels (L3)
+//       for jc over N by NC:            pack B[pc:+KC, jc:+NC] into NR-column panels (L2)
+//         for ir over MC by MR:         one A micro-panel (KC x MR) stays in L1
+//           for jr over NC by NR:       micro-kernel: C tile (MR x NR) (+)= Ap @ Bp
+// Packing copies through the operands' strides, so transposed or strided A and B need no copy
+// beforehand; partial tiles are zero-padded in the packs and written back through a row
+// buffer. With few rows of C (as in convolutions) B is read in place when its rows are
+// contiguous. A column-major C is computed as C^T = B^T @ A^T.
+//
+// Threads split C into a grid of rectangles aligned to MR x NR tiles; each thread runs the
+// blocked algorithm on its rectangle with its own packing buffers. K is never split and the KC
+// blocking starts at k = 0 whatever the rectangle, so every element of C gets the same sums in
+// the same order for any thread count. The micro-kernels (one per instruction set, in
+// gemm_kernel_<isa>.cpp) are chosen by register_gemm_kernels for the active instruction set.
 #include "gemm.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <vector>
 
 #include "cpu_kernels.h"
+#include "gemm_kernels.h"
 #include "loops.h"
 
 namespace tvc::cpu {
+namespace {
+
+// The active instruction set's kernels, set by register_gemm_kernels.
+std::atomic<const GemmKernels*> g_kernels{nullptr};
+
+const GemmKernels& active_kernels() {
+  const GemmKernels* k = g_kernels.load(std::memory_order_acquire);
+  if (!k) {
+    kernel_registry();  // fills the registry, which registers the kernels of the default ISA
+    k = g_kernels.load(std::memory_order_acquire);
+  }
+  return *k;
+}
+
+template <typename T>
+struct KernelFor;
+template <>
+struct KernelFor<float> {
+  static const GemmKernelF32& get(const GemmKernels& k) { return k.f32; }
+};
+template <>
+struct KernelFor<double> {
+  static const GemmKernelF64& get(const GemmKernels& k) { return k.f64; }
+};
+
+// A per-thread, 64-byte aligned scratch buffer for the packed operands, grown on demand.
+template <typename T, int Which>
+T* pack_buffer(int64_t elements) {
+  thread_local std::vector<char> raw;
+  size_t need = static_cast<size_t>(elements) * sizeof(T) + 64;
+  if (raw.size() < need) raw.assign(need, 0);
+  auto p = reinterpret_cast<uintptr_t>(raw.data());
+  return reinterpret_cast<T*>((p + 63) & ~uintptr_t{63});
+}
+
+// Packs A[0:mc, 0:kc] (strides rs, cs) into ceil(mc/mr) micro-panels of kc x mr (element [k][i]
+// at panel[k * mr + i]), zero-padding the rows past mc.
+template <typename T>
+void pack_a(int64_t mc, int64_t kc, int64_t mr, const T* A, int64_t rs, int64_t cs, T* dst) {
+  for (int64_t i0 = 0; i0 < mc; i0 += mr, dst += kc * mr) {
+    int64_t rows = std::min(mr, mc - i0);
+    if (rows < mr) std::fill(dst, dst + kc * mr, T(0));
+    if (rs == 1) {
+      for (int64_t k = 0; k < kc; ++k) std::memcpy(dst + k * mr, A + i0 + k * cs, rows * sizeof(T));
+    } else {
+      // A transpose: in chunks of 16 columns so the rows' cache lines are read once.
+      for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+        int64_t k1 = std::min(kc, k0 + 16);
+        for (int64_t i = 0; i < rows; ++i) {
+          const T* src = A + (i0 + i) * rs;
+          for (int64_t k = k0; k < k1; ++k) dst[k * mr + i] = src[k * cs];
+        }
+      }
+    }
+  }
+}
+
+// Packs B[0:kc, 0:nc] (strides rs, cs) into ceil(nc/nr) micro-panels of kc x nr (element [k][j]
+// at panel[k * nr + j]), zero-padding the columns past nc.
+template <typename T>
+void pack_b(int64_t kc, int64_t nc, int64_t nr, const T* B, int64_t rs, int64_t cs, T* dst) {
+  for (int64_t j0 = 0; j0 < nc; j0 += nr, dst += kc * nr) {
+    int64_t cols = std::min(nr, nc - j0);
+    if (cols < nr) std::fill(dst, dst + kc * nr, T(0));
+    if (cs == 1) {
+      for (int64_t k = 0; k < kc; ++k) std::memcpy(dst + k * nr, B + j0 + k * rs, cols * sizeof(T));
+    } else {
+      for (int64_t j = 0; j < cols; ++j) {
+        const T* src = B + (j0 + j) * cs;
+        for (int64_t k = 0; k < kc; ++k) dst[k * nr + j] = src[k * rs];
+      }
+    }
+  }
+}
+
+// Up to this many rows of C, B is read in place where it can be (see gemm_blocked); measured
+// on Zen 4: 3-8% faster at 64 and 128 rows, mixed at 256, slower beyond.
+constexpr int64_t kBInPlaceRows = 128;
+
+// One thread's share: the blocked algorithm of the file comment on C[0:M, 0:N].
+template <typename T, typename Kernel>
+void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs,
+                  int64_t a_cs, const T* B, int64_t b_rs, int64_t b_cs, T* C, int64_t c_rs,
+                  int64_t c_cs, T beta) {
+  const int64_t mr = kn.mr, nr = kn.nr;
+  const int64_t MC = std::min((M + mr - 1) / mr * mr, kn.mc);
+  const int64_t NC = std::min((N + nr - 1) / nr * nr, kn.nc);
+  const int64_t KC = std::min(K, kn.kc);
+  T* ap = pack_buffer<T, 0>(MC * KC);
+  T* bp = pack_buffer<T, 1>(KC * NC);
+  // With few rows each element of B is used too few times to pay for packing it: when B's rows
+  // are contiguous its full NR-column panels are read in place, and only a partial one is packed.
+  const bool b_in_place = b_cs == 1 && M <= kBInPlaceRows;
+  for (int64_t ic = 0; ic < M; ic += MC) {
+    int64_t mc = std::min(MC, M - ic);
+    for (int64_t pc = 0; pc < K; pc += KC) {
+      int64_t kc = std::min(KC, K - pc);
+      T b = pc == 0 ? beta : T(1);
+      pack_a(mc, kc, mr, A + ic * a_rs + pc * a_cs, a_rs, a_cs, ap);
+      for (int64_t jc = 0; jc < N; jc += NC) {
+        int64_t nc = std::min(NC, N - jc);
+        const T* b_block = B + pc * b_rs + jc * b_cs;
+        int64_t in_place = b_in_place ? nc / nr * nr : 0;  // columns read from B itself
+        if (in_place < nc) pack_b(kc, nc - in_place, nr, b_block + in_place, b_rs, b_cs, bp);
+        for (int64_t ir = 0; ir < mc; ir += mr) {
+          const T* a_panel = ap + ir * kc;
+          T* c_row = C + (ic + ir) * c_rs + jc * c_cs;
+          int64_t m = std::min(mr, mc - ir);
+          for (int64_t jr = 0; jr < nc; jr += nr) {
+            bool direct = jr < in_place;
+            kn.micro(kc, a_panel, direct ? b_block + jr : bp + (jr - in_place) * kc,
+                     direct ? b_rs : nr, b, c_row + jr * c_cs, c_rs, c_cs, m, std::min(nr, nc - jr));
+          }
+        }
+      }
+    }
+  }
+}
+
+// C = beta * C (the K == 0 case).
+template <typename T>
+void scale_c(int64_t M, int64_t N, T* C, int64_t c_rs, int64_t c_cs, T beta) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      T& c = C[i * c_rs + j * c_cs];
+      c = beta == T(0) ? T(0) : beta * c;
+    }
+}
+
+// Small products: plain dot products, cheaper than packing. Each element sums over k in order.
+template <typename T>
+void gemm_small(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
+                int64_t b_rs, int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      T s = 0;
+      for (int64_t k = 0; k < K; ++k) s += A[i * a_rs + k * a_cs] * B[k * b_rs + j * b_cs];
+      T& c = C[i * c_rs + j * c_cs];
+      c = beta == T(0) ? s : s + beta * c;
+    }
+}
+
+// Up to this many multiply-adds the small path is used (it wins for these sizes).
+constexpr int64_t kSmallGemm = 8 * 8 * 8;
+// Each thread gets at least this many multiply-adds.
+constexpr int64_t kGemmWorkPerThread = int64_t{1} << 18;
+
+// The thread grid tm x tn (tm * tn = threads) that minimises the largest share: compute in
+// tiles plus the packing that a thread does for its rectangle.
+struct Grid {
+  int64_t tm, tn;
+};
+Grid thread_grid(int64_t threads, int64_t mtiles, int64_t ntiles, int64_t mr, int64_t nr) {
+  Grid best{1, threads};
+  double best_cost = -1;
+  for (int64_t tm = 1; tm <= threads; ++tm) {
+    if (threads % tm != 0) continue;
+    int64_t tn = threads / tm;
+    double rows = static_cast<double>((mtiles + tm - 1) / tm * mr);
+    double cols = static_cast<double>((ntiles + tn - 1) / tn * nr);
+    double cost = rows * cols + 16.0 * (rows + cols);  // per unit of K
+    if (best_cost < 0 || cost < best_cost) best = {tm, tn}, best_cost = cost;
+  }
+  return best;
+}
+
+template <typename T>
+void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
+                 int64_t b_rs, int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
+  const auto& kn = KernelFor<T>::get(active_kernels());
+  int64_t mtiles = (M + kn.mr - 1) / kn.mr, ntiles = (N + kn.nr - 1) / kn.nr;
+  int64_t threads = 1;
+#ifdef _OPENMP
+  if (!omp_in_parallel())
+    threads = std::clamp<int64_t>(M * N * K / kGemmWorkPerThread, 1,
+                                  std::min<int64_t>(omp_get_max_threads(), mtiles * ntiles));
+#endif
+  auto run = [&](int64_t t, int64_t team) {
+    Grid g = thread_grid(team, mtiles, ntiles, kn.mr, kn.nr);
+    int64_t ti = t / g.tn, tj = t % g.tn;
+    int64_t m0 = std::min(M, mtiles * ti / g.tm * kn.mr);
+    int64_t m1 = std::min(M, mtiles * (ti + 1) / g.tm * kn.mr);
+    int64_t n0 = std::min(N, ntiles * tj / g.tn * kn.nr);
+    int64_t n1 = std::min(N, ntiles * (tj + 1) / g.tn * kn.nr);
+    if (m0 < m1 && n0 < n1)
+      gemm_blocked(kn, m1 - m0, n1 - n0, K, A + m0 * a_rs, a_rs, a_cs, B + n0 * b_cs, b_rs, b_cs,
+                   C + m0 * c_rs + n0 * c_cs, c_rs, c_cs, beta);
+  };
+  if (threads == 1) return run(0, 1);
+#ifdef _OPENMP
+#pragma omp parallel num_threads(static_cast<int>(threads))
+  run(omp_get_thread_num(), omp_get_num_threads());
+#endif
+}
+
+}  // namespace
 
 template <typename T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
           int64_t b_rs, int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
-  parallel_for(M, N * K, [&](int64_t m0, int64_t m1) {
-    std::vector<T> row(N);
-    for (int64_t i = m0; i < m1; ++i) {
-      for (int64_t j = 0; j < N; ++j) row[j] = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        T a = A[i * a_rs + k * a_cs];
-        const T* b = B + k * b_rs;
-        for (int64_t j = 0; j < N; ++j) row[j] += a * b[j * b_cs];
-      }
-      for (int64_t j = 0; j < N; ++j) {
-        T& c = C[i * c_rs + j * c_cs];
-        c = beta == T(0) ? row[j] : row[j] + beta * c;
-      }
-    }
-  });
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) return scale_c(M, N, C, c_rs, c_cs, beta);
+  // A column-major C is computed as C^T = B^T @ A^T, so the micro-kernel writes along rows.
+  if (c_rs == 1 && c_cs != 1)
+    return gemm(N, M, K, B, b_cs, b_rs, A, a_cs, a_rs, C, c_cs, c_rs, beta);
+  if (M * N * K <= kSmallGemm)
+    return gemm_small(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta);
+  gemm_packed(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta);
 }
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*,
                           int64_t, int64_t, float*, int64_t, int64_t, float);
@@ -35,6 +246,8 @@ template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, in
 namespace {
 
 // in = (a (B,M,K), b (B,K,N)) -> out (B,M,N); float16/bfloat16 compute in float32.
+// Batches of small products are split over threads (each product then runs on one thread);
+// large ones run one after another, each using the threads.
 void bmm_kernel(const KernelArgs& args) {
   const Tensor& a = args.in[0];
   const Tensor& b = args.in[1];
@@ -44,10 +257,18 @@ void bmm_kernel(const KernelArgs& args) {
     const T* pa = static_cast<const T*>(ta.raw_data());
     const T* pb = static_cast<const T*>(tb.raw_data());
     T* pc = static_cast<T*>(tc.raw_data());
-    for (int64_t i = 0; i < batch; ++i)
+    auto one = [&](int64_t i) {
       gemm<T>(M, N, K, pa + i * ta.strides()[0], ta.strides()[1], ta.strides()[2],
               pb + i * tb.strides()[0], tb.strides()[1], tb.strides()[2], pc + i * tc.strides()[0],
               tc.strides()[1], tc.strides()[2], T(0));
+    };
+    if (batch > 1 && M * N * K < 2 * kGemmWorkPerThread) {
+      parallel_for(batch, M * N * K, [&](int64_t b0, int64_t b1) {
+        for (int64_t i = b0; i < b1; ++i) one(i);
+      });
+    } else {
+      for (int64_t i = 0; i < batch; ++i) one(i);
+    }
   };
   switch (a.dtype()) {
     case DType::Float32: return run.template operator()<float>(a, b, out);
@@ -66,6 +287,14 @@ void bmm_kernel(const KernelArgs& args) {
 
 }  // namespace
 
-void register_gemm_kernels(KernelRegistry& r, Isa) { r.set(Op::bmm, Device::CPU, bmm_kernel); }
+void register_gemm_kernels(KernelRegistry& r, Isa isa) {
+  const GemmKernels* k = &gemm_kernels_generic;
+#if defined(__x86_64__)
+  if (isa == Isa::avx2) k = &gemm_kernels_avx2;
+  if (isa == Isa::avx512) k = &gemm_kernels_avx512;
+#endif
+  g_kernels.store(k, std::memory_order_release);
+  r.set(Op::bmm, Device::CPU, bmm_kernel);
+}
 
 }  // namespace tvc::cpu

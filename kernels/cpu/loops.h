@@ -54,8 +54,14 @@ void dispatch_floating(DType dtype, Op op, F&& f) {
 // Numbers (everything but bool).
 template <typename F>
 void dispatch_numeric(DType dtype, Op op, F&& f) {
-  if (dtype == DType::Bool) unsupported_dtype(op, dtype, Device::CPU);
-  dispatch_all(dtype, op, std::forward<F>(f));
+  switch (dtype) {
+    case DType::Int64: return f.template operator()<int64_t>();
+    case DType::Int32: return f.template operator()<int32_t>();
+    case DType::Int16: return f.template operator()<int16_t>();
+    case DType::Int8: return f.template operator()<int8_t>();
+    case DType::UInt8: return f.template operator()<uint8_t>();
+    default: return dispatch_floating(dtype, op, std::forward<F>(f));
+  }
 }
 
 // Worth splitting over threads: more than this many elements of work.

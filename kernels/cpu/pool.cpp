@@ -1,7 +1,261 @@
+// CPU kernels: max, average, adaptive average and adaptive max 2-d pooling and their backward.
+//
+// Shape legend: N batch, C channels, H,W input size, Ho,Wo output size. Every (n, c) plane is
+// pooled independently by one thread, reading and writing through the tensors' strides (so
+// channels-last operands work as they are). Max pooling returns int64 indices h*W + w into each
+// input plane; its backward (shared with adaptive max pooling) scatters through them. Window
+// rules follow PyTorch's CPU kernels exactly, including the last window under ceil_mode and the
+// NaN rule of max pooling (a NaN wins).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
 #include "cpu_kernels.h"
+#include "loops.h"
 
 namespace tvc::cpu {
+namespace {
 
-void register_pool_kernels(KernelRegistry&) {}
+struct PlaneGeom {
+  int64_t N, C, H, W, Ho, Wo;
+};
+
+PlaneGeom plane_geom(const Tensor& in, const Tensor& out) {
+  return {in.shape()[0], in.shape()[1],  in.shape()[2],
+          in.shape()[3], out.shape()[2], out.shape()[3]};
+}
+
+// The input positions under output (oh, ow): rows h0, h0+dh, ... < h1 and columns likewise;
+// divisor is what an average divides the window's sum by.
+struct Window {
+  int64_t h0, h1, dh, w0, w1, dw;
+  double divisor;
+};
+
+inline Window max_window(const Pool2dParams& p, const PlaneGeom& g, int64_t oh, int64_t ow) {
+  Window win{};
+  win.dh = p.dilation[0], win.dw = p.dilation[1];
+  win.h0 = oh * p.stride[0] - p.padding[0];
+  win.w0 = ow * p.stride[1] - p.padding[1];
+  win.h1 = std::min(win.h0 + (p.kernel[0] - 1) * win.dh + 1, g.H);
+  win.w1 = std::min(win.w0 + (p.kernel[1] - 1) * win.dw + 1, g.W);
+  while (win.h0 < 0) win.h0 += win.dh;
+  while (win.w0 < 0) win.w0 += win.dw;
+  win.divisor = 1;
+  return win;
+}
+
+// PyTorch's rule: the pool size counts padding but not what lies past it (the last window
+// under ceil_mode), then the window is clipped to the input.
+inline Window avg_window(const Pool2dParams& p, const PlaneGeom& g, int64_t oh, int64_t ow) {
+  Window win{};
+  win.dh = win.dw = 1;
+  win.h0 = oh * p.stride[0] - p.padding[0];
+  win.w0 = ow * p.stride[1] - p.padding[1];
+  win.h1 = std::min(win.h0 + p.kernel[0], g.H + p.padding[0]);
+  win.w1 = std::min(win.w0 + p.kernel[1], g.W + p.padding[1]);
+  int64_t pool_size = (win.h1 - win.h0) * (win.w1 - win.w0);
+  win.h0 = std::max<int64_t>(win.h0, 0), win.w0 = std::max<int64_t>(win.w0, 0);
+  win.h1 = std::min(win.h1, g.H), win.w1 = std::min(win.w1, g.W);
+  if (p.divisor_override)
+    win.divisor = static_cast<double>(p.divisor_override);
+  else if (p.count_include_pad)
+    win.divisor = static_cast<double>(pool_size);
+  else
+    win.divisor = static_cast<double>((win.h1 - win.h0) * (win.w1 - win.w0));
+  return win;
+}
+
+// start = floor(i * In / Out), end = ceil((i + 1) * In / Out).
+inline Window adaptive_window(const Pool2dParams&, const PlaneGeom& g, int64_t oh, int64_t ow) {
+  Window win{};
+  win.dh = win.dw = 1;
+  win.h0 = oh * g.H / g.Ho;
+  win.h1 = ((oh + 1) * g.H + g.Ho - 1) / g.Ho;
+  win.w0 = ow * g.W / g.Wo;
+  win.w1 = ((ow + 1) * g.W + g.Wo - 1) / g.Wo;
+  win.divisor = static_cast<double>((win.h1 - win.h0) * (win.w1 - win.w0));
+  return win;
+}
+
+// Rough work per plane, for the decision to use threads (adaptive windows have no kernel size).
+int64_t plane_work(const Pool2dParams& p, const PlaneGeom& g) {
+  return g.H * g.W + g.Ho * g.Wo * p.kernel[0] * p.kernel[1];
+}
+
+using WindowFn = Window (*)(const Pool2dParams&, const PlaneGeom&, int64_t, int64_t);
+
+// Calls body(n, c) for every plane, split over threads.
+template <typename F>
+void for_planes(const PlaneGeom& g, int64_t work_per_plane, F&& body) {
+  parallel_for(g.N * g.C, work_per_plane, [&](int64_t b, int64_t e) {
+    for (int64_t it = b; it < e; ++it) body(it / g.C, it % g.C);
+  });
+}
+
+template <typename T>
+T* plane_ptr(const Tensor& t, int64_t n, int64_t c) {
+  return static_cast<T*>(t.raw_data()) + n * t.strides()[0] + c * t.strides()[1];
+}
+
+// ---------------------------------------------------------------- forward
+
+// in = (x) -> out (values, int64 indices).
+struct MaxForward {
+  template <typename T, WindowFn window>
+  static void run(const KernelArgs& args, const Pool2dParams& p) {
+    const Tensor& x = args.in[0];
+    const Tensor& y = args.out[0];
+    const Tensor& idx = args.out[1];
+    using C = compute_t<T>;
+    PlaneGeom g = plane_geom(x, y);
+    int64_t xs2 = x.strides()[2], xs3 = x.strides()[3];
+    int64_t ys2 = y.strides()[2], ys3 = y.strides()[3], is2 = idx.strides()[2],
+            is3 = idx.strides()[3];
+    for_planes(g, plane_work(p, g), [&](int64_t n, int64_t c) {
+      const T* xp = plane_ptr<T>(x, n, c);
+      T* yp = plane_ptr<T>(y, n, c);
+      int64_t* ip = plane_ptr<int64_t>(idx, n, c);
+      for (int64_t oh = 0; oh < g.Ho; ++oh)
+        for (int64_t ow = 0; ow < g.Wo; ++ow) {
+          Window win = window(p, g, oh, ow);
+          C best = -std::numeric_limits<C>::infinity();
+          int64_t best_i = win.h0 * g.W + win.w0;
+          for (int64_t h = win.h0; h < win.h1; h += win.dh)
+            for (int64_t w = win.w0; w < win.w1; w += win.dw) {
+              C v = static_cast<C>(xp[h * xs2 + w * xs3]);
+              if (v > best || std::isnan(v)) best = v, best_i = h * g.W + w;
+            }
+          yp[oh * ys2 + ow * ys3] = static_cast<T>(best);
+          ip[oh * is2 + ow * is3] = best_i;
+        }
+    });
+  }
+};
+
+// in = (x) -> out (averages).
+struct AvgForward {
+  template <typename T, WindowFn window>
+  static void run(const KernelArgs& args, const Pool2dParams& p) {
+    const Tensor& x = args.in[0];
+    const Tensor& y = args.out[0];
+    using C = compute_t<T>;
+    PlaneGeom g = plane_geom(x, y);
+    int64_t xs2 = x.strides()[2], xs3 = x.strides()[3], ys2 = y.strides()[2], ys3 = y.strides()[3];
+    for_planes(g, plane_work(p, g), [&](int64_t n, int64_t c) {
+      const T* xp = plane_ptr<T>(x, n, c);
+      T* yp = plane_ptr<T>(y, n, c);
+      for (int64_t oh = 0; oh < g.Ho; ++oh)
+        for (int64_t ow = 0; ow < g.Wo; ++ow) {
+          Window win = window(p, g, oh, ow);
+          C sum = 0;
+          for (int64_t h = win.h0; h < win.h1; ++h)
+            for (int64_t w = win.w0; w < win.w1; ++w) sum += static_cast<C>(xp[h * xs2 + w * xs3]);
+          bool empty = win.h0 >= win.h1 || win.w0 >= win.w1;
+          yp[oh * ys2 + ow * ys3] =
+              static_cast<T>(empty ? C(0) : sum / static_cast<C>(win.divisor));
+        }
+    });
+  }
+};
+
+// ---------------------------------------------------------------- backward
+
+// Accumulates one plane of the input gradient in a buffer, then stores it through dx's strides.
+template <typename T, typename F>
+void scatter_planes(const Tensor& dx, const PlaneGeom& g, int64_t work_per_plane, F&& scatter) {
+  using C = compute_t<T>;
+  int64_t s2 = dx.strides()[2], s3 = dx.strides()[3];
+  parallel_for(g.N * g.C, work_per_plane, [&](int64_t b, int64_t e) {
+    std::vector<C> buf(g.H * g.W);
+    for (int64_t it = b; it < e; ++it) {
+      int64_t n = it / g.C, c = it % g.C;
+      std::fill(buf.begin(), buf.end(), C(0));
+      scatter(n, c, buf.data());
+      T* dp = plane_ptr<T>(dx, n, c);
+      for (int64_t h = 0; h < g.H; ++h)
+        for (int64_t w = 0; w < g.W; ++w) dp[h * s2 + w * s3] = static_cast<T>(buf[h * g.W + w]);
+    }
+  });
+}
+
+// in = (grad_out, indices) -> out (grad_input).
+template <typename T>
+void max_backward(const KernelArgs& args) {
+  const Tensor& dy = args.in[0];
+  const Tensor& idx = args.in[1];
+  const Tensor& dx = args.out[0];
+  PlaneGeom g = plane_geom(dx, dy);
+  int64_t ys2 = dy.strides()[2], ys3 = dy.strides()[3], is2 = idx.strides()[2],
+          is3 = idx.strides()[3];
+  scatter_planes<T>(dx, g, g.Ho * g.Wo, [&](int64_t n, int64_t c, compute_t<T>* buf) {
+    const T* dyp = plane_ptr<T>(dy, n, c);
+    const int64_t* ip = plane_ptr<int64_t>(idx, n, c);
+    for (int64_t oh = 0; oh < g.Ho; ++oh)
+      for (int64_t ow = 0; ow < g.Wo; ++ow)
+        buf[ip[oh * is2 + ow * is3]] += static_cast<compute_t<T>>(dyp[oh * ys2 + ow * ys3]);
+  });
+}
+
+// in = (grad_out) -> out (grad_input).
+struct AvgBackward {
+  template <typename T, WindowFn window>
+  static void run(const KernelArgs& args, const Pool2dParams& p) {
+    const Tensor& dy = args.in[0];
+    const Tensor& dx = args.out[0];
+    using C = compute_t<T>;
+    PlaneGeom g = plane_geom(dx, dy);
+    int64_t ys2 = dy.strides()[2], ys3 = dy.strides()[3];
+    scatter_planes<T>(dx, g, plane_work(p, g), [&](int64_t n, int64_t c, C* buf) {
+      const T* dyp = plane_ptr<T>(dy, n, c);
+      for (int64_t oh = 0; oh < g.Ho; ++oh)
+        for (int64_t ow = 0; ow < g.Wo; ++ow) {
+          Window win = window(p, g, oh, ow);
+          C v = static_cast<C>(dyp[oh * ys2 + ow * ys3]) / static_cast<C>(win.divisor);
+          for (int64_t h = win.h0; h < win.h1; ++h)
+            for (int64_t w = win.w0; w < win.w1; ++w) buf[h * g.W + w] += v;
+        }
+    });
+  }
+};
+
+// ---------------------------------------------------------------- registration
+
+const Pool2dParams& params_or_none(const KernelArgs& args) {
+  static const Pool2dParams none{};
+  return args.params ? args.p<Pool2dParams>() : none;
+}
+
+// Dispatches Kernel::run<T, window> over the floating dtypes.
+template <Op op, typename Kernel, WindowFn window>
+void windowed_kernel(const KernelArgs& args) {
+  dispatch_floating(args.in[0].dtype(), op, [&]<typename T>() {
+    Kernel::template run<T, window>(args, params_or_none(args));
+  });
+}
+
+template <Op op>
+void max_backward_kernel(const KernelArgs& args) {
+  dispatch_floating(args.in[0].dtype(), op, [&]<typename T>() { max_backward<T>(args); });
+}
+
+}  // namespace
+
+void register_pool_kernels(KernelRegistry& r) {
+  r.set(Op::max_pool2d, Device::CPU, windowed_kernel<Op::max_pool2d, MaxForward, max_window>);
+  r.set(Op::max_pool2d_backward, Device::CPU, max_backward_kernel<Op::max_pool2d_backward>);
+  r.set(Op::avg_pool2d, Device::CPU, windowed_kernel<Op::avg_pool2d, AvgForward, avg_window>);
+  r.set(Op::avg_pool2d_backward, Device::CPU,
+        windowed_kernel<Op::avg_pool2d_backward, AvgBackward, avg_window>);
+  r.set(Op::adaptive_avg_pool2d, Device::CPU,
+        windowed_kernel<Op::adaptive_avg_pool2d, AvgForward, adaptive_window>);
+  r.set(Op::adaptive_avg_pool2d_backward, Device::CPU,
+        windowed_kernel<Op::adaptive_avg_pool2d_backward, AvgBackward, adaptive_window>);
+  r.set(Op::adaptive_max_pool2d, Device::CPU,
+        windowed_kernel<Op::adaptive_max_pool2d, MaxForward, adaptive_window>);
+  r.set(Op::adaptive_max_pool2d_backward, Device::CPU,
+        max_backward_kernel<Op::adaptive_max_pool2d_backward>);
+}
 
 }  // namespace tvc::cpu

@@ -1,0 +1,329 @@
+// torch.nn layers over tvc's functional ops (tvc/ops.h).
+#include "tvc/nn/layers.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tvc/autograd.h"
+#include "tvc/nn/init.h"
+
+namespace tvc::nn {
+
+namespace {
+
+const char* py_bool(bool b) { return b ? "True" : "False"; }
+
+// Python's tuple repr: (3, 2) or (3,).
+std::string py_tuple(const std::vector<int64_t>& v) {
+  std::string s = "(";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + (v.size() == 1 ? ",)" : ")");
+}
+
+// PyTorch's Linear/_ConvNd reset_parameters: kaiming_uniform_(a=sqrt(5)) for the weight,
+// U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the bias.
+void init_weight_and_bias(const Tensor& weight, const Tensor& bias) {
+  init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (!bias.defined()) return;
+  int64_t fan_in = init::calculate_fan_in_and_fan_out(weight).first;
+  double bound = fan_in > 0 ? 1 / std::sqrt(static_cast<double>(fan_in)) : 0;
+  init::uniform_(bias, -bound, bound);
+}
+
+// fn(x) written into x (inplace=True). The op gets a copy of x when autograd may save it,
+// since x is overwritten.
+Tensor compute_inplace(const Tensor& x, const std::function<Tensor(const Tensor&)>& fn) {
+  Tensor src = autograd::any_requires_grad({x}) ? x.clone() : x;
+  Tensor y = x;
+  y.copy_(fn(src));
+  return y;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Sizes
+
+std::vector<int64_t> Sizes::expand(size_t n, const std::string& who) const {
+  if (scalar) return std::vector<int64_t>(n, values[0]);
+  TVC_CHECK(values.size() == n, who, ": expected ", n, " values, got ", py_tuple(values));
+  return values;
+}
+
+std::array<int64_t, 2> Sizes::pair(const std::string& who) const {
+  std::vector<int64_t> v = expand(2, who);
+  return {v[0], v[1]};
+}
+
+std::string Sizes::str() const { return scalar ? std::to_string(values[0]) : py_tuple(values); }
+
+// ---------------------------------------------------------------- Linear, Flatten
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
+    : in_features(in_features), out_features(out_features) {
+  TVC_CHECK(in_features >= 0 && out_features >= 0, "Linear: in_features and out_features must be "
+            "non-negative, got ", in_features, " and ", out_features);
+  register_parameter("weight", empty({out_features, in_features}));
+  register_parameter("bias", bias ? empty({out_features}) : Tensor());
+  reset_parameters();
+}
+
+void Linear::reset_parameters() { init_weight_and_bias(weight(), bias()); }
+
+Tensor Linear::forward(const Tensor& x) { return linear(x, weight(), bias()); }
+
+std::string Linear::extra_repr() const {
+  return cat_str("in_features=", in_features, ", out_features=", out_features,
+                 ", bias=", py_bool(bias().defined()));
+}
+
+std::string Flatten::extra_repr() const { return cat_str("start_dim=", start_dim, ", end_dim=", end_dim); }
+
+// ---------------------------------------------------------------- convolution
+
+ConvNd::ConvNd(size_t dims, const std::string& name, int64_t in_channels, int64_t out_channels,
+               const Sizes& kernel_size_, const ConvOptions& o)
+    : in_channels(in_channels), out_channels(out_channels), groups(o.groups), padding_mode(o.padding_mode) {
+  TVC_CHECK(o.groups > 0, name, ": groups must be a positive integer, got ", o.groups);
+  TVC_CHECK(in_channels > 0 && in_channels % o.groups == 0, name, ": in_channels (", in_channels,
+            ") must be positive and divisible by groups (", o.groups, ")");
+  TVC_CHECK(out_channels > 0 && out_channels % o.groups == 0, name, ": out_channels (", out_channels,
+            ") must be positive and divisible by groups (", o.groups, ")");
+  TVC_CHECK(padding_mode == "zeros" || padding_mode == "reflect" || padding_mode == "replicate" ||
+                padding_mode == "circular",
+            name, ": padding_mode must be one of 'zeros', 'reflect', 'replicate', 'circular', got '",
+            padding_mode, "'");
+  kernel_size = kernel_size_.expand(dims, name + " kernel_size");
+  stride = o.stride.expand(dims, name + " stride");
+  dilation = o.dilation.expand(dims, name + " dilation");
+  padding = o.padding.sizes.expand(dims, name + " padding");
+  padding_str = o.padding.mode;
+  TVC_CHECK(padding_str.empty() || padding_str == "same" || padding_str == "valid", name,
+            ": invalid padding string '", padding_str, "', should be one of 'valid', 'same'");
+  for (size_t i = 0; i < dims; ++i) {
+    TVC_CHECK(kernel_size[i] > 0 && stride[i] > 0 && dilation[i] > 0 && padding[i] >= 0, name,
+              ": kernel_size ", py_tuple(kernel_size), ", stride ", py_tuple(stride), " and dilation ",
+              py_tuple(dilation), " must be positive and padding ", py_tuple(padding), " non-negative");
+    TVC_CHECK(padding_str != "same" || stride[i] == 1, name,
+              ": padding='same' is not supported for strided convolutions");
+  }
+  Shape wshape{out_channels, in_channels / o.groups};
+  wshape.insert(wshape.end(), kernel_size.begin(), kernel_size.end());
+  register_parameter("weight", empty(wshape));
+  register_parameter("bias", o.bias ? empty({out_channels}) : Tensor());
+  reset_parameters();
+}
+
+void ConvNd::reset_parameters() { init_weight_and_bias(weight(), bias()); }
+
+std::string ConvNd::extra_repr() const {
+  std::string s = cat_str(in_channels, ", ", out_channels, ", kernel_size=", py_tuple(kernel_size),
+                          ", stride=", py_tuple(stride));
+  if (!padding_str.empty()) s += ", padding=" + padding_str;
+  else if (std::any_of(padding.begin(), padding.end(), [](int64_t p) { return p != 0; }))
+    s += ", padding=" + py_tuple(padding);
+  if (std::any_of(dilation.begin(), dilation.end(), [](int64_t d) { return d != 1; }))
+    s += ", dilation=" + py_tuple(dilation);
+  if (groups != 1) s += cat_str(", groups=", groups);
+  if (!bias().defined()) s += ", bias=False";
+  if (padding_mode != "zeros") s += ", padding_mode=" + padding_mode;
+  return s;
+}
+
+std::pair<Tensor, std::vector<int64_t>> ConvNd::padded_input(const Tensor& x) const {
+  size_t n = kernel_size.size();
+  std::vector<int64_t> conv_padding(n), pads(2 * n);  // pads: last dim first, as tvc::pad
+  bool asymmetric = false;
+  for (size_t i = 0; i < n; ++i) {
+    int64_t left = padding[i], right = padding[i];
+    if (padding_str == "same") {
+      int64_t total = dilation[i] * (kernel_size[i] - 1);
+      left = total / 2, right = total - left;  // the odd one goes at the end, as PyTorch
+      asymmetric |= left != right;
+    }
+    conv_padding[i] = left;
+    pads[2 * (n - 1 - i)] = left, pads[2 * (n - 1 - i) + 1] = right;
+  }
+  if (padding_mode == "zeros" && !asymmetric) return {x, conv_padding};
+  return {pad(x, pads, padding_mode == "zeros" ? "constant" : padding_mode), std::vector<int64_t>(n, 0)};
+}
+
+Tensor Conv1d::forward(const Tensor& x) {
+  auto [input, p] = padded_input(x);
+  return conv1d(input, weight(), bias(), stride[0], p[0], dilation[0], groups);
+}
+
+Tensor Conv2d::forward(const Tensor& x) {
+  auto [input, p] = padded_input(x);
+  return conv2d(input, weight(), bias(), {stride[0], stride[1]}, {p[0], p[1]},
+                {dilation[0], dilation[1]}, groups);
+}
+
+// ---------------------------------------------------------------- normalisation
+
+BatchNorm::BatchNorm(int64_t num_features, const BatchNormOptions& o)
+    : num_features(num_features), eps(o.eps), momentum(o.momentum), affine(o.affine),
+      track_running_stats(o.track_running_stats) {
+  TVC_CHECK(num_features > 0, "BatchNorm: num_features must be positive, got ", num_features);
+  register_parameter("weight", affine ? empty({num_features}) : Tensor());
+  register_parameter("bias", affine ? empty({num_features}) : Tensor());
+  register_buffer("running_mean", track_running_stats ? zeros({num_features}) : Tensor());
+  register_buffer("running_var", track_running_stats ? ones({num_features}) : Tensor());
+  register_buffer("num_batches_tracked",
+                  track_running_stats ? zeros({}, {.dtype = DType::Int64}) : Tensor());
+  reset_parameters();
+}
+
+void BatchNorm::reset_running_stats() {
+  if (!track_running_stats) return;
+  init::zeros_(running_mean());
+  init::ones_(running_var());
+  init::zeros_(num_batches_tracked());
+}
+
+void BatchNorm::reset_parameters() {
+  reset_running_stats();
+  if (!affine) return;
+  init::ones_(weight());
+  init::zeros_(bias());
+}
+
+Tensor BatchNorm::forward(const Tensor& x) {
+  check_input_dim(x);
+  // Batch statistics in training, or when there are no running ones; the running stats are
+  // updated (and batches counted) in training when tracked.
+  bool use_batch_stats = training_ || !running_mean().defined();
+  bool use_running = !training_ || track_running_stats;
+  std::optional<double> m;
+  if (momentum) m = momentum->to_double();
+  return batch_norm(x, use_running ? running_mean() : Tensor(), use_running ? running_var() : Tensor(),
+                    weight(), bias(), use_batch_stats, m, eps.to_double(),
+                    training_ && track_running_stats ? num_batches_tracked() : Tensor());
+}
+
+std::string BatchNorm::extra_repr() const {
+  return cat_str(num_features, ", eps=", py_repr(eps), ", momentum=", momentum ? py_repr(*momentum) : "None",
+                 ", affine=", py_bool(affine), ", track_running_stats=", py_bool(track_running_stats));
+}
+
+void BatchNorm1d::check_input_dim(const Tensor& x) const {
+  TVC_CHECK(x.dim() == 2 || x.dim() == 3, "BatchNorm1d: expected 2D or 3D input (got ", x.dim(),
+            "D input of shape ", x.shape(), ")");
+}
+
+void BatchNorm2d::check_input_dim(const Tensor& x) const {
+  TVC_CHECK(x.dim() == 4, "BatchNorm2d: expected 4D input (got ", x.dim(), "D input of shape ", x.shape(), ")");
+}
+
+LayerNorm::LayerNorm(Shape normalized_shape, Scalar eps, bool elementwise_affine)
+    : normalized_shape(std::move(normalized_shape)), eps(eps), elementwise_affine(elementwise_affine) {
+  register_parameter("weight", elementwise_affine ? empty(this->normalized_shape) : Tensor());
+  register_parameter("bias", elementwise_affine ? empty(this->normalized_shape) : Tensor());
+  reset_parameters();
+}
+
+void LayerNorm::reset_parameters() {
+  if (!elementwise_affine) return;
+  init::ones_(weight());
+  init::zeros_(bias());
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  return layer_norm(x, normalized_shape, weight(), bias(), eps.to_double());
+}
+
+std::string LayerNorm::extra_repr() const {
+  return cat_str(py_tuple(normalized_shape), ", eps=", py_repr(eps),
+                 ", elementwise_affine=", py_bool(elementwise_affine));
+}
+
+GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, Scalar eps, bool affine)
+    : num_groups(num_groups), num_channels(num_channels), eps(eps), affine(affine) {
+  TVC_CHECK(num_groups > 0 && num_channels % num_groups == 0, "GroupNorm: num_channels (", num_channels,
+            ") must be divisible by num_groups (", num_groups, ")");
+  register_parameter("weight", affine ? empty({num_channels}) : Tensor());
+  register_parameter("bias", affine ? empty({num_channels}) : Tensor());
+  reset_parameters();
+}
+
+void GroupNorm::reset_parameters() {
+  if (!affine) return;
+  init::ones_(weight());
+  init::zeros_(bias());
+}
+
+Tensor GroupNorm::forward(const Tensor& x) { return group_norm(x, num_groups, weight(), bias(), eps.to_double()); }
+
+std::string GroupNorm::extra_repr() const {
+  return cat_str(num_groups, ", ", num_channels, ", eps=", py_repr(eps), ", affine=", py_bool(affine));
+}
+
+Dropout::Dropout(Scalar p, bool inplace) : p(p), inplace(inplace) {
+  TVC_CHECK(p.to_double() >= 0 && p.to_double() <= 1,
+            "Dropout: dropout probability has to be between 0 and 1, but got ", py_repr(p));
+}
+
+Tensor Dropout::forward(const Tensor& x) {
+  auto fn = [this](const Tensor& t) { return dropout(t, p.to_double(), training_); };
+  return inplace && training_ ? compute_inplace(x, fn) : fn(x);
+}
+
+std::string Dropout::extra_repr() const { return "p=" + py_repr(p) + ", inplace=" + py_bool(inplace); }
+
+// ---------------------------------------------------------------- activations
+
+Tensor Activation::forward(const Tensor& x) {
+  auto fn = [this](const Tensor& t) { return function(t); };
+  return inplace ? compute_inplace(x, fn) : fn(x);
+}
+
+std::string LeakyReLU::extra_repr() const {
+  return "negative_slope=" + py_repr(negative_slope) + (inplace ? ", inplace=True" : "");
+}
+
+GELU::GELU(std::string approximate) : approximate(std::move(approximate)) {
+  TVC_CHECK(this->approximate == "none" || this->approximate == "tanh",
+            "GELU: approximate must be 'none' or 'tanh', got '", this->approximate, "'");
+}
+
+std::string Softplus::extra_repr() const {
+  return "beta=" + py_repr(beta) + ", threshold=" + py_repr(threshold);
+}
+
+// ---------------------------------------------------------------- pooling
+
+MaxPool2d::MaxPool2d(Sizes kernel_size, MaxPool2dOptions o)
+    : kernel_size(kernel_size), stride(o.stride.value_or(kernel_size)), padding(o.padding),
+      dilation(o.dilation), ceil_mode(o.ceil_mode) {}
+
+Tensor MaxPool2d::forward(const Tensor& x) {
+  return max_pool2d(x, kernel_size.pair("MaxPool2d kernel_size"), stride.pair("MaxPool2d stride"),
+                    padding.pair("MaxPool2d padding"), dilation.pair("MaxPool2d dilation"), ceil_mode);
+}
+
+std::string MaxPool2d::extra_repr() const {
+  return "kernel_size=" + kernel_size.str() + ", stride=" + stride.str() + ", padding=" + padding.str() +
+         ", dilation=" + dilation.str() + ", ceil_mode=" + py_bool(ceil_mode);
+}
+
+AvgPool2d::AvgPool2d(Sizes kernel_size, AvgPool2dOptions o)
+    : kernel_size(kernel_size), stride(o.stride.value_or(kernel_size)), padding(o.padding),
+      ceil_mode(o.ceil_mode), count_include_pad(o.count_include_pad), divisor_override(o.divisor_override) {}
+
+Tensor AvgPool2d::forward(const Tensor& x) {
+  return avg_pool2d(x, kernel_size.pair("AvgPool2d kernel_size"), stride.pair("AvgPool2d stride"),
+                    padding.pair("AvgPool2d padding"), ceil_mode, count_include_pad, divisor_override);
+}
+
+std::string AvgPool2d::extra_repr() const {
+  return "kernel_size=" + kernel_size.str() + ", stride=" + stride.str() + ", padding=" + padding.str();
+}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
+  return adaptive_avg_pool2d(x, output_size.pair("AdaptiveAvgPool2d output_size"));
+}
+
+Tensor AdaptiveMaxPool2d::forward(const Tensor& x) {
+  return adaptive_max_pool2d(x, output_size.pair("AdaptiveMaxPool2d output_size"));
+}
+
+}  // namespace tvc::nn

@@ -1,0 +1,214 @@
+// tvc_bench: the machine's FMA peak, tvc's SGEMM against it (per instruction-set path, and
+// oneDNN's dnnl_sgemm beside it when built with oneDNN), and ResNet-50's convolutions through
+// tvc::conv2d. Every rate is a GFLOP/s counter ("G/s" below means 1e9 FLOP/s); SGEMM also gets
+// "peak%", its rate as a share of the measured FMA peak on the same number of threads.
+// Benchmarks are named kind/variant/size/threads:T; pick them with --benchmark_filter.
+// See bench/README.md.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../kernels/cpu/gemm.h"
+#include "fma_peak.h"
+#include "tvc/autograd.h"
+#include "tvc/ops.h"
+
+#ifdef TVC_HAVE_DNNL
+#include <dnnl.h>
+#endif
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+bool has_avx512() {
+  for (tvc::Isa isa : tvc::available_isas())
+    if (isa == tvc::Isa::avx512) return true;
+  return false;
+}
+
+// Thread counts benchmarked: 1 and all (OMP_NUM_THREADS or the cores).
+std::vector<int> thread_counts() {
+  int all = tvc::get_num_threads();
+  return all > 1 ? std::vector<int>{1, all} : std::vector<int>{1};
+}
+
+// FLOP per call of fma_peak_avx512(iterations).
+double fma_peak_flop(int64_t iterations) {
+  return 2.0 * 16 * tvc::bench::kFmaPeakChains * static_cast<double>(iterations);
+}
+
+float fma_peak_on_threads(int threads, int64_t iterations) {
+  float sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+  sink += tvc::bench::fma_peak_avx512(iterations);
+  return sink;
+}
+
+// The AVX-512 FMA peak on `threads` threads in GFLOP/s, measured once (best of 5 short runs).
+double peak_gflops(int threads) {
+  static std::map<int, double> cache;
+  auto it = cache.find(threads);
+  if (it != cache.end()) return it->second;
+  constexpr int64_t kIterations = int64_t{1} << 20;
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(fma_peak_on_threads(threads, kIterations));
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, threads * fma_peak_flop(kIterations) / s / 1e9);
+  }
+  return cache[threads] = best;
+}
+
+// Runs body once per benchmark iteration, timing each call (wall clock, all threads), and sets
+// the "GFLOP/s" counter and, where the peak is measurable, "peak%" (share of the FMA peak on
+// the same number of threads).
+template <typename Body>
+void timed_loop(benchmark::State& state, double flop_per_call, int threads, Body&& body) {
+  double total = 0;
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    body();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.SetIterationTime(s);
+    total += s;
+  }
+  double gflops = flop_per_call * static_cast<double>(state.iterations()) / total / 1e9;
+  state.counters["GFLOP/s"] = gflops;
+  if (threads > 0 && has_avx512()) state.counters["peak%"] = 100 * gflops / peak_gflops(threads);
+}
+
+std::vector<float> random_floats(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+// (a) Independent 512-bit FMAs on every thread: the machine's fp32 peak.
+void fma_peak(benchmark::State& state, int threads) {
+  constexpr int64_t kIterations = int64_t{1} << 21;
+  timed_loop(state, threads * fma_peak_flop(kIterations), 0,
+             [&] { benchmark::DoNotOptimize(fma_peak_on_threads(threads, kIterations)); });
+}
+
+// (b) Square SGEMM C = A @ B (row-major, beta 0) with tvc's CPU GEMM on one instruction set.
+void sgemm_tvc(benchmark::State& state, tvc::Isa isa, int64_t n, int threads) {
+  tvc::set_isa(isa);
+  tvc::set_num_threads(threads);
+  std::vector<float> a = random_floats(n * n, 1), b = random_floats(n * n, 2), c(n * n);
+  timed_loop(state, 2.0 * n * n * n, threads, [&] {
+    tvc::cpu::gemm<float>(n, n, n, a.data(), n, 1, b.data(), n, 1, c.data(), n, 1, 0.f);
+    benchmark::DoNotOptimize(c.data());
+  });
+  tvc::set_isa(tvc::available_isas().back());
+}
+
+#ifdef TVC_HAVE_DNNL
+// (d) The same product with oneDNN's dnnl_sgemm (row-major), the reference.
+void sgemm_onednn(benchmark::State& state, int64_t n, int threads) {
+  tvc::set_num_threads(threads);
+  std::vector<float> a = random_floats(n * n, 1), b = random_floats(n * n, 2), c(n * n);
+  bool ok = true;
+  timed_loop(state, 2.0 * n * n * n, threads, [&] {
+    ok &= dnnl_sgemm('N', 'N', n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n) ==
+          dnnl_success;
+    benchmark::DoNotOptimize(c.data());
+  });
+  if (!ok) state.SkipWithError("dnnl_sgemm failed");
+}
+#endif
+
+// (c) ResNet-50's convolutions: conv2d(N, C, H, H) with O filters of k x k, bias, as in the
+// network (3x3 with padding 1; 1x1 without).
+struct ConvShape {
+  const char* name;
+  int64_t C, O, H, k, stride, pad;
+};
+constexpr ConvShape kResNet50Convs[] = {
+    {"3x3_64x56", 64, 64, 56, 3, 1, 1},         {"3x3_128x28", 128, 128, 28, 3, 1, 1},
+    {"3x3_256x14", 256, 256, 14, 3, 1, 1},      {"3x3_512x7", 512, 512, 7, 3, 1, 1},
+    {"1x1_64-256x56", 64, 256, 56, 1, 1, 0},    {"1x1_256-64x56", 256, 64, 56, 1, 1, 0},
+    {"1x1_1024-256x14", 1024, 256, 14, 1, 1, 0}, {"1x1_256-1024x14", 256, 1024, 14, 1, 1, 0},
+    {"1x1_2048-512x7", 2048, 512, 7, 1, 1, 0},  {"1x1_512-2048x7", 512, 2048, 7, 1, 1, 0},
+};
+
+void conv2d_tvc(benchmark::State& state, ConvShape s, int64_t batch, int threads) {
+  tvc::set_num_threads(threads);
+  tvc::NoGradGuard no_grad;
+  tvc::Tensor x = tvc::randn({batch, s.C, s.H, s.H});
+  tvc::Tensor w = tvc::randn({s.O, s.C, s.k, s.k});
+  tvc::Tensor bias = tvc::randn({s.O});
+  int64_t ho = (s.H + 2 * s.pad - s.k) / s.stride + 1;
+  timed_loop(state, 2.0 * batch * s.O * ho * ho * s.C * s.k * s.k, threads, [&] {
+    tvc::Tensor y = tvc::conv2d(x, w, bias, {s.stride, s.stride}, {s.pad, s.pad});
+    benchmark::DoNotOptimize(y.raw_data());
+  });
+}
+
+// "kind/variant/.../key:value" names.
+std::string bench_name(std::initializer_list<std::string> parts) {
+  std::string name;
+  for (const std::string& p : parts) {
+    if (!name.empty()) name += '/';
+    name += p;
+  }
+  return name;
+}
+std::string keyed(const char* key, int64_t value) {
+  std::string s = key;
+  s += ':';
+  s += std::to_string(value);
+  return s;
+}
+
+void register_all() {
+  std::vector<int> threads = thread_counts();
+  if (has_avx512())
+    for (int t : threads)
+      benchmark::RegisterBenchmark(bench_name({"fma_peak", "avx512", keyed("threads", t)}).c_str(),
+                                   fma_peak, t)
+          ->UseManualTime();
+  for (int64_t n : {256, 512, 1024, 2048})
+    for (int t : threads) {
+      for (tvc::Isa isa : tvc::available_isas())
+        benchmark::RegisterBenchmark(
+            bench_name({"sgemm", tvc::isa_name(isa), std::to_string(n), keyed("threads", t)}).c_str(),
+            sgemm_tvc, isa, n, t)
+            ->UseManualTime();
+#ifdef TVC_HAVE_DNNL
+      benchmark::RegisterBenchmark(
+          bench_name({"sgemm", "onednn", std::to_string(n), keyed("threads", t)}).c_str(),
+          sgemm_onednn, n, t)
+          ->UseManualTime();
+#endif
+    }
+  for (const ConvShape& s : kResNet50Convs)
+    for (int64_t batch : {1, 8})
+      for (int t : threads)
+        benchmark::RegisterBenchmark(
+            bench_name({"conv2d", s.name, keyed("N", batch), keyed("threads", t)}).c_str(),
+            conv2d_tvc, s, batch, t)
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

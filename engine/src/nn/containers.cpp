@@ -1,0 +1,58 @@
+// Sequential, ModuleList and ModuleDict.
+#include "tvc/nn/containers.h"
+
+namespace tvc::nn {
+
+size_t detail::wrap_index(int64_t index, size_t size, bool allow_end, const std::string& who) {
+  int64_t n = static_cast<int64_t>(size);
+  int64_t hi = allow_end ? n : n - 1;
+  TVC_CHECK(index >= -n && index <= hi, who, ": index ", index, " is out of range for ", n, " modules");
+  return static_cast<size_t>(index < 0 ? index + n : index);
+}
+
+Sequential::Sequential(const std::vector<std::pair<std::string, ModulePtr>>& named) {
+  for (const auto& [name, m] : named) add_child(name, m);
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor y = x;
+  for (const auto& [name, m] : children_) {
+    TVC_CHECK(m != nullptr, "Sequential: module '", name, "' is None and cannot be called");
+    y = (*m)(y);
+  }
+  return y;
+}
+
+ModulePtr ModuleDict::operator[](const std::string& key) const {
+  const ModulePtr* m = children_.find(key);
+  TVC_CHECK(m != nullptr, "ModuleDict: no module under key '", key, "'");
+  return *m;
+}
+
+ModuleDict& ModuleDict::insert(const std::string& key, ModulePtr module) {
+  add_child(key, std::move(module));
+  return *this;
+}
+
+ModuleDict& ModuleDict::update(const std::vector<std::pair<std::string, ModulePtr>>& modules) {
+  for (const auto& [key, m] : modules) insert(key, m);
+  return *this;
+}
+
+ModulePtr ModuleDict::pop(const std::string& key) {
+  ModulePtr m = (*this)[key];
+  children_.erase(key);
+  return m;
+}
+
+std::vector<ModulePtr> ModuleDict::values() const {
+  std::vector<ModulePtr> out;
+  for (const auto& [k, m] : children_) out.push_back(m);
+  return out;
+}
+
+std::vector<std::pair<std::string, ModulePtr>> ModuleDict::items() const {
+  return {children_.begin(), children_.end()};
+}
+
+}  // namespace tvc::nn

@@ -1,0 +1,393 @@
+// torch.nn layers: same parameter and buffer names, default initialisation and repr as PyTorch.
+//
+// Shape legend: N batch, C channels, L length, H,W height and width, * any trailing dims.
+// Constructor arguments follow PyTorch's order; optional ones of the larger layers come in an
+// options struct meant for designated initialisers:
+//   nn::Conv2d(3, 64, 7, {.stride = 2, .padding = 3, .bias = false})
+//   nn::BatchNorm2d(64, {.eps = 1e-3, .momentum = std::nullopt})
+// Numbers that PyTorch prints as given (Dropout's p, eps, ...) are Scalars, so an int prints
+// as an int ("p=0") and a double as Python's float repr ("eps=1e-05").
+// Each layer reaches its tensors through the registry (weight(), bias(), ...), see module.h.
+#pragma once
+
+#include <array>
+#include <concepts>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tvc/nn/module.h"
+#include "tvc/ops.h"
+
+namespace tvc::nn {
+
+// Sizes given as one int (for every spatial dim) or a tuple, printed as given: 2 or (3, 2).
+struct Sizes {
+  std::vector<int64_t> values;
+  bool scalar = true;
+  Sizes(int64_t v) : values{v} {}  // NOLINT: implicit like Python's int
+  Sizes(std::initializer_list<int64_t> v) : values(v), scalar(false) {}
+  // One value per dim for n spatial dims; throws naming who when a tuple has another length.
+  std::vector<int64_t> expand(size_t n, const std::string& who) const;
+  std::array<int64_t, 2> pair(const std::string& who) const;
+  std::string str() const;  // "2", "(3, 2)", "(3,)"
+};
+
+// ---------------------------------------------------------------- linear
+
+// y = x W^T + b. x (*, in_features) -> (*, out_features). weight (out, in), bias (out), both
+// U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_(a=sqrt(5)) for the weight).
+class Linear : public Cloneable<Linear> {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  void reset_parameters();
+  Tensor weight() const { return parameter("weight"); }
+  Tensor bias() const { return parameter("bias"); }
+
+  int64_t in_features, out_features;
+};
+
+// Returns x unchanged.
+class Identity : public Cloneable<Identity> {
+ public:
+  Tensor forward(const Tensor& x) override { return x; }
+};
+
+// Flattens dims start_dim..end_dim: (N, C, H, W) -> (N, C*H*W) by default.
+class Flatten : public Cloneable<Flatten> {
+ public:
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1) : start_dim(start_dim), end_dim(end_dim) {}
+  Tensor forward(const Tensor& x) override { return x.flatten(start_dim, end_dim); }
+  std::string extra_repr() const override;
+
+  int64_t start_dim, end_dim;
+};
+
+// ---------------------------------------------------------------- convolution
+
+// Conv options after kernel_size, in PyTorch's order. padding: int, tuple, "same" (stride 1
+// only; odd total padding puts the extra row/column at the end, as PyTorch) or "valid".
+// padding_mode: "zeros", "reflect", "replicate" or "circular".
+struct ConvPadding {
+  Sizes sizes = 0;
+  std::string mode;  // "", "same" or "valid"
+  template <std::integral I>
+  ConvPadding(I v) : sizes(static_cast<int64_t>(v)) {}           // NOLINT
+  ConvPadding(std::initializer_list<int64_t> v) : sizes(v) {}    // NOLINT
+  ConvPadding(const char* m) : sizes(0), mode(m) {}              // NOLINT
+};
+struct ConvOptions {
+  Sizes stride = 1;
+  ConvPadding padding = 0;
+  Sizes dilation = 1;
+  int64_t groups = 1;
+  bool bias = true;
+  std::string padding_mode = "zeros";
+};
+
+// Shared by Conv1d and Conv2d (PyTorch's _ConvNd): weight (out, in/groups, *kernel_size),
+// bias (out); kaiming_uniform_(a=sqrt(5)) and U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+class ConvNd : public Module {
+ public:
+  std::string extra_repr() const override;
+  void reset_parameters();
+  Tensor weight() const { return parameter("weight"); }
+  Tensor bias() const { return parameter("bias"); }
+
+  int64_t in_channels, out_channels;
+  std::vector<int64_t> kernel_size, stride, padding, dilation;
+  std::string padding_str;  // "same" / "valid" when padding was given as a string
+  int64_t groups;
+  std::string padding_mode;
+
+ protected:
+  ConvNd(size_t dims, const std::string& name, int64_t in_channels, int64_t out_channels,
+         const Sizes& kernel_size, const ConvOptions& options);
+  // The input padded as padding_mode (or asymmetric "same") needs, and the padding left for
+  // the convolution itself.
+  std::pair<Tensor, std::vector<int64_t>> padded_input(const Tensor& x) const;
+};
+
+// x (N, C_in, L) or (C_in, L) -> (N, C_out, L_out).
+class Conv1d : public Cloneable<Conv1d, ConvNd> {
+ public:
+  Conv1d(int64_t in_channels, int64_t out_channels, Sizes kernel_size, ConvOptions options = {})
+      : Cloneable(1, "Conv1d", in_channels, out_channels, kernel_size, options) {}
+  Tensor forward(const Tensor& x) override;
+};
+
+// x (N, C_in, H, W) or (C_in, H, W) -> (N, C_out, H_out, W_out).
+class Conv2d : public Cloneable<Conv2d, ConvNd> {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, Sizes kernel_size, ConvOptions options = {})
+      : Cloneable(2, "Conv2d", in_channels, out_channels, kernel_size, options) {}
+  Tensor forward(const Tensor& x) override;
+};
+
+// ---------------------------------------------------------------- normalisation
+
+// momentum nullopt = cumulative moving average (PyTorch's momentum=None).
+struct BatchNormOptions {
+  Scalar eps = 1e-5;
+  std::optional<Scalar> momentum = 0.1;
+  bool affine = true;
+  bool track_running_stats = true;
+};
+
+// Shared by BatchNorm1d/2d (PyTorch's _BatchNorm): parameters weight (ones), bias (zeros) when
+// affine; buffers running_mean (zeros), running_var (ones), num_batches_tracked (int64 0) when
+// track_running_stats (else registered None). Training updates the running stats and counts
+// batches; eval normalises with the running stats.
+class BatchNorm : public Module {
+ public:
+  std::string extra_repr() const override;
+  Tensor forward(const Tensor& x) override;
+  void reset_running_stats();
+  void reset_parameters();
+  Tensor weight() const { return parameter("weight"); }
+  Tensor bias() const { return parameter("bias"); }
+  Tensor running_mean() const { return buffer("running_mean"); }
+  Tensor running_var() const { return buffer("running_var"); }
+  Tensor num_batches_tracked() const { return buffer("num_batches_tracked"); }
+
+  int64_t num_features;
+  Scalar eps;
+  std::optional<Scalar> momentum;
+  bool affine, track_running_stats;
+
+ protected:
+  BatchNorm(int64_t num_features, const BatchNormOptions& options);
+  virtual void check_input_dim(const Tensor& x) const = 0;
+};
+
+// x (N, C) or (N, C, L).
+class BatchNorm1d : public Cloneable<BatchNorm1d, BatchNorm> {
+ public:
+  explicit BatchNorm1d(int64_t num_features, BatchNormOptions options = {}) : Cloneable(num_features, options) {}
+
+ protected:
+  void check_input_dim(const Tensor& x) const override;
+};
+
+// x (N, C, H, W).
+class BatchNorm2d : public Cloneable<BatchNorm2d, BatchNorm> {
+ public:
+  explicit BatchNorm2d(int64_t num_features, BatchNormOptions options = {}) : Cloneable(num_features, options) {}
+
+ protected:
+  void check_input_dim(const Tensor& x) const override;
+};
+
+// Normalises over the trailing normalized_shape dims; weight ones, bias zeros (that shape).
+class LayerNorm : public Cloneable<LayerNorm> {
+ public:
+  explicit LayerNorm(Shape normalized_shape, Scalar eps = 1e-5, bool elementwise_affine = true);
+  explicit LayerNorm(int64_t normalized_shape, Scalar eps = 1e-5, bool elementwise_affine = true)
+      : LayerNorm(Shape{normalized_shape}, eps, elementwise_affine) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  void reset_parameters();
+  Tensor weight() const { return parameter("weight"); }
+  Tensor bias() const { return parameter("bias"); }
+
+  Shape normalized_shape;
+  Scalar eps;
+  bool elementwise_affine;
+};
+
+// x (N, C, *) with C = num_channels divisible by num_groups; weight ones, bias zeros (C).
+class GroupNorm : public Cloneable<GroupNorm> {
+ public:
+  GroupNorm(int64_t num_groups, int64_t num_channels, Scalar eps = 1e-5, bool affine = true);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  void reset_parameters();
+  Tensor weight() const { return parameter("weight"); }
+  Tensor bias() const { return parameter("bias"); }
+
+  int64_t num_groups, num_channels;
+  Scalar eps;
+  bool affine;
+};
+
+// Zeroes elements with probability p in training (scaling the rest by 1/(1-p)); identity in eval.
+class Dropout : public Cloneable<Dropout> {
+ public:
+  explicit Dropout(Scalar p = 0.5, bool inplace = false);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  Scalar p;
+  bool inplace;
+};
+
+// ---------------------------------------------------------------- activations
+
+// An elementwise activation; with inplace the result is written into the input (which must not
+// be a leaf that requires grad), as PyTorch's inplace=True.
+class Activation : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override { return inplace ? "inplace=True" : ""; }
+
+  bool inplace;
+
+ protected:
+  explicit Activation(bool inplace) : inplace(inplace) {}
+  virtual Tensor function(const Tensor& x) const = 0;
+};
+
+class ReLU : public Cloneable<ReLU, Activation> {
+ public:
+  explicit ReLU(bool inplace = false) : Cloneable(inplace) {}
+
+ protected:
+  Tensor function(const Tensor& x) const override { return relu(x); }
+};
+
+class ReLU6 : public Cloneable<ReLU6, Activation> {
+ public:
+  explicit ReLU6(bool inplace = false) : Cloneable(inplace) {}
+
+ protected:
+  Tensor function(const Tensor& x) const override { return relu6(x); }
+};
+
+class LeakyReLU : public Cloneable<LeakyReLU, Activation> {
+ public:
+  explicit LeakyReLU(Scalar negative_slope = 0.01, bool inplace = false)
+      : Cloneable(inplace), negative_slope(negative_slope) {}
+  std::string extra_repr() const override;
+
+  Scalar negative_slope;
+
+ protected:
+  Tensor function(const Tensor& x) const override { return leaky_relu(x, negative_slope.to_double()); }
+};
+
+class SiLU : public Cloneable<SiLU, Activation> {
+ public:
+  explicit SiLU(bool inplace = false) : Cloneable(inplace) {}
+
+ protected:
+  Tensor function(const Tensor& x) const override { return silu(x); }
+};
+
+// PyTorch prints Hardsigmoid and Hardswish without their inplace flag.
+class Hardsigmoid : public Cloneable<Hardsigmoid, Activation> {
+ public:
+  explicit Hardsigmoid(bool inplace = false) : Cloneable(inplace) {}
+  std::string extra_repr() const override { return ""; }
+
+ protected:
+  Tensor function(const Tensor& x) const override { return hardsigmoid(x); }
+};
+
+class Hardswish : public Cloneable<Hardswish, Activation> {
+ public:
+  explicit Hardswish(bool inplace = false) : Cloneable(inplace) {}
+  std::string extra_repr() const override { return ""; }
+
+ protected:
+  Tensor function(const Tensor& x) const override { return hardswish(x); }
+};
+
+class Mish : public Cloneable<Mish, Activation> {
+ public:
+  explicit Mish(bool inplace = false) : Cloneable(inplace) {}
+
+ protected:
+  Tensor function(const Tensor& x) const override { return mish(x); }
+};
+
+class Sigmoid : public Cloneable<Sigmoid> {
+ public:
+  Tensor forward(const Tensor& x) override { return sigmoid(x); }
+};
+
+class Tanh : public Cloneable<Tanh> {
+ public:
+  Tensor forward(const Tensor& x) override { return tanh(x); }
+};
+
+// approximate: "none" (erf) or "tanh".
+class GELU : public Cloneable<GELU> {
+ public:
+  explicit GELU(std::string approximate = "none");
+  Tensor forward(const Tensor& x) override { return gelu(x, approximate); }
+  std::string extra_repr() const override { return "approximate='" + approximate + "'"; }
+
+  std::string approximate;
+};
+
+// log(1 + exp(beta x)) / beta, linear above threshold.
+class Softplus : public Cloneable<Softplus> {
+ public:
+  explicit Softplus(Scalar beta = 1, Scalar threshold = 20) : beta(beta), threshold(threshold) {}
+  Tensor forward(const Tensor& x) override { return softplus(x, beta.to_double(), threshold.to_double()); }
+  std::string extra_repr() const override;
+
+  Scalar beta, threshold;
+};
+
+// ---------------------------------------------------------------- pooling, x (N, C, H, W)
+
+struct MaxPool2dOptions {
+  std::optional<Sizes> stride = std::nullopt;  // default: kernel_size
+  Sizes padding = 0;
+  Sizes dilation = 1;
+  bool ceil_mode = false;
+};
+
+class MaxPool2d : public Cloneable<MaxPool2d> {
+ public:
+  explicit MaxPool2d(Sizes kernel_size, MaxPool2dOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  Sizes kernel_size, stride, padding, dilation;
+  bool ceil_mode;
+};
+
+struct AvgPool2dOptions {
+  std::optional<Sizes> stride = std::nullopt;  // default: kernel_size
+  Sizes padding = 0;
+  bool ceil_mode = false;
+  bool count_include_pad = true;
+  std::optional<int64_t> divisor_override = std::nullopt;
+};
+
+class AvgPool2d : public Cloneable<AvgPool2d> {
+ public:
+  explicit AvgPool2d(Sizes kernel_size, AvgPool2dOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  Sizes kernel_size, stride, padding;
+  bool ceil_mode, count_include_pad;
+  std::optional<int64_t> divisor_override = std::nullopt;
+};
+
+// -> (N, C, output_size).
+class AdaptiveAvgPool2d : public Cloneable<AdaptiveAvgPool2d> {
+ public:
+  explicit AdaptiveAvgPool2d(Sizes output_size) : output_size(std::move(output_size)) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override { return "output_size=" + output_size.str(); }
+
+  Sizes output_size;
+};
+
+class AdaptiveMaxPool2d : public Cloneable<AdaptiveMaxPool2d> {
+ public:
+  explicit AdaptiveMaxPool2d(Sizes output_size) : output_size(std::move(output_size)) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override { return "output_size=" + output_size.str(); }
+
+  Sizes output_size;
+};
+
+}  // namespace tvc::nn

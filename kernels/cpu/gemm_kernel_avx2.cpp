@@ -1,0 +1,12 @@
+// GEMM micro-kernels for AVX2 + FMA (built with -mavx2 -mfma).
+// 6 x 16 floats / 6 x 8 doubles: 12 ymm accumulators, 2 for B, broadcasts of A.
+#include "gemm_kernel_impl.h"
+
+namespace tvc::cpu {
+
+extern const GemmKernels gemm_kernels_avx2 = {
+    {6, 16, 384, 1536, 384, gemm_micro_kernel<float, 8, 6, 2>},
+    {6, 8, 192, 1536, 384, gemm_micro_kernel<double, 4, 6, 2>},
+};
+
+}  // namespace tvc::cpu

@@ -1,0 +1,12 @@
+// GEMM micro-kernels for AVX-512 (built with -mavx512f -mavx512bw -mavx512vl -mavx512dq).
+// 12 x 32 floats / 12 x 16 doubles: 24 zmm accumulators, 2 for B, broadcasts of A.
+#include "gemm_kernel_impl.h"
+
+namespace tvc::cpu {
+
+extern const GemmKernels gemm_kernels_avx512 = {
+    {12, 32, 384, 1536, 384, gemm_micro_kernel<float, 16, 12, 2>},
+    {12, 16, 192, 1536, 384, gemm_micro_kernel<double, 8, 12, 2>},
+};
+
+}  // namespace tvc::cpu

@@ -1,0 +1,12 @@
+// GEMM micro-kernels for baseline x86-64 (SSE2 vectors of the plain build).
+// 4 x 8 floats / 4 x 4 doubles: 8 xmm accumulators.
+#include "gemm_kernel_impl.h"
+
+namespace tvc::cpu {
+
+extern const GemmKernels gemm_kernels_generic = {
+    {4, 8, 256, 1536, 256, gemm_micro_kernel<float, 4, 4, 2>},
+    {4, 4, 256, 1536, 256, gemm_micro_kernel<double, 2, 4, 2>},
+};
+
+}  // namespace tvc::cpu

@@ -1,0 +1,45 @@
+// The GEMM micro-kernels of each CPU instruction set and their blocking (not installed).
+//
+// This header holds declarations only: it is included by gemm_kernel_{generic,avx2,avx512}.cpp,
+// which are compiled with different -m flags, and any inline function or template shared with the
+// rest of the library could end up linked as its AVX-512 copy into the generic path.
+#pragma once
+
+#include <cstdint>
+
+namespace tvc::cpu {
+
+// One MR x NR tile of C (row stride c_rs, column stride c_cs; only the top-left m x n part,
+// m <= MR, n <= NR, is written):
+//   C = Ap @ Bp + beta * C, with beta == 0 ignoring C's old contents (NaN included),
+// where Ap is a packed A micro-panel (kc x MR, element [k][i] at a[k * MR + i], 64-byte aligned,
+// zero-padded to MR rows) and Bp a B micro-panel of NR full columns (element [k][j] at
+// b[k * b_rs + j]): packed (b_rs = NR, zero-padded) or B itself when its rows are contiguous.
+// Each element's sum runs over k in order.
+using GemmMicroKernelF32 = void (*)(int64_t kc, const float* a, const float* b, int64_t b_rs,
+                                    float beta, float* c, int64_t c_rs, int64_t c_cs, int64_t m,
+                                    int64_t n);
+using GemmMicroKernelF64 = void (*)(int64_t kc, const double* a, const double* b, int64_t b_rs,
+                                    double beta, double* c, int64_t c_rs, int64_t c_cs, int64_t m,
+                                    int64_t n);
+
+// A micro-kernel and the cache blocking that suits it: the A micro-panel (kc x mr) stays in L1,
+// the packed B block (kc x nc) in L2, the packed A block (mc x kc) in L3.
+struct GemmKernelF32 {
+  int64_t mr, nr, kc, mc, nc;
+  GemmMicroKernelF32 micro;
+};
+struct GemmKernelF64 {
+  int64_t mr, nr, kc, mc, nc;
+  GemmMicroKernelF64 micro;
+};
+struct GemmKernels {
+  GemmKernelF32 f32;
+  GemmKernelF64 f64;
+};
+
+extern const GemmKernels gemm_kernels_generic;  // gemm_kernel_generic.cpp, baseline x86-64
+extern const GemmKernels gemm_kernels_avx2;     // gemm_kernel_avx2.cpp, -mavx2 -mfma
+extern const GemmKernels gemm_kernels_avx512;   // gemm_kernel_avx512.cpp, -mavx512f/bw/vl/dq
+
+}  // namespace tvc::cpu

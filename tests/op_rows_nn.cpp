@@ -1,0 +1,346 @@
+// Op table rows: convolution, pooling, normalisation, softmax, dropout and linear algebra.
+// Op parameters are fixed per row (one row per parameter set), in both the lambda and the
+// PyTorch expression. Shapes are odd where possible so windows and padding meet edges.
+#include "op_table.h"
+
+namespace tvc::test {
+namespace {
+
+using In = const std::vector<Tensor>&;
+
+OpRow make_row(Op op, std::function<std::vector<OpSample>()> samples, std::function<Tensor(In)> fn,
+               std::string torch, std::vector<int> grad_inputs) {
+  OpRow r;
+  r.op = op;
+  r.samples = std::move(samples);
+  r.fn = std::move(fn);
+  r.torch = std::move(torch);
+  r.grad_inputs = std::move(grad_inputs);
+  return r;
+}
+
+uint64_t seed_of(const std::string& label, size_t i) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : label) h = (h ^ c) * 1099511628211ull;
+  return h + i;
+}
+
+Tensor channels_last(const Tensor& t) { return t.contiguous(MemoryFormat::ChannelsLast); }
+Tensor positive(const Shape& s, uint64_t seed) { return sample_uniform(s, 0.5, 2.5, seed); }
+
+// Random normal inputs of the given shapes.
+OpSample randn_sample(const std::string& label, const std::vector<Shape>& shapes) {
+  OpSample s{label, {}};
+  for (size_t i = 0; i < shapes.size(); ++i)
+    s.inputs.push_back(shape_numel(shapes[i]) == 0 ? empty(shapes[i], {.dtype = DType::Float64})
+                                                   : sample_randn(shapes[i], seed_of(label, i)));
+  return s;
+}
+
+// The cases given, plus channels-last and non-contiguous variants of the first case's input 0
+// (which must be 4-d for the channels-last one).
+std::vector<OpSample> with_layouts(std::vector<OpSample> cases) {
+  OpSample cl = cases.front(), nc = cases.front();
+  cl.label = "channels-last " + cl.label;
+  cl.inputs[0] = channels_last(cl.inputs[0]);
+  nc.label = "non-contiguous " + nc.label;
+  nc.inputs[0] = non_contiguous(nc.inputs[0]);
+  cases.push_back(cl);
+  cases.push_back(nc);
+  return cases;
+}
+
+// ---------------------------------------------------------------- convolution
+
+OpRow conv2d_row(std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
+                 std::array<int64_t, 2> dilation, int64_t groups, bool bias, std::string torch_args,
+                 std::vector<OpSample> samples) {
+  return make_row(
+      Op::conv2d, [samples] { return with_layouts(samples); },
+      [=](In x) {
+        return conv2d(x[0], x[1], bias ? x[2] : Tensor(), stride, padding, dilation, groups);
+      },
+      std::string("F.conv2d(a, b") + (bias ? ", c" : "") + torch_args + ")",
+      bias ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 1});
+}
+
+std::vector<OpRow> conv_rows() {
+  std::vector<OpRow> rows;
+  rows.push_back(conv2d_row({1, 1}, {0, 0}, {1, 1}, 1, true, "",
+                            {randn_sample("odd sizes", {{2, 3, 7, 5}, {4, 3, 3, 3}, {4}}),
+                             randn_sample("batch 1", {{1, 2, 5, 6}, {3, 2, 2, 3}, {3}}),
+                             randn_sample("pointwise", {{2, 5, 3, 4}, {3, 5, 1, 1}, {3}}),
+                             randn_sample("size-1", {{1, 1, 1, 1}, {2, 1, 1, 1}, {2}}),
+                             randn_sample("kernel = input", {{2, 2, 3, 3}, {3, 2, 3, 3}, {3}}),
+                             randn_sample("unbatched", {{3, 6, 5}, {2, 3, 3, 2}, {2}})}));
+  rows.push_back(conv2d_row({2, 2}, {1, 1}, {1, 1}, 1, true, ", stride=2, padding=1",
+                            {randn_sample("odd sizes", {{2, 3, 7, 9}, {4, 3, 3, 3}, {4}}),
+                             randn_sample("pointwise", {{2, 3, 5, 5}, {2, 3, 1, 1}, {2}}),
+                             randn_sample("batch 1", {{1, 1, 8, 8}, {5, 1, 3, 3}, {5}})}));
+  rows.push_back(conv2d_row({1, 2}, {1, 2}, {2, 1}, 1, false,
+                            ", stride=(1, 2), padding=(1, 2), dilation=(2, 1)",
+                            {randn_sample("odd sizes", {{2, 3, 7, 6}, {2, 3, 3, 2}}),
+                             randn_sample("batch 1", {{1, 2, 5, 5}, {3, 2, 2, 3}})}));
+  rows.push_back(conv2d_row({1, 1}, {1, 1}, {1, 1}, 2, true, ", padding=1, groups=2",
+                            {randn_sample("odd sizes", {{2, 4, 5, 7}, {6, 2, 3, 3}, {6}}),
+                             randn_sample("pointwise", {{1, 4, 3, 3}, {4, 2, 1, 1}, {4}})}));
+  // Depthwise: groups == C, with channel multiplier 2 and 1.
+  rows.push_back(conv2d_row({2, 2}, {1, 1}, {1, 1}, 3, true, ", stride=2, padding=1, groups=3",
+                            {randn_sample("multiplier 2", {{2, 3, 7, 6}, {6, 1, 3, 3}, {6}}),
+                             randn_sample("multiplier 1", {{1, 3, 5, 5}, {3, 1, 3, 3}, {3}}),
+                             randn_sample("unbatched", {{3, 4, 4}, {3, 1, 2, 2}, {3}})}));
+  rows.push_back(conv2d_row({1, 1}, {2, 1}, {2, 2}, 3, false,
+                            ", padding=(2, 1), dilation=2, groups=3",
+                            {randn_sample("depthwise dilated", {{2, 3, 6, 7}, {3, 1, 3, 3}})}));
+
+  auto conv1d_samples = [](std::vector<OpSample> cases) {
+    OpSample nc = cases.front();
+    nc.label = "non-contiguous " + nc.label;
+    nc.inputs[0] = non_contiguous(nc.inputs[0]);
+    cases.push_back(nc);
+    return cases;
+  };
+  std::vector<OpSample> c1 = conv1d_samples({randn_sample("odd sizes", {{2, 3, 9}, {4, 3, 3}, {4}}),
+                                             randn_sample("size-1", {{1, 1, 1}, {2, 1, 1}, {2}}),
+                                             randn_sample("unbatched", {{3, 7}, {2, 3, 2}, {2}})});
+  rows.push_back(make_row(
+      Op::conv1d, [c1] { return c1; }, [](In x) { return conv1d(x[0], x[1], x[2]); },
+      "F.conv1d(a, b, c)", {0, 1, 2}));
+  std::vector<OpSample> c2 =
+      conv1d_samples({randn_sample("odd sizes", {{2, 4, 11}, {6, 2, 3}, {6}}),
+                      randn_sample("batch 1", {{1, 4, 6}, {2, 2, 2}, {2}})});
+  rows.push_back(make_row(
+      Op::conv1d, [c2] { return c2; }, [](In x) { return conv1d(x[0], x[1], x[2], 2, 1, 2, 2); },
+      "F.conv1d(a, b, c, stride=2, padding=1, dilation=2, groups=2)", {0, 1, 2}));
+  return rows;
+}
+
+// ---------------------------------------------------------------- pooling
+
+// Pooling samples: odd sizes, batch 1, size-1 planes, unbatched, channels-last, non-contiguous.
+std::vector<OpSample> pool_samples(const std::vector<Shape>& shapes) {
+  std::vector<OpSample> cases;
+  for (const Shape& s : shapes) {
+    std::string label = s.size() == 3 ? "unbatched" : s[0] == 1 ? "batch 1" : "odd sizes";
+    cases.push_back(randn_sample(label + " " + shape_str(s), {s}));
+  }
+  return with_layouts(cases);
+}
+
+OpRow pool_row(Op op, std::function<Tensor(const Tensor&)> f, std::string torch,
+               std::vector<Shape> shapes) {
+  return make_row(
+      op, [shapes] { return pool_samples(shapes); }, [f](In x) { return f(x[0]); },
+      std::move(torch), {0});
+}
+
+std::vector<OpRow> pool_rows() {
+  std::vector<OpRow> rows;
+  rows.push_back(pool_row(Op::max_pool2d,
+                          [](const Tensor& x) {
+                            return max_pool2d(x, {3, 3}, std::array<int64_t, 2>{2, 2}, {1, 1});
+                          },
+                          "F.max_pool2d(a, 3, 2, 1)", {{2, 3, 7, 9}, {1, 2, 1, 1}, {3, 5, 4}}));
+  rows.push_back(pool_row(Op::max_pool2d,
+                          [](const Tensor& x) {
+                            return max_pool2d(x, {2, 2});
+                          },
+                          "F.max_pool2d(a, 2)", {{2, 3, 6, 7}, {1, 1, 2, 2}}));
+  rows.push_back(
+      pool_row(Op::max_pool2d,
+               [](const Tensor& x) {
+                 return max_pool2d(x, {3, 2}, std::array<int64_t, 2>{2, 2}, {1, 0}, {1, 2}, true);
+               },
+               "F.max_pool2d(a, (3, 2), (2, 2), (1, 0), dilation=(1, 2), ceil_mode=True)",
+               {{2, 3, 8, 9}, {1, 2, 4, 3}, {2, 6, 7}}));
+  rows.push_back(pool_row(Op::avg_pool2d,
+                          [](const Tensor& x) {
+                            return avg_pool2d(x, {3, 3}, std::array<int64_t, 2>{2, 2}, {1, 1});
+                          },
+                          "F.avg_pool2d(a, 3, 2, 1)", {{2, 3, 7, 9}, {1, 2, 1, 1}, {3, 5, 4}}));
+  rows.push_back(
+      pool_row(Op::avg_pool2d,
+               [](const Tensor& x) {
+                 return avg_pool2d(x, {3, 2}, std::array<int64_t, 2>{2, 2}, {1, 1}, true, false);
+               },
+               "F.avg_pool2d(a, (3, 2), 2, 1, ceil_mode=True, count_include_pad=False)",
+               {{2, 3, 8, 9}, {1, 2, 4, 3}, {2, 6, 7}}));
+  rows.push_back(
+      pool_row(Op::avg_pool2d,
+               [](const Tensor& x) {
+                 return avg_pool2d(x, {2, 2}, std::array<int64_t, 2>{3, 3}, {1, 1}, true, true, 3);
+               },
+               "F.avg_pool2d(a, 2, 3, 1, ceil_mode=True, divisor_override=3)",
+               {{2, 3, 8, 9}, {1, 2, 5, 3}}));
+  rows.push_back(pool_row(Op::adaptive_avg_pool2d,
+                          [](const Tensor& x) {
+                            return adaptive_avg_pool2d(x, {3, 4});
+                          },
+                          "F.adaptive_avg_pool2d(a, (3, 4))",
+                          {{2, 3, 7, 9}, {1, 2, 2, 3}, {3, 5, 5}}));
+  rows.push_back(pool_row(Op::adaptive_avg_pool2d,
+                          [](const Tensor& x) {
+                            return adaptive_avg_pool2d(x, {1, 1});
+                          },
+                          "F.adaptive_avg_pool2d(a, 1)", {{2, 3, 5, 4}, {1, 1, 1, 1}}));
+  rows.push_back(pool_row(Op::adaptive_max_pool2d,
+                          [](const Tensor& x) {
+                            return adaptive_max_pool2d(x, {3, 4});
+                          },
+                          "F.adaptive_max_pool2d(a, (3, 4))",
+                          {{2, 3, 7, 9}, {1, 2, 5, 6}, {3, 5, 5}}));
+  return rows;
+}
+
+// ---------------------------------------------------------------- normalisation
+
+std::vector<OpRow> norm_rows() {
+  std::vector<OpRow> rows;
+  // Training mode without running statistics (those are tested in test_nn_ops.cpp).
+  auto bn_samples = [] {
+    std::vector<OpSample> c = with_layouts(
+        {randn_sample("4-d", {{2, 3, 4, 5}, {3}, {3}}), randn_sample("2-d", {{4, 3}, {3}, {3}}),
+         randn_sample("3-d", {{2, 3, 5}, {3}, {3}}),
+         randn_sample("size-1 spatial", {{3, 2, 1, 1}, {2}, {2}})});
+    return c;
+  };
+  rows.push_back(
+      make_row(Op::batch_norm, bn_samples,
+               [](In x) { return batch_norm(x[0], Tensor(), Tensor(), x[1], x[2], true); },
+               "F.batch_norm(a, None, None, b, c, training=True)", {0, 1, 2}));
+  // Evaluation mode with running statistics (positive variance), no bias.
+  auto bn_eval_samples = [bn_samples] {
+    std::vector<OpSample> out;
+    for (const OpSample& s : bn_samples()) {
+      int64_t C = s.inputs[0].shape()[1];
+      out.push_back({s.label,
+                     {s.inputs[0], sample_randn({C}, seed_of(s.label, 7)),
+                      positive({C}, seed_of(s.label, 8)), s.inputs[1]}});
+    }
+    return out;
+  };
+  rows.push_back(make_row(Op::batch_norm, bn_eval_samples,
+                          [](In x) { return batch_norm(x[0], x[1], x[2], x[3], Tensor(), false); },
+                          "F.batch_norm(a, b, c, d, None, training=False)", {0, 3}));
+
+  rows.push_back(make_row(
+      Op::layer_norm,
+      [] {
+        return with_layouts({randn_sample("4-d", {{2, 3, 4, 5}, {5}, {5}}),
+                             randn_sample("1-d", {{5}, {5}, {5}}),
+                             randn_sample("3-d", {{3, 1, 5}, {5}, {5}})});
+      },
+      [](In x) { return layer_norm(x[0], {5}, x[1], x[2]); }, "F.layer_norm(a, (5,), b, c)",
+      {0, 1, 2}));
+  rows.push_back(make_row(
+      Op::layer_norm,
+      [] {
+        return with_layouts({randn_sample("4-d", {{2, 3, 4, 5}, {4, 5}, {4, 5}}),
+                             randn_sample("2-d", {{4, 5}, {4, 5}, {4, 5}})});
+      },
+      [](In x) {
+        return layer_norm(x[0], {4, 5}, x[1], x[2], 1e-3);
+      },
+      "F.layer_norm(a, (4, 5), b, c, eps=1e-3)", {0, 1, 2}));
+  rows.push_back(make_row(
+      Op::group_norm,
+      [] {
+        return with_layouts({randn_sample("4-d", {{2, 4, 3, 5}, {4}, {4}}),
+                             randn_sample("3-d", {{3, 6, 5}, {6}, {6}}),
+                             randn_sample("2-d", {{3, 8}, {8}, {8}}),
+                             randn_sample("batch 1", {{1, 2, 3, 3}, {2}, {2}})});
+      },
+      [](In x) { return group_norm(x[0], 2, x[1], x[2]); }, "F.group_norm(a, 2, b, c)", {0, 1, 2}));
+  return rows;
+}
+
+// ---------------------------------------------------------------- softmax, dropout, linear algebra
+
+std::vector<OpRow> softmax_rows() {
+  std::vector<OpRow> rows;
+  rows.push_back(make_row(
+      Op::softmax, [] { return unary_samples(); }, [](In x) { return softmax(x[0], -1); },
+      "torch.softmax(a, -1)", {0}));
+  rows.push_back(make_row(
+      Op::log_softmax, [] { return unary_samples(); }, [](In x) { return log_softmax(x[0], -1); },
+      "torch.log_softmax(a, -1)", {0}));
+  // Along dim 1 of 4-d inputs (the class dim of dense prediction), and shifted by 90, where
+  // exp overflows float32 unless the max is subtracted first.
+  auto dim1 = [] {
+    OpSample big = randn_sample("large values", {{2, 5, 3}});
+    big.inputs[0] = add(big.inputs[0], scalar_like(90, DType::Float64));
+    return with_layouts(
+        {randn_sample("4-d", {{2, 5, 3, 4}}), randn_sample("size-1", {{1, 1, 1, 1}}), big});
+  };
+  rows.push_back(make_row(Op::softmax, dim1, [](In x) { return softmax(x[0], 1); },
+                          "torch.softmax(a, 1)", {0}));
+  rows.push_back(make_row(Op::log_softmax, dim1, [](In x) { return log_softmax(x[0], 1); },
+                          "torch.log_softmax(a, 1)", {0}));
+  OpRow drop = make_row(
+      Op::dropout, [] { return unary_samples(); }, [](In x) { return dropout(x[0], 0.5, true); },
+      "F.dropout(a, 0.5, True)", {0});
+  drop.random = true;
+  drop.note = "masks come from different generators: PyTorch is compared by shape only";
+  rows.push_back(drop);
+  return rows;
+}
+
+std::vector<OpRow> linalg_rows() {
+  std::vector<OpRow> rows;
+  rows.push_back(make_row(
+      Op::bmm,
+      [] {
+        std::vector<OpSample> c{randn_sample("odd sizes", {{3, 7, 5}, {3, 5, 9}}),
+                                randn_sample("batch 1", {{1, 4, 3}, {1, 3, 2}}),
+                                randn_sample("size-1", {{1, 1, 1}, {1, 1, 1}}),
+                                randn_sample("empty inner", {{2, 3, 0}, {2, 0, 4}})};
+        OpSample nc = randn_sample("non-contiguous", {{2, 4, 3}, {2, 3, 5}});
+        nc.inputs = {non_contiguous(nc.inputs[0]), non_contiguous(nc.inputs[1])};
+        c.push_back(nc);
+        return c;
+      },
+      [](In x) { return bmm(x[0], x[1]); }, "torch.bmm(a, b)", {0, 1}));
+  rows.push_back(make_row(
+      Op::matmul,
+      [] {
+        std::vector<OpSample> c{randn_sample("1-d @ 1-d", {{5}, {5}}),
+                                randn_sample("2-d @ 1-d", {{3, 5}, {5}}),
+                                randn_sample("1-d @ 3-d", {{4}, {2, 4, 3}}),
+                                randn_sample("2-d @ 2-d", {{3, 7}, {7, 2}}),
+                                randn_sample("3-d @ 2-d", {{2, 3, 4}, {4, 5}}),
+                                randn_sample("broadcast batch", {{2, 1, 3, 4}, {5, 4, 2}}),
+                                randn_sample("size-1", {{1, 1}, {1, 1}})};
+        OpSample nc = randn_sample("non-contiguous", {{4, 3}, {3, 5}});
+        nc.inputs = {non_contiguous(nc.inputs[0]), non_contiguous(nc.inputs[1])};
+        c.push_back(nc);
+        return c;
+      },
+      [](In x) { return matmul(x[0], x[1]); }, "torch.matmul(a, b)", {0, 1}));
+  rows.push_back(make_row(
+      Op::linear,
+      [] {
+        std::vector<OpSample> c{randn_sample("2-d", {{3, 4}, {5, 4}, {5}}),
+                                randn_sample("3-d", {{2, 3, 4}, {2, 4}, {2}}),
+                                randn_sample("1-d", {{4}, {3, 4}, {3}}),
+                                randn_sample("size-1", {{1, 1}, {1, 1}, {1}})};
+        OpSample nc = randn_sample("non-contiguous", {{4, 3}, {5, 3}, {5}});
+        nc.inputs = {non_contiguous(nc.inputs[0]), non_contiguous(nc.inputs[1]), nc.inputs[2]};
+        c.push_back(nc);
+        return c;
+      },
+      [](In x) { return linear(x[0], x[1], x[2]); }, "F.linear(a, b, c)", {0, 1, 2}));
+  return rows;
+}
+
+}  // namespace
+
+std::vector<OpRow> nn_rows() {
+  std::vector<OpRow> rows;
+  for (auto family : {conv_rows, pool_rows, norm_rows, softmax_rows, linalg_rows}) {
+    std::vector<OpRow> r = family();
+    rows.insert(rows.end(), r.begin(), r.end());
+  }
+  return rows;
+}
+
+}  // namespace tvc::test

@@ -1,0 +1,167 @@
+// Autograd: accumulation, hooks, retain_graph, saved-tensor versions, in-place rules, no-grad.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "compare.h"
+#include "tvc/autograd.h"
+#include "tvc/ops.h"
+
+using namespace tvc;
+using tvc::test::relative_error;
+
+TEST(Autograd, AccumulatesIntoLeaves) {
+  Tensor x = randn({3}).requires_grad_();
+  sum(mul(x, x)).backward();
+  Tensor first = x.grad().clone();
+  sum(mul(x, x)).backward();
+  EXPECT_LE(relative_error(x.grad(), mul(first, scalar_like(2, DType::Float32))), 1e-7);
+  EXPECT_LE(relative_error(first, mul(x, scalar_like(2, DType::Float32))), 1e-7);
+}
+
+TEST(Autograd, SharedSubexpressionSumsGradients) {
+  Tensor x = randn({4}, {.dtype = DType::Float64}).requires_grad_();
+  Tensor y = exp(x);
+  Tensor z = add(mul(y, y), y);  // d/dx = 2 e^2x + e^x
+  sum(z).backward();
+  Tensor expect = add(mul(exp(mul(x.detach(), scalar_like(2, DType::Float64))), scalar_like(2, DType::Float64)), exp(x.detach()));
+  EXPECT_LE(relative_error(x.grad(), expect), 1e-14);
+}
+
+TEST(Autograd, SecondBackwardNeedsRetainGraph) {
+  Tensor x = randn({3}).requires_grad_();
+  Tensor y = sum(exp(x));
+  y.backward({}, true);
+  y.backward();  // retained once: allowed
+  try {
+    y.backward();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Autograd, InPlaceOnSavedTensorRaises) {
+  Tensor x = randn({3}).requires_grad_();
+  Tensor e = exp(x);  // saves its output
+  Tensor y = sum(e);
+  {
+    NoGradGuard ng;
+    e.mul_(2.0);
+  }
+  Tensor a = randn({3}).requires_grad_();
+  Tensor b = mul(a, a);
+  Tensor s = sigmoid(b);  // saves its output s
+  Tensor loss = sum(s);
+  s.add_(1.0);  // s now requires grad (non-leaf): in-place allowed, but s was saved
+  try {
+    loss.backward();
+    FAIL() << "expected an error";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("modified by an in-place operation"), std::string::npos) << err.what();
+  }
+  (void)y;
+}
+
+TEST(Autograd, InPlaceRules) {
+  Tensor leaf = randn({3}).requires_grad_();
+  EXPECT_THROW(leaf.add_(1.0), Error);
+  {
+    NoGradGuard ng;
+    leaf.add_(1.0);  // optimizers do this
+  }
+  Tensor base = mul(leaf, scalar_like(2, DType::Float32));
+  Tensor view = base.narrow(0, 0, 2);
+  EXPECT_THROW(view.mul_(3.0), Error);  // in-place on a view of a tensor that requires grad
+  // In-place on a non-view intermediate rebases its history correctly.
+  Tensor x = randn({5}, {.dtype = DType::Float64}).requires_grad_();
+  Tensor h = mul(x, scalar_like(3, DType::Float64));
+  h.relu_();
+  h.mul_(2.0);
+  sum(h).backward();
+  Tensor xs = x.detach();
+  Tensor expect = mul(gt(xs, scalar_like(0, DType::Float64)).to(DType::Float64), scalar_like(6, DType::Float64));
+  // Multiplying in place by a tensor sharing h's storage saves a value the write changes: as in
+  // PyTorch, backward then raises instead of returning a wrong gradient.
+  Tensor h2 = mul(x, scalar_like(3, DType::Float64));
+  h2.mul_(h2.detach());
+  EXPECT_THROW(sum(h2).backward(), Error);
+  EXPECT_LE(relative_error(x.grad(), expect), 1e-14);
+}
+
+TEST(Autograd, TensorHooksAndRetainGrad) {
+  Tensor x = randn({3}).requires_grad_();
+  Tensor y = mul(x, scalar_like(2, DType::Float32));
+  y.retain_grad();
+  int calls = 0;
+  y.register_hook([&](const Tensor& g) {
+    ++calls;
+    return mul(g, scalar_like(10, DType::Float32));  // replaces the gradient
+  });
+  int leaf_handle = x.register_hook([&](const Tensor&) {
+    ++calls;
+    return Tensor();  // observe only
+  });
+  sum(y).backward();
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(x.grad().to_vector(), std::vector<double>(3, 20));
+  EXPECT_EQ(y.grad().to_vector(), std::vector<double>(3, 10));
+  x.remove_hook(leaf_handle);
+  x.set_grad(Tensor());
+  sum(mul(x, x)).backward();
+  EXPECT_EQ(calls, 2);
+}
+
+TEST(Autograd, NoGradIsThreadLocal) {
+  Tensor x = randn({2}).requires_grad_();
+  NoGradGuard ng;
+  EXPECT_FALSE(exp(x).requires_grad());
+  bool other_thread_records = false;
+  std::thread t([&] { other_thread_records = exp(x).requires_grad(); });
+  t.join();
+  EXPECT_TRUE(other_thread_records);
+}
+
+TEST(Autograd, GradFunctionAndUnusedInputs) {
+  Tensor a = randn({3}, {.dtype = DType::Float64}).requires_grad_();
+  Tensor b = randn({3}, {.dtype = DType::Float64}).requires_grad_();
+  Tensor y = sum(mul(a, a));
+  auto g = grad({y}, {a, b}, {}, true, true);
+  EXPECT_LE(relative_error(g[0], mul(a.detach(), scalar_like(2, DType::Float64))), 1e-15);
+  EXPECT_FALSE(g[1].defined());
+  EXPECT_FALSE(a.grad().defined());  // grad() does not accumulate
+  EXPECT_THROW(grad({y}, {a, b}), Error);  // b unused without allow_unused
+}
+
+TEST(Autograd, DetachAndGradFnNames) {
+  Tensor x = randn({2, 2}).requires_grad_();
+  Tensor y = relu(mul(x, x));
+  ASSERT_TRUE(y.grad_fn());
+  EXPECT_EQ(y.grad_fn()->name(), "ReluBackward0");
+  Tensor d = y.detach();
+  EXPECT_FALSE(d.requires_grad());
+  EXPECT_EQ(d.storage(), y.storage());
+  EXPECT_NE(y.repr().find("grad_fn=<ReluBackward0>"), std::string::npos);
+}
+
+TEST(Autograd, SavedTensorsFreedAfterBackward) {
+  Tensor x = randn({1000}).requires_grad_();
+  std::weak_ptr<Storage> saved;
+  {
+    Tensor e = exp(x);
+    saved = e.storage();
+    Tensor loss = sum(e);
+    loss.backward();
+    e = Tensor();
+    // loss still holds the graph, but the saved output was released by backward.
+    EXPECT_TRUE(saved.expired());
+  }
+}
+
+TEST(Autograd, BroadcastGradientsSumBack) {
+  Tensor a = randn({3, 1}, {.dtype = DType::Float64}).requires_grad_();
+  Tensor b = randn({4}, {.dtype = DType::Float64}).requires_grad_();
+  sum(mul(a, b)).backward();
+  EXPECT_EQ(a.grad().shape(), Shape({3, 1}));
+  EXPECT_LE(relative_error(a.grad(), full({3, 1}, sum(b.detach()).item<double>(), {.dtype = DType::Float64})), 1e-15);
+}

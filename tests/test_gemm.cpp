@@ -1,0 +1,236 @@
+// The CPU GEMM (kernels/cpu/gemm.cpp) and bmm/matmul on top of it, against a naive float64
+// reference, on every instruction-set path of the machine: all shapes M,N,K in 1..17, large odd
+// shapes that cross the cache blocks (MC, KC, NC), transposed and strided operands, beta 0 / 1 /
+// other; and results that do not change with the thread count.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../kernels/cpu/gemm.h"
+#include "tvc/ops.h"
+
+using namespace tvc;
+
+namespace {
+
+// ||got - want||2 / ||want||2.
+double rel_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    d += (got[i] - want[i]) * (got[i] - want[i]);
+    n += want[i] * want[i];
+  }
+  return std::sqrt(d) / std::sqrt(n);
+}
+
+template <typename T>
+double tolerance() {
+  return sizeof(T) == 4 ? 2e-6 : 1e-14;
+}
+
+// Runs f once on each instruction-set path of this machine, then restores the best one.
+template <typename F>
+void for_each_isa(F&& f) {
+  for (Isa isa : available_isas()) {
+    set_isa(isa);
+    SCOPED_TRACE(std::string("isa ") + isa_name(isa));
+    f();
+  }
+  set_isa(available_isas().back());
+}
+
+// How an operand of r x c elements is laid out in its buffer.
+enum class Layout { RowMajor, ColMajor, Strided };
+const char* layout_name(Layout l) {
+  return l == Layout::RowMajor ? "row" : l == Layout::ColMajor ? "col" : "strided";
+}
+
+// A matrix of r x c elements in a buffer of the given layout (Strided: row stride 2c+3, column
+// stride 2, so neither is 1), filled with values in [-1, 1]; the gaps hold NaN.
+template <typename T>
+struct Matrix {
+  int64_t r, c, rs, cs;
+  std::vector<T> buf;
+  Matrix(int64_t rows, int64_t cols, Layout l, std::mt19937& gen)
+      : r(rows),
+        c(cols),
+        rs(l == Layout::RowMajor ? cols : l == Layout::ColMajor ? 1 : 2 * cols + 3),
+        cs(l == Layout::RowMajor ? 1 : l == Layout::ColMajor ? rows : 2) {
+    buf.assign(static_cast<size_t>((r - 1) * rs + (c - 1) * cs + 1), T(NAN));
+    std::uniform_real_distribution<double> dist(-1, 1);
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) at(i, j) = static_cast<T>(dist(gen));
+  }
+  T& at(int64_t i, int64_t j) { return buf[i * rs + j * cs]; }
+  std::vector<double> values() {
+    std::vector<double> v;
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) v.push_back(at(i, j));
+    return v;
+  }
+};
+
+struct Case {
+  int64_t M, N, K;
+  Layout la, lb, lc;
+  double beta;
+};
+
+std::string describe(const Case& c) {
+  return "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+         " A " + layout_name(c.la) + " B " + layout_name(c.lb) + " C " + layout_name(c.lc) +
+         " beta " + std::to_string(c.beta);
+}
+
+// cpu::gemm on each case and each instruction-set path against the float64 reference.
+template <typename T>
+void check_cases(const std::vector<Case>& cases) {
+  uint32_t seed = 0;
+  for (const Case& cs : cases) {
+    std::mt19937 gen(++seed);
+    Matrix<T> a(cs.M, cs.K, cs.la, gen), b(cs.K, cs.N, cs.lb, gen), c(cs.M, cs.N, cs.lc, gen);
+    if (cs.beta == 0)  // beta 0 must ignore C's old contents, NaN included
+      for (int64_t i = 0; i < cs.M; ++i)
+        for (int64_t j = 0; j < cs.N; ++j) c.at(i, j) = T(NAN);
+    std::vector<double> want(static_cast<size_t>(cs.M * cs.N));
+    for (int64_t i = 0; i < cs.M; ++i)
+      for (int64_t j = 0; j < cs.N; ++j) {
+        double s = 0;
+        for (int64_t k = 0; k < cs.K; ++k) s += double(a.at(i, k)) * double(b.at(k, j));
+        want[i * cs.N + j] = cs.beta == 0 ? s : s + cs.beta * double(c.at(i, j));
+      }
+    for_each_isa([&] {
+      Matrix<T> out = c;
+      cpu::gemm<T>(cs.M, cs.N, cs.K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs,
+                   out.buf.data(), out.rs, out.cs, static_cast<T>(cs.beta));
+      ASSERT_LT(rel_error(out.values(), want), tolerance<T>()) << describe(cs);
+    });
+  }
+}
+
+constexpr Layout kLayouts[] = {Layout::RowMajor, Layout::ColMajor, Layout::Strided};
+constexpr double kBetas[] = {0.0, 1.0, -0.7};
+
+// Every M, N, K in 1..17, cycling through the layouts of A, B, C and the betas.
+std::vector<Case> small_cases() {
+  std::vector<Case> cases;
+  int i = 0;
+  for (int64_t M = 1; M <= 17; ++M)
+    for (int64_t N = 1; N <= 17; ++N)
+      for (int64_t K = 1; K <= 17; ++K, ++i)
+        cases.push_back({M, N, K, kLayouts[i % 3], kLayouts[(i / 3) % 3], kLayouts[(i / 9) % 3],
+                         kBetas[(i / 27) % 3]});
+  return cases;
+}
+
+// Shapes larger than the blocks (KC 192..384, NC 256..384, MC 1536) with odd remainders; for
+// each, every pair of layouts of A and B, C's layout and beta in turn.
+std::vector<Case> large_cases() {
+  const int64_t shapes[][3] = {{257, 129, 300}, {19, 801, 400}, {1601, 19, 45}, {13, 33, 2049}};
+  std::vector<Case> cases;
+  int i = 0;
+  for (const auto& s : shapes)
+    for (Layout la : kLayouts)
+      for (Layout lb : kLayouts) {
+        cases.push_back({s[0], s[1], s[2], la, lb, kLayouts[i % 3], kBetas[(i / 3) % 3]});
+        ++i;
+      }
+  return cases;
+}
+
+}  // namespace
+
+TEST(Gemm, AllSmallShapesFloat) { check_cases<float>(small_cases()); }
+TEST(Gemm, AllSmallShapesDouble) { check_cases<double>(small_cases()); }
+TEST(Gemm, LargeOddShapesFloat) { check_cases<float>(large_cases()); }
+TEST(Gemm, LargeOddShapesDouble) { check_cases<double>(large_cases()); }
+
+// K == 0 leaves beta * C (zeros for beta 0).
+TEST(Gemm, EmptyInnerDimScalesC) {
+  std::vector<float> c = {1, 2, 3, 4};
+  cpu::gemm<float>(2, 2, 0, nullptr, 0, 1, nullptr, 2, 1, c.data(), 2, 1, 0.5f);
+  EXPECT_EQ(c, (std::vector<float>{0.5f, 1, 1.5f, 2}));
+  c = {NAN, 2, 3, 4};
+  cpu::gemm<float>(2, 2, 0, nullptr, 0, 1, nullptr, 2, 1, c.data(), 2, 1, 0.f);
+  EXPECT_EQ(c, (std::vector<float>{0, 0, 0, 0}));
+}
+
+// The same product on 1 and 2 threads gives the same bits, on every path, for a square
+// product, one split along N (few rows, B read in place, as in convolutions) and one with K
+// across blocks.
+TEST(Gemm, BitIdenticalForAnyThreadCount) {
+  const int64_t shapes[][3] = {{515, 517, 300}, {64, 3136, 576}, {300, 200, 1000}};
+  const Layout b_layouts[] = {Layout::ColMajor, Layout::RowMajor, Layout::Strided};
+  int threads = get_num_threads();
+  for_each_isa([&] {
+    for (int t = 0; t < 3; ++t) {
+      int64_t M = shapes[t][0], N = shapes[t][1], K = shapes[t][2];
+      std::mt19937 gen(7);
+      Matrix<float> a(M, K, Layout::RowMajor, gen), b(K, N, b_layouts[t], gen);
+      std::vector<float> c1(M * N), c2(M * N);
+      set_num_threads(1);
+      cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, c1.data(), N,
+                       1, 0.f);
+      set_num_threads(2);
+      cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, c2.data(), N,
+                       1, 0.f);
+      EXPECT_EQ(c1, c2) << "M=" << M << " N=" << N << " K=" << K;
+    }
+  });
+  set_num_threads(threads);
+}
+
+namespace {
+
+std::string shape_str(const Shape& s) {
+  std::string out = "(";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + ")";
+}
+
+// matmul(a, b) on each instruction-set path against the float64 reference, for a (..., M, K)
+// and b (..., K, N) with broadcast batch dims.
+void check_matmul(const Tensor& a, const Tensor& b, double tol) {
+  int64_t M = a.shape()[a.dim() - 2], K = a.shape().back(), N = b.shape().back();
+  Shape batch = broadcast_shapes(Shape(a.shape().begin(), a.shape().end() - 2),
+                                 Shape(b.shape().begin(), b.shape().end() - 2), "test");
+  int64_t nb = 1;
+  for (int64_t d : batch) nb *= d;
+  Shape sa = batch, sb = batch;
+  sa.insert(sa.end(), {M, K});
+  sb.insert(sb.end(), {K, N});
+  std::vector<double> va = a.expand(sa).contiguous().to_vector();
+  std::vector<double> vb = b.expand(sb).contiguous().to_vector();
+  std::vector<double> want(static_cast<size_t>(nb * M * N));
+  for (int64_t p = 0; p < nb; ++p)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) s += va[(p * M + i) * K + k] * vb[(p * K + k) * N + j];
+        want[(p * M + i) * N + j] = s;
+      }
+  for_each_isa([&] {
+    EXPECT_LT(rel_error(matmul(a, b).to_vector(), want), tol)
+        << "matmul of shapes " << shape_str(a.shape()) << " and " << shape_str(b.shape());
+  });
+}
+
+}  // namespace
+
+TEST(Gemm, BmmAndMatmul) {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    double tol = dt == DType::Float32 ? tolerance<float>() : tolerance<double>();
+    TensorOptions o{.dtype = dt};
+    // bmm with contiguous and transposed operands; many small products (split over threads).
+    check_matmul(randn({3, 17, 13}, o), randn({3, 13, 15}, o), tol);
+    check_matmul(randn({4, 40, 70}, o).transpose(1, 2), randn({4, 40, 33}, o), tol);
+    check_matmul(randn({64, 9, 16}, o), randn({64, 16, 9}, o), tol);
+    // matmul: batch broadcast, batch folded into M, a transposed large operand.
+    check_matmul(randn({2, 1, 5, 7}, o), randn({3, 7, 4}, o), tol);
+    check_matmul(randn({2, 3, 31, 64}, o), randn({64, 129}, o), tol);
+    check_matmul(randn({200, 257}, o), randn({300, 257}, o).t(), tol);
+  }
+}

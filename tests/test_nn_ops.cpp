@@ -1,0 +1,443 @@
+// Direct checks of the convolution, pooling, normalisation and softmax ops against PyTorch
+// (tests/torch_golden.h), plus a float64 finite-difference check of conv2d's gradients, the
+// batch-norm running statistics, layouts, thread-count independence and error messages.
+// err = ||a - b|| / ||b|| <= 1e-5 in float32 and <= 1e-10 in float64.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "compare.h"
+#include "torch_golden.h"
+#include "tvc/autograd.h"
+#include "tvc/ops.h"
+
+namespace tvc::test {
+namespace {
+
+Tensor randn_of(const Shape& shape, DType dtype, uint64_t seed) {
+  Generator gen(seed);
+  return randn(shape, {.dtype = dtype}, &gen);
+}
+
+std::string py_pair(std::array<int64_t, 2> p) {
+  return "(" + std::to_string(p[0]) + ", " + std::to_string(p[1]) + ")";
+}
+
+// Runs code with PyTorch; the code appends tensors to the list `out`, returned in order.
+std::vector<Tensor> torch_tensors(const std::string& code) {
+  nlohmann::json j = torch_json("out = []\n" + code + "\nprint(json_tensors(out))\n");
+  std::vector<Tensor> r;
+  for (const auto& t : j) r.push_back(tensor_from_json(t));
+  return r;
+}
+
+double tol_for(DType dtype) { return dtype == DType::Float64 ? 1e-10 : 1e-5; }
+
+// ---------------------------------------------------------------- conv2d
+
+struct ConvCase {
+  Shape x, w;
+  bool bias;
+  std::array<int64_t, 2> stride, padding, dilation;
+  int64_t groups;
+  bool channels_last = false;
+  DType dtype = DType::Float32;
+};
+
+std::string conv_label(const ConvCase& c) {
+  std::ostringstream os;
+  os << "x " << shape_str(c.x) << " w " << shape_str(c.w) << " stride " << py_pair(c.stride)
+     << " padding " << py_pair(c.padding) << " dilation " << py_pair(c.dilation) << " groups "
+     << c.groups << (c.channels_last ? " channels-last" : "") << " " << dtype_name(c.dtype);
+  return os.str();
+}
+
+TEST(NnOps, Conv2dForwardAndGradientsMatchTorch) {
+  std::vector<ConvCase> cases = {
+      {{2, 3, 7, 6}, {4, 3, 3, 3}, true, {1, 1}, {0, 0}, {1, 1}, 1},
+      {{3, 4, 9, 8}, {6, 4, 3, 3}, true, {2, 2}, {1, 1}, {1, 1}, 1},
+      {{2, 4, 9, 8}, {6, 2, 3, 2}, false, {2, 1}, {1, 2}, {2, 2}, 2},
+      {{2, 6, 7, 7}, {6, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 6},  // depthwise
+      {{2, 3, 8, 7}, {6, 1, 3, 3}, true, {2, 2}, {1, 1}, {1, 1}, 3},  // depthwise, multiplier 2
+      {{2, 5, 4, 6}, {3, 5, 1, 1}, true, {1, 1}, {0, 0}, {1, 1}, 1},  // pointwise
+      {{2, 5, 4, 6}, {3, 5, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1, true},
+      {{2, 4, 6, 6}, {4, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 4, true},
+      {{2, 6, 4, 6}, {4, 6, 1, 1}, false, {1, 1}, {0, 0}, {1, 1}, 1, true},
+      {{2, 3, 7, 6}, {4, 3, 3, 3}, true, {2, 1}, {1, 0}, {1, 2}, 1, false, DType::Float64},
+      {{3, 4, 6, 5}, {4, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 4, true, DType::Float64},
+  };
+  std::ostringstream code;
+  struct Ours {
+    Tensor y, dx, dw, db;
+  };
+  std::vector<Ours> ours;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const ConvCase& c = cases[i];
+    Tensor x = randn_of(c.x, c.dtype, 10 * i + 1);
+    if (c.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+    x.requires_grad_();
+    Tensor w = randn_of(c.w, c.dtype, 10 * i + 2).requires_grad_();
+    Tensor b = c.bias ? randn_of({c.w[0]}, c.dtype, 10 * i + 3).requires_grad_() : Tensor();
+    Tensor y = conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+    Tensor r = randn_of(y.shape(), c.dtype, 10 * i + 4);
+    sum(mul(y, r)).backward();
+    EXPECT_EQ(y.suggest_memory_format() == MemoryFormat::ChannelsLast, c.channels_last)
+        << conv_label(c);
+    EXPECT_EQ(x.grad().suggest_memory_format() == MemoryFormat::ChannelsLast, c.channels_last)
+        << conv_label(c);
+    ours.push_back({y, x.grad(), w.grad(), c.bias ? b.grad() : Tensor()});
+    code << "x = " << py_tensor(x) << ".requires_grad_()\nw = " << py_tensor(w)
+         << ".requires_grad_()\n"
+         << "b = " << (c.bias ? py_tensor(b) + ".requires_grad_()" : "None") << "\n"
+         << "y = torch.nn.functional.conv2d(x, w, b, stride=" << py_pair(c.stride)
+         << ", padding=" << py_pair(c.padding) << ", dilation=" << py_pair(c.dilation)
+         << ", groups=" << c.groups << ")\n"
+         << "(y * " << py_tensor(r) << ").sum().backward()\n"
+         << "out += [y, x.grad, w.grad" << (c.bias ? ", b.grad" : "") << "]\n";
+  }
+  std::vector<Tensor> ref = torch_tensors(code.str());
+  size_t k = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const ConvCase& c = cases[i];
+    double tol = tol_for(c.dtype);
+    ASSERT_LT(k + 2, ref.size());
+    EXPECT_LE(relative_error(ours[i].y, ref[k++]), tol) << conv_label(c) << ": output";
+    EXPECT_LE(relative_error(ours[i].dx, ref[k++]), tol) << conv_label(c) << ": grad input";
+    EXPECT_LE(relative_error(ours[i].dw, ref[k++]), tol) << conv_label(c) << ": grad weight";
+    if (c.bias) {
+      EXPECT_LE(relative_error(ours[i].db, ref[k++]), tol) << conv_label(c) << ": grad bias";
+    }
+  }
+  EXPECT_EQ(k, ref.size());
+}
+
+// Central differences of sum(conv2d(x, w, b) * r) in float64. The loss is linear in each
+// argument, so the differences are exact up to rounding.
+TEST(NnOps, Conv2dGradientsMatchFiniteDifferences) {
+  std::vector<ConvCase> cases = {
+      {{2, 4, 6, 5}, {6, 2, 3, 2}, true, {2, 1}, {1, 1}, {1, 2}, 2, false, DType::Float64},
+      {{2, 3, 5, 5}, {6, 1, 3, 3}, true, {2, 2}, {1, 1}, {1, 1}, 3, true, DType::Float64},
+      {{1, 3, 4, 4}, {2, 3, 1, 1}, true, {1, 1}, {0, 0}, {1, 1}, 1, false, DType::Float64},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const ConvCase& c = cases[i];
+    Tensor x = randn_of(c.x, DType::Float64, 100 + i);
+    if (c.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+    x.requires_grad_();
+    Tensor w = randn_of(c.w, DType::Float64, 200 + i).requires_grad_();
+    Tensor b = randn_of({c.w[0]}, DType::Float64, 300 + i).requires_grad_();
+    auto loss = [&](const Tensor& r) {
+      return sum(mul(conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups), r));
+    };
+    Tensor r;
+    {
+      NoGradGuard no_grad;
+      r = randn_of(conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups).shape(),
+                   DType::Float64, 400 + i);
+    }
+    loss(r).backward();
+    for (Tensor* t : {&x, &w, &b}) {
+      Tensor analytic = t->grad();
+      std::vector<double> num;
+      for (int64_t e = 0; e < t->numel(); ++e) {
+        Shape idx(t->dim());
+        int64_t rem = e, off = t->storage_offset();
+        for (int64_t d = t->dim() - 1; d >= 0; --d) {
+          idx[d] = rem % t->shape()[d];
+          rem /= t->shape()[d];
+          off += idx[d] * t->strides()[d];
+        }
+        double* p = static_cast<double*>(t->storage()->data()) + off;
+        double orig = *p, h = 1e-6;
+        NoGradGuard no_grad;
+        *p = orig + h;
+        double lp = loss(r).item<double>();
+        *p = orig - h;
+        double lm = loss(r).item<double>();
+        *p = orig;
+        num.push_back((lp - lm) / (2 * h));
+      }
+      EXPECT_LE(relative_error(analytic, tensor<double>(num, t->shape())), 1e-7) << conv_label(c);
+    }
+  }
+}
+
+TEST(NnOps, Conv1dAndUnbatchedConv2dMatchTorch) {
+  Tensor x1 = randn_of({2, 4, 11}, DType::Float32, 1), w1 = randn_of({6, 2, 3}, DType::Float32, 2);
+  Tensor b1 = randn_of({6}, DType::Float32, 3);
+  Tensor x2 = randn_of({3, 6, 5}, DType::Float32, 4),
+         w2 = randn_of({2, 3, 3, 2}, DType::Float32, 5);
+  Tensor y1 = conv1d(x1, w1, b1, 2, 1, 2, 2);
+  Tensor y2 = conv2d(x2, w2, Tensor(), {1, 1}, {1, 0});
+  std::vector<Tensor> ref = torch_tensors("out.append(torch.nn.functional.conv1d(" + py_tensor(x1) +
+                                          ", " + py_tensor(w1) + ", " + py_tensor(b1) +
+                                          ", stride=2, padding=1, dilation=2, groups=2))\n" +
+                                          "out.append(torch.nn.functional.conv2d(" + py_tensor(x2) +
+                                          ", " + py_tensor(w2) + ", padding=(1, 0)))");
+  ASSERT_EQ(ref.size(), 2u);
+  EXPECT_LE(relative_error(y1, ref[0]), 1e-5);
+  EXPECT_LE(relative_error(y2, ref[1]), 1e-5);
+}
+
+// The CPU kernels split work over threads so that every element is computed the same way.
+TEST(NnOps, Conv2dDoesNotDependOnThreadCount) {
+  int threads = get_num_threads();
+  // Batch 9 splits samples over threads; batch 1 leaves the threads to the GEMM.
+  auto run = [](int n, int64_t batch) {
+    set_num_threads(n);
+    Tensor x = randn_of({batch, 8, 10, 9}, DType::Float32, 7).requires_grad_();
+    Tensor w = randn_of({16, 8, 3, 3}, DType::Float32, 8).requires_grad_();
+    Tensor b = randn_of({16}, DType::Float32, 9).requires_grad_();
+    Tensor y = conv2d(x, w, b, {1, 1}, {1, 1});
+    sum(mul(y, y)).backward();
+    return std::vector<std::vector<double>>{y.to_vector(), x.grad().to_vector(),
+                                            w.grad().to_vector()};
+  };
+  for (int64_t batch : {9, 1}) {
+    auto one = run(1, batch), three = run(3, batch);
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_EQ(one[i], three[i]) << "batch " << batch << ", tensor " << i;
+  }
+  set_num_threads(threads);
+}
+
+// float16 and bfloat16 are computed in float32: the result is the float32 result rounded. The
+// 1x1 output makes sum()'s gradient an expanded (stride-0) tensor, which the backward copies.
+TEST(NnOps, Conv2dHalfTypesAndExpandedGradients) {
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    Tensor x = randn_of({2, 3, 5, 5}, DType::Float32, 1).to(dt).requires_grad_();
+    Tensor w = randn_of({4, 3, 5, 5}, DType::Float32, 2).to(dt).requires_grad_();
+    Tensor x32 = x.detach().to(DType::Float32).requires_grad_(),
+           w32 = w.detach().to(DType::Float32).requires_grad_();
+    Tensor y = conv2d(x, w), y32 = conv2d(x32, w32);
+    ASSERT_EQ(y.dtype(), dt);
+    sum(y).backward();
+    sum(y32).backward();
+    double tol = dt == DType::Float16 ? 1e-3 : 1e-2;  // one rounding of the result
+    EXPECT_LE(relative_error(y, y32), tol) << dtype_name(dt);
+    EXPECT_LE(relative_error(x.grad(), x32.grad()), tol) << dtype_name(dt);
+    EXPECT_LE(relative_error(w.grad(), w32.grad()), tol) << dtype_name(dt);
+  }
+}
+
+TEST(NnOps, Conv2dRejectsBadShapes) {
+  Tensor x = randn_of({2, 4, 5, 5}, DType::Float32, 1);
+  auto expect_error = [](auto&& f, const std::vector<std::string>& parts) {
+    try {
+      f();
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      for (const auto& p : parts)
+        EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  };
+  expect_error(
+      [&] {
+        conv2d(x, randn_of({3, 3, 3, 3}, DType::Float32, 2));
+      },
+      {"conv2d", "weight", "[3, 3, 3, 3]", "[2, 4, 5, 5]"});
+  expect_error(
+      [&] {
+        conv2d(x, randn_of({3, 2, 3, 3}, DType::Float32, 2), Tensor(), {1, 1}, {0, 0}, {1, 1}, 2);
+      },
+      {"conv2d", "groups", "[3, 2, 3, 3]"});
+  expect_error(
+      [&] {
+        conv2d(x, randn_of({3, 4, 7, 3}, DType::Float32, 2));
+      },
+      {"conv2d", "kernel", "[2, 4, 5, 5]"});
+  expect_error(
+      [&] {
+        conv2d(x.flatten(2), randn_of({3, 4, 3}, DType::Float32, 2));
+      },
+      {"conv2d", "weight", "[3, 4, 3]"});
+  expect_error(
+      [&] {
+        conv2d(x, randn_of({3, 4, 3, 3}, DType::Float32, 2), randn_of({4}, DType::Float32, 3));
+      },
+      {"conv2d", "bias", "[4]"});
+  expect_error(
+      [&] {
+        conv1d(x.flatten(2), randn_of({3, 2, 3}, DType::Float32, 2));
+      },
+      {"conv1d", "weight", "[3, 2, 3]"});
+  expect_error([&] { max_pool2d(x, {2, 2}, std::nullopt, {2, 2}); }, {"max_pool2d", "padding"});
+  expect_error([&] { avg_pool2d(x, {7, 7}); }, {"avg_pool2d", "[2, 4, 5, 5]"});
+}
+
+// ---------------------------------------------------------------- pooling
+
+TEST(NnOps, PoolingMatchesTorch) {
+  using Pair = std::array<int64_t, 2>;
+  struct PoolCase {
+    std::string torch;  // expression over x
+    std::function<Tensor(const Tensor&)> ours;
+    Shape shape;
+    bool channels_last = false;
+  };
+  std::vector<PoolCase> cases = {
+      {"F.max_pool2d(x, 3, 2, 1, ceil_mode=True)",
+       [](const Tensor& x) {
+         return max_pool2d(x, {3, 3}, Pair{2, 2}, {1, 1}, {1, 1}, true);
+       },
+       {2, 3, 8, 10}},
+      {"F.max_pool2d(x, (2, 3), (2, 2), (1, 1), dilation=(2, 1), ceil_mode=True)",
+       [](const Tensor& x) {
+         return max_pool2d(x, {2, 3}, Pair{2, 2}, {1, 1}, {2, 1}, true);
+       },
+       {2, 3, 9, 8},
+       true},
+      {"F.max_pool2d(x, 2)",
+       [](const Tensor& x) {
+         return max_pool2d(x, {2, 2});
+       },
+       {2, 32, 7, 7},
+       true},
+      {"F.avg_pool2d(x, 3, 2, 1, ceil_mode=True)",
+       [](const Tensor& x) {
+         return avg_pool2d(x, {3, 3}, Pair{2, 2}, {1, 1}, true);
+       },
+       {2, 3, 8, 10}},
+      {"F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False)",
+       [](const Tensor& x) {
+         return avg_pool2d(x, {3, 3}, Pair{2, 2}, {1, 1}, true, false);
+       },
+       {2, 3, 8, 10},
+       true},
+      {"F.avg_pool2d(x, (2, 3), (3, 2), (1, 1), ceil_mode=True, divisor_override=5)",
+       [](const Tensor& x) {
+         return avg_pool2d(x, {2, 3}, Pair{3, 2}, {1, 1}, true, true, 5);
+       },
+       {2, 3, 8, 9}},
+      {"F.avg_pool2d(x, 4, 3, 2, ceil_mode=True, count_include_pad=True)",
+       [](const Tensor& x) {
+         return avg_pool2d(x, {4, 4}, Pair{3, 3}, {2, 2}, true, true);
+       },
+       {1, 2, 6, 7}},
+      {"F.adaptive_avg_pool2d(x, (3, 5))",
+       [](const Tensor& x) {
+         return adaptive_avg_pool2d(x, {3, 5});
+       },
+       {2, 3, 7, 11}},
+      {"F.adaptive_avg_pool2d(x, (4, 5))",
+       [](const Tensor& x) {
+         return adaptive_avg_pool2d(x, {4, 5});
+       },
+       {2, 3, 3, 2},
+       true},
+      {"F.adaptive_max_pool2d(x, (3, 5))",
+       [](const Tensor& x) {
+         return adaptive_max_pool2d(x, {3, 5});
+       },
+       {2, 3, 7, 11}},
+      {"F.adaptive_max_pool2d(x, (2, 2))",
+       [](const Tensor& x) {
+         return adaptive_max_pool2d(x, {2, 2});
+       },
+       {2, 3, 5, 5},
+       true},
+  };
+  std::ostringstream code;
+  code << "import torch.nn.functional as F\n";
+  std::vector<std::pair<Tensor, Tensor>> ours;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const PoolCase& c = cases[i];
+    Tensor x = randn_of(c.shape, DType::Float32, 50 + i);
+    if (c.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+    x.requires_grad_();
+    Tensor y = c.ours(x);
+    EXPECT_EQ(y.suggest_memory_format() == MemoryFormat::ChannelsLast, c.channels_last) << c.torch;
+    Tensor r = randn_of(y.shape(), DType::Float32, 70 + i);
+    sum(mul(y, r)).backward();
+    ours.push_back({y, x.grad()});
+    code << "x = " << py_tensor(x) << ".requires_grad_()\ny = " << c.torch << "\n(y * "
+         << py_tensor(r) << ").sum().backward()\nout += [y, x.grad]\n";
+  }
+  std::vector<Tensor> ref = torch_tensors(code.str());
+  ASSERT_EQ(ref.size(), 2 * cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_LE(relative_error(ours[i].first, ref[2 * i]), 1e-5) << cases[i].torch << ": output";
+    EXPECT_LE(relative_error(ours[i].second, ref[2 * i + 1]), 1e-5)
+        << cases[i].torch << ": grad input";
+  }
+}
+
+// ---------------------------------------------------------------- normalisation, softmax
+
+// Three training steps with running statistics, then one evaluation step, for momentum 0.1 and
+// None (cumulative average over num_batches_tracked).
+TEST(NnOps, BatchNormRunningStatsMatchTorch) {
+  for (bool cumulative : {false, true}) {
+    Tensor rm = zeros({3}), rv = ones({3});
+    Tensor nbt = zeros({}, {.dtype = DType::Int64});
+    Tensor w = randn_of({3}, DType::Float32, 1), b = randn_of({3}, DType::Float32, 2);
+    std::optional<double> momentum = cumulative ? std::nullopt : std::optional<double>(0.1);
+    std::ostringstream code;
+    code << "import torch.nn.functional as F\nrm = torch.zeros(3)\nrv = torch.ones(3)\nw = "
+         << py_tensor(w) << "\nb = " << py_tensor(b) << "\n";
+    std::vector<Tensor> ours;
+    for (int step = 0; step < 4; ++step) {
+      bool training = step < 3;
+      Tensor x = randn_of({4, 3, 5, 2}, DType::Float32, 20 + step);
+      x = add(mul(x, scalar_like(step + 1, DType::Float32)), scalar_like(step, DType::Float32));
+      ours.push_back(batch_norm(x, rm, rv, w, b, training, momentum, 1e-5, nbt));
+      ours.push_back(rm.clone());
+      ours.push_back(rv.clone());
+      std::string factor = cumulative ? "1.0 / " + std::to_string(step + 1) : "0.1";
+      code << "out.append(F.batch_norm(" << py_tensor(x)
+           << ", rm, rv, w, b, training=" << (training ? "True" : "False")
+           << ", momentum=" << factor << "))\nout += [rm.clone(), rv.clone()]\n";
+    }
+    EXPECT_EQ(nbt.item<int64_t>(), 3);
+    std::vector<Tensor> ref = torch_tensors(code.str());
+    ASSERT_EQ(ref.size(), ours.size());
+    for (size_t i = 0; i < ours.size(); ++i)
+      EXPECT_LE(relative_error(ours[i], ref[i]), 1e-5)
+          << (cumulative ? "momentum None" : "momentum 0.1") << ", step " << i / 3 << ", tensor "
+          << i % 3;
+  }
+}
+
+TEST(NnOps, NormsAndSoftmaxMatchTorch) {
+  Tensor x = randn_of({2, 6, 3, 5}, DType::Float32, 1)
+                 .contiguous(MemoryFormat::ChannelsLast)
+                 .requires_grad_();
+  Tensor w = randn_of({6}, DType::Float32, 2).requires_grad_(),
+         b = randn_of({6}, DType::Float32, 3).requires_grad_();
+  Tensor lw = randn_of({3, 5}, DType::Float32, 4).requires_grad_(),
+         lb = randn_of({3, 5}, DType::Float32, 5).requires_grad_();
+  Tensor big =
+      mul(randn_of({4, 7}, DType::Float32, 6), scalar_like(200, DType::Float32)).requires_grad_();
+  std::vector<Tensor> ys = {group_norm(x, 3, w, b),
+                            layer_norm(x, {3, 5}, lw, lb),
+                            batch_norm(x, Tensor(), Tensor(), w, b, true),
+                            softmax(x, 1),
+                            log_softmax(big, -1),
+                            softmax(big, 0)};
+  Tensor loss = zeros({});
+  std::ostringstream code;
+  code << "import torch.nn.functional as F\nx = " << py_tensor(x)
+       << ".requires_grad_()\nw = " << py_tensor(w) << ".requires_grad_()\nb = " << py_tensor(b)
+       << ".requires_grad_()\nlw = " << py_tensor(lw) << ".requires_grad_()\nlb = " << py_tensor(lb)
+       << ".requires_grad_()\nbig = " << py_tensor(big)
+       << ".requires_grad_()\nys = [F.group_norm(x, 3, w, b), F.layer_norm(x, (3, 5), lw, lb), "
+       << "F.batch_norm(x, None, None, w, b, training=True), torch.softmax(x, 1), "
+          "torch.log_softmax(big, -1), "
+       << "torch.softmax(big, 0)]\nloss = 0\n";
+  for (size_t i = 0; i < ys.size(); ++i) {
+    Tensor r = randn_of(ys[i].shape(), DType::Float32, 30 + i);
+    loss = add(loss, sum(mul(ys[i], r)));
+    code << "loss = loss + (ys[" << i << "] * " << py_tensor(r) << ").sum()\n";
+  }
+  loss.backward();
+  code << "loss.backward()\nout += ys + [x.grad, w.grad, b.grad, lw.grad, lb.grad, big.grad]\n";
+  std::vector<Tensor> ours = ys;
+  for (const Tensor& t : {x, w, b, lw, lb, big}) ours.push_back(t.grad());
+  std::vector<Tensor> ref = torch_tensors(code.str());
+  ASSERT_EQ(ref.size(), ours.size());
+  for (size_t i = 0; i < ours.size(); ++i)
+    EXPECT_LE(relative_error(ours[i], ref[i]), 1e-5) << "tensor " << i;
+}
+
+}  // namespace
+}  // namespace tvc::test

@@ -1,0 +1,97 @@
+#include "torch_golden.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tvc/ops.h"
+
+namespace tvc::test {
+
+namespace {
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::filesystem::path cache_dir() {
+  const char* env = std::getenv("TVC_GOLDEN_CACHE");
+  std::filesystem::path dir = env && *env ? env : TVC_DEFAULT_GOLDEN_CACHE;
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+}  // namespace
+
+const char* kPyJsonHelpers = R"PY(
+import json, math, torch
+def _t(x):
+    x = x.detach().to(torch.float64).contiguous()
+    return {"shape": list(x.shape),
+            "data": [v if math.isfinite(v) else str(v) for v in map(float, x.reshape(-1).tolist())]}
+def json_tensors(ts):
+    return json.dumps([_t(t) if isinstance(t, torch.Tensor) else t for t in ts])
+)PY";
+
+std::string torch_run(const std::string& code) {
+  std::string full = std::string("import torch\ntorch.set_num_threads(1)\n") + kPyJsonHelpers + code;
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx.out", static_cast<unsigned long long>(fnv1a(full)));
+  std::filesystem::path out = cache_dir() / name;
+  if (std::filesystem::exists(out)) {
+    std::ifstream in(out);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  std::filesystem::path script = cache_dir() / (std::string(name) + ".py");
+  std::ofstream(script) << full;
+  std::filesystem::path tmp = cache_dir() / (std::string(name) + ".tmp");
+  std::string cmd = "/usr/bin/python3 " + script.string() + " > " + tmp.string() + " 2> " +
+                    tmp.string() + ".err";
+  int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    std::ifstream err(tmp.string() + ".err");
+    std::string msg(std::istreambuf_iterator<char>(err), {});
+    ADD_FAILURE() << "PyTorch golden failed (install python3-torch python3-torchvision "
+                     "libopenblas0-pthread): " << script << "\n" << msg;
+    return "";
+  }
+  std::filesystem::rename(tmp, out);
+  std::ifstream in(out);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+nlohmann::json torch_json(const std::string& code) {
+  std::string s = torch_run(code);
+  if (s.empty()) return nlohmann::json();
+  return nlohmann::json::parse(s);
+}
+
+std::string py_tensor(const Tensor& t) {
+  std::vector<double> v = t.to_vector();
+  std::ostringstream os;
+  os.precision(17);
+  os << "torch.tensor([";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
+  os << "], dtype=torch.float64).to(torch." << dtype_name(t.dtype()) << ").reshape([";
+  for (int64_t i = 0; i < t.dim(); ++i) os << (i ? "," : "") << t.shape()[i];
+  os << "])";
+  return os.str();
+}
+
+Tensor tensor_from_json(const nlohmann::json& j) {
+  Shape shape = j.at("shape").get<Shape>();
+  std::vector<double> data;
+  for (const auto& v : j.at("data")) {
+    if (v.is_number()) data.push_back(v.get<double>());
+    else data.push_back(std::stod(v.get<std::string>()));  // "nan", "inf", "-inf"
+  }
+  return tensor<double>(data, shape);
+}
+
+}  // namespace tvc::test

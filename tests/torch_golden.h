@@ -1,0 +1,28 @@
+// PyTorch as the oracle: runs Python code with Debian's torch (/usr/bin/python3) and reads back
+// what it prints. Results are cached in the golden cache folder (TVC_GOLDEN_CACHE, default
+// <build>/golden-cache), keyed by a hash of the code, so goldens are generated at test time and
+// never committed. When torch is missing the calling test fails, saying what to install.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tvc/tensor.h"
+
+namespace tvc::test {
+
+// stdout of `python3 -c code` (prefixed with `import torch`).
+std::string torch_run(const std::string& code);
+// stdout parsed as JSON.
+nlohmann::json torch_json(const std::string& code);
+
+// Python source for a tensor with t's exact values (float64 printed with 17 digits), shape and
+// dtype, e.g. "torch.tensor([...], dtype=torch.float32).reshape([2, 3])".
+std::string py_tensor(const Tensor& t);
+// A Python expression that prints tensors as JSON: use in code as print(json_tensors([...])).
+extern const char* kPyJsonHelpers;
+// A float64 tensor from JSON {"shape": [...], "data": [...]} as printed by json_tensors
+// (non-finite values travel as the strings "nan", "inf", "-inf").
+Tensor tensor_from_json(const nlohmann::json& j);
+
+}  // namespace tvc::test

@@ -1,0 +1,92 @@
+// The tvc command-line program.
+//
+//   tvc train [--epochs N] [--seed S] [--batch-size B] [--lr LR] [--threads T] [--data-dir D]
+//
+// Exit status: 0 on success, 1 on an error (printed as `error: <message>` on stderr), 2 on a
+// usage error (unknown option, bad value).
+#include <CLI/CLI.hpp>
+
+#include <malloc.h>
+
+#include <csignal>
+#include <cstdio>
+#include <exception>
+#include <stdexcept>
+
+#include "fashion_mnist.h"
+#include "train.h"
+
+namespace {
+
+int run(int argc, char** argv) {
+  CLI::App app{"tvc: a C++20 tensor and neural-network engine", "tvc"};
+  app.require_subcommand(1);
+
+  CLI::Validator positive(
+      [](std::string& value) -> std::string {
+        double v = 0;
+        return CLI::detail::lexical_cast(value, v) && v > 0 ? "" : "Value " + value + " is not a positive number";
+      },
+      "POSITIVE");
+
+  tvc::tools::TrainOptions train;
+  train.data_dir = tvc::tools::kDefaultFashionMnistDir;
+  CLI::App* train_cmd =
+      app.add_subcommand("train", "Train a small CNN on Fashion-MNIST and print the test accuracy");
+  train_cmd->add_option("--epochs", train.epochs, "Passes over the 60,000 training images")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  train_cmd->add_option("--seed", train.seed, "Seed of the initial weights and the shuffling")
+      ->capture_default_str();
+  train_cmd->add_option("--batch-size", train.batch_size, "Images per optimizer step")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{60000}));
+  train_cmd->add_option("--lr", train.lr, "Peak learning rate of Adam (cosine decay to 0)")
+      ->capture_default_str()
+      ->check(positive);
+  train_cmd->add_option("--threads", train.threads, "Worker threads (0: all cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+  train_cmd->add_option("--data-dir", train.data_dir,
+                        "Folder of the gzipped IDX files {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz")
+      ->capture_default_str();
+  train_cmd->add_option("--max-batches", train.max_batches,
+                        "Stop each epoch after this many batches (0: all), for quick checks")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000000}));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);  // prints help (code 0) or the usage error
+    return code == 0 ? 0 : 2;
+  }
+
+  if (train_cmd->parsed()) tvc::tools::train_fashion_mnist(train);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout))
+    throw std::runtime_error("cannot write to standard output");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A closed pipe on stdout (tvc train | head -1) is a write error, not a signal.
+  std::signal(SIGPIPE, SIG_IGN);
+#ifdef __GLIBC__
+  // Training allocates and frees the same few-MB activations every step: keep them on the heap
+  // instead of fresh (page-faulting, zero-filled) mmaps, and do not give the heap back to the OS.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (...) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: unknown exception\n");
+  }
+  return 1;
+}
