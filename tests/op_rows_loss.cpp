@@ -8,18 +8,6 @@ namespace {
 
 using In = const std::vector<Tensor>&;
 
-// A row with the default tolerance and no note.
-OpRow row(Op op, std::function<std::vector<OpSample>()> samples, std::function<Tensor(In)> fn, std::string torch,
-          std::vector<int> grad_inputs) {
-  OpRow r;
-  r.op = op;
-  r.samples = std::move(samples);
-  r.fn = std::move(fn);
-  r.torch = std::move(torch);
-  r.grad_inputs = std::move(grad_inputs);
-  return r;
-}
-
 // Class targets in [0, k) of shape, every third one from the second on replaced by ignore (when
 // given), so some are always kept.
 Tensor class_targets(int64_t k, const Shape& shape, uint64_t seed, std::optional<int64_t> ignore = std::nullopt) {
@@ -80,7 +68,7 @@ OpRow ce_row(bool weighted, std::optional<int64_t> ignore, const std::string& re
                       ", ignore_index=" + std::to_string(ii) + ", reduction='" + reduction +
                       "', label_smoothing=" + std::to_string(smoothing) + ")";
   bool empty = allows_empty(reduction);
-  return row(Op::cross_entropy, [ignore, empty] { return class_samples(ignore, empty); },
+  return make_row(Op::cross_entropy, [ignore, empty] { return class_samples(ignore, empty); },
                [=](In x) { return cross_entropy(x[0], x[1], weighted ? x[2] : Tensor(), ii, reduction, smoothing); },
                torch, {0});
 }
@@ -128,36 +116,36 @@ std::vector<OpRow> loss_rows() {
     rows.push_back(ce_row(true, 1, red, 0.15));
   }
   rows.push_back(ce_row(false, 3, "mean", 0.3));
-  rows.push_back(row(Op::cross_entropy, [] { return without_empty(probability_samples()); },
+  rows.push_back(make_row(Op::cross_entropy, [] { return without_empty(probability_samples()); },
                        [](In x) { return cross_entropy(x[0], x[1], x[2], -100, "mean", 0.2); },
                        "F.cross_entropy(a, b, weight=c, label_smoothing=0.2)", {0, 1}));
-  rows.push_back(row(Op::cross_entropy, probability_samples,
+  rows.push_back(make_row(Op::cross_entropy, probability_samples,
                        [](In x) { return cross_entropy(x[0], x[1], Tensor(), -100, "none"); },
                        "F.cross_entropy(a, b, reduction='none')", {0, 1}));
-  rows.push_back(row(Op::cross_entropy, unbatched_samples,
+  rows.push_back(make_row(Op::cross_entropy, unbatched_samples,
                        [](In x) { return cross_entropy(x[0], x[1], x[2], -100, "mean", 0.1); },
                        "F.cross_entropy(a, b, weight=c, label_smoothing=0.1)", {0}));
   // ---- nll_loss (inputs are any values: nll_loss does not need log-probabilities)
   for (std::string red : {"mean", "sum", "none"})
-    rows.push_back(row(Op::nll_loss, [red] { return class_samples(1, allows_empty(red)); },
+    rows.push_back(make_row(Op::nll_loss, [red] { return class_samples(1, allows_empty(red)); },
                          [red](In x) { return nll_loss(x[0], x[1], x[2], 1, red); },
                          "F.nll_loss(a, b, weight=c, ignore_index=1, reduction='" + red + "')", {0}));
-  rows.push_back(row(Op::nll_loss, [] { return class_samples(std::nullopt, false); },
+  rows.push_back(make_row(Op::nll_loss, [] { return class_samples(std::nullopt, false); },
                        [](In x) { return nll_loss(x[0], x[1]); }, "F.nll_loss(a, b)", {0}));
   // ---- mse_loss (broadcasting as PyTorch, which warns about it)
   for (std::string red : {"mean", "sum", "none"})
-    rows.push_back(row(Op::mse_loss,
+    rows.push_back(make_row(Op::mse_loss,
                          [red] { return allows_empty(red) ? binary_samples() : without_empty(binary_samples()); },
                          [red](In x) { return mse_loss(x[0], x[1], red); },
                          "F.mse_loss(a, b, reduction='" + red + "')", {0, 1}));
   // ---- binary_cross_entropy_with_logits (differentiable in the target too, as PyTorch)
   for (std::string red : {"mean", "sum", "none"})
-    rows.push_back(row(Op::binary_cross_entropy_with_logits,
+    rows.push_back(make_row(Op::binary_cross_entropy_with_logits,
                          [red] { return allows_empty(red) ? bce_samples() : without_empty(bce_samples()); },
                          [red](In x) { return binary_cross_entropy_with_logits(x[0], x[1], x[2], red, x[3]); },
                          "F.binary_cross_entropy_with_logits(a, b, weight=c, reduction='" + red + "', pos_weight=d)",
                          {0, 1}));
-  OpRow plain = row(Op::binary_cross_entropy_with_logits, [] { return without_empty(bce_samples()); },
+  OpRow plain = make_row(Op::binary_cross_entropy_with_logits, [] { return without_empty(bce_samples()); },
                     [](In x) { return binary_cross_entropy_with_logits(x[0], x[1]); },
                     "F.binary_cross_entropy_with_logits(a, b)", {0, 1});
   plain.tol = 5e-5;

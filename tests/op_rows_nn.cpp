@@ -8,24 +8,6 @@ namespace {
 
 using In = const std::vector<Tensor>&;
 
-OpRow make_row(Op op, std::function<std::vector<OpSample>()> samples, std::function<Tensor(In)> fn,
-               std::string torch, std::vector<int> grad_inputs) {
-  OpRow r;
-  r.op = op;
-  r.samples = std::move(samples);
-  r.fn = std::move(fn);
-  r.torch = std::move(torch);
-  r.grad_inputs = std::move(grad_inputs);
-  return r;
-}
-
-uint64_t seed_of(const std::string& label, size_t i) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : label) h = (h ^ c) * 1099511628211ull;
-  return h + i;
-}
-
-Tensor channels_last(const Tensor& t) { return t.contiguous(MemoryFormat::ChannelsLast); }
 Tensor positive(const Shape& s, uint64_t seed) { return sample_uniform(s, 0.5, 2.5, seed); }
 
 // Random normal inputs of the given shapes.

@@ -6,20 +6,6 @@ namespace {
 
 using In = const std::vector<Tensor>&;
 
-Tensor channels_last(const Tensor& t) { return t.contiguous(MemoryFormat::ChannelsLast); }
-
-// A row with the default tolerance and no note.
-OpRow row(Op op, std::function<std::vector<OpSample>()> samples, std::function<Tensor(In)> fn, std::string torch,
-          std::vector<int> grad_inputs) {
-  OpRow r;
-  r.op = op;
-  r.samples = std::move(samples);
-  r.fn = std::move(fn);
-  r.torch = std::move(torch);
-  r.grad_inputs = std::move(grad_inputs);
-  return r;
-}
-
 // One-input samples of the given shapes, plus a non-contiguous one of nc_shape when given.
 std::vector<OpSample> shaped(const std::vector<Shape>& shapes, std::optional<Shape> nc_shape = std::nullopt,
                              std::optional<Shape> cl_shape = std::nullopt) {
@@ -33,7 +19,7 @@ std::vector<OpSample> shaped(const std::vector<Shape>& shapes, std::optional<Sha
 
 OpRow one_input(Op op, std::function<std::vector<OpSample>()> samples, std::function<Tensor(const Tensor&)> f,
                 std::string torch, std::string note = "") {
-  OpRow r = row(op, std::move(samples), [f](In x) { return f(x[0]); }, std::move(torch), {0});
+  OpRow r = make_row(op, std::move(samples), [f](In x) { return f(x[0]); }, std::move(torch), {0});
   r.note = std::move(note);
   return r;
 }
@@ -134,7 +120,7 @@ OpRow pad_row(const std::vector<int64_t>& pads, const std::string& mode, std::ve
   for (size_t i = 0; i < pads.size(); ++i) list += (i ? ", " : "") + std::to_string(pads[i]);
   bool constant = mode == "constant";
   std::string torch = "F.pad(a, [" + list + "], mode='" + mode + "'" + (constant ? ", value=0.5" : "") + ")";
-  return row(Op::pad, [samples] { return samples; },
+  return make_row(Op::pad, [samples] { return samples; },
                [pads, mode, constant](In x) { return pad(x[0], pads, mode, constant ? 0.5 : 0.0); }, torch, {0});
 }
 
@@ -156,7 +142,7 @@ OpRow interpolate_row(std::optional<std::array<int64_t, 2>> size, std::optional<
   if (antialias) torch += ", antialias=True";
   torch += ")";
   bool one_pixel = size.has_value();
-  return row(Op::interpolate, [one_pixel] { return image_samples(one_pixel); },
+  return make_row(Op::interpolate, [one_pixel] { return image_samples(one_pixel); },
                [=](In x) { return interpolate(x[0], size, scale, mode, align_corners, antialias); }, torch, {0});
 }
 
@@ -211,10 +197,10 @@ std::vector<OpRow> shape_rows() {
                            "float64 target only: a float32 result would defeat the float64 gradcheck"));
   // ---- cat, stack, split, chunk
   for (int64_t dim : {0, -1})
-    rows.push_back(row(Op::cat, [dim] { return cat_samples(dim); }, [dim](In x) { return cat({x[0], x[1], x[2]}, dim); },
+    rows.push_back(make_row(Op::cat, [dim] { return cat_samples(dim); }, [dim](In x) { return cat({x[0], x[1], x[2]}, dim); },
                          "torch.cat([a, b, c], " + std::to_string(dim) + ")", {0, 1, 2}));
   for (int64_t dim : {0, -1})
-    rows.push_back(row(Op::stack, stack_samples, [dim](In x) { return stack({x[0], x[1], x[2]}, dim); },
+    rows.push_back(make_row(Op::stack, stack_samples, [dim](In x) { return stack({x[0], x[1], x[2]}, dim); },
                          "torch.stack([a, b, c], " + std::to_string(dim) + ")", {0, 1, 2}));
   rows.push_back(one_input(Op::split, last_dim_samples, [](const Tensor& a) { return weighted_cat(split(a, 2, -1)); },
                            "torch.cat([p * (i + 1) for i, p in enumerate(torch.split(a, 2, -1))], -1)"));
@@ -224,9 +210,9 @@ std::vector<OpRow> shape_rows() {
   rows.push_back(one_input(Op::chunk, last_dim_samples, [](const Tensor& a) { return weighted_cat(chunk(a, 3, -1)); },
                            "torch.cat([p * (i + 1) for i, p in enumerate(torch.chunk(a, 3, -1))], -1)"));
   // ---- indexing
-  rows.push_back(row(Op::index_select, index_select_samples, [](In x) { return index_select(x[0], -1, x[1]); },
+  rows.push_back(make_row(Op::index_select, index_select_samples, [](In x) { return index_select(x[0], -1, x[1]); },
                        "torch.index_select(a, -1, b)", {0}));
-  rows.push_back(row(Op::gather, gather_samples, [](In x) { return gather(x[0], 1, x[1]); },
+  rows.push_back(make_row(Op::gather, gather_samples, [](In x) { return gather(x[0], 1, x[1]); },
                        "torch.gather(a, 1, b)", {0}));
   // ---- pad, one row per mode
   rows.push_back(pad_row({1, 2, -1, 1}, "constant",

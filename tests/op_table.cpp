@@ -5,6 +5,12 @@
 
 namespace tvc::test {
 
+OpRow make_row(Op op, std::function<std::vector<OpSample>()> samples,
+               std::function<Tensor(const std::vector<Tensor>&)> fn, std::string torch,
+               std::vector<int> grad_inputs) {
+  return OpRow{op, std::move(samples), std::move(fn), std::move(torch), std::move(grad_inputs)};
+}
+
 Tensor sample_randn(const Shape& shape, uint64_t seed) {
   Generator gen(seed);
   return randn(shape, {.dtype = DType::Float64}, &gen);
@@ -32,8 +38,6 @@ Tensor non_contiguous(const Tensor& t) {
   return tt.transpose(-1, -2);
 }
 
-namespace {
-
 uint64_t seed_of(const std::string& label, size_t i) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : label) h = (h ^ c) * 1099511628211ull;
@@ -42,7 +46,6 @@ uint64_t seed_of(const std::string& label, size_t i) {
 
 Tensor channels_last(const Tensor& t) { return t.contiguous(MemoryFormat::ChannelsLast); }
 
-}  // namespace
 
 std::vector<OpSample> unary_samples(std::function<Tensor(const Shape&, uint64_t)> make) {
   if (!make) make = sample_randn;

@@ -39,6 +39,11 @@ struct OpRow {
   bool random = false;  // output depends on the generator: compare shapes/statistics only
 };
 
+// A row with the default tolerance, no note, not random.
+OpRow make_row(Op op, std::function<std::vector<OpSample>()> samples,
+               std::function<Tensor(const std::vector<Tensor>&)> fn, std::string torch,
+               std::vector<int> grad_inputs);
+
 // Rows, one function per op family (tests/op_rows_*.cpp).
 std::vector<OpRow> elementwise_rows();
 std::vector<OpRow> reduction_rows();
@@ -52,6 +57,10 @@ std::vector<OpRow> creation_rows();
 Tensor sample_randn(const Shape& shape, uint64_t seed);
 // Random float64 tensor with values in [lo, hi).
 Tensor sample_uniform(const Shape& shape, double lo, double hi, uint64_t seed);
+// A seed derived from a sample's label and an index (FNV-1a of the label plus i).
+uint64_t seed_of(const std::string& label, size_t i);
+// t copied into channels-last (NHWC) strides.
+Tensor channels_last(const Tensor& t);
 // Non-contiguous view of shape (a transposed copy, transposed back).
 Tensor non_contiguous(const Tensor& t);
 // Standard shapes for one input: odd 1-d sizes 1..17, 2-d, 3-d, non-contiguous, size-1,

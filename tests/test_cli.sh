@@ -50,7 +50,7 @@ errors)
   expect 2 'unknown|not expected|Extra|following' train --no-such-option
   expect 2 'epochs' train --epochs abc
   expect 2 'epochs' train --epochs 0
-  expect 2 'subcommand' 
+  expect 2 'subcommand'
   expect 2 'lr' train --lr -1
   expect 2 'threads' train --threads -2
   "$tvc" train --help >"$tmp/help" 2>&1 && grep -q -- --data-dir "$tmp/help" ||

@@ -41,20 +41,26 @@ Tensor& Tensor::normal_(double mean, double std) {
   return random_fill(*this, Op::normal, mean, std, nullptr);
 }
 
-Tensor rand(const Shape& shape, TensorOptions options, Generator* gen) {
-  TVC_CHECK(is_floating(options.dtype), "rand: needs a floating dtype, got ", dtype_name(options.dtype));
+namespace {
+
+// A new floating tensor of shape drawn by op (uniform or normal) with parameters a, b.
+Tensor random_floating(const char* name, Op op, double a, double b, const Shape& shape,
+                       TensorOptions options, Generator* gen) {
+  TVC_CHECK(is_floating(options.dtype), name, ": needs a floating dtype, got ", dtype_name(options.dtype));
   Tensor t = empty(shape, {.dtype = options.dtype});
-  random_fill(t, Op::uniform, 0, 1, gen);
+  random_fill(t, op, a, b, gen);
   if (options.requires_grad) t.requires_grad_(true);
   return t;
 }
 
+}  // namespace
+
+Tensor rand(const Shape& shape, TensorOptions options, Generator* gen) {
+  return random_floating("rand", Op::uniform, 0, 1, shape, options, gen);
+}
+
 Tensor randn(const Shape& shape, TensorOptions options, Generator* gen) {
-  TVC_CHECK(is_floating(options.dtype), "randn: needs a floating dtype, got ", dtype_name(options.dtype));
-  Tensor t = empty(shape, {.dtype = options.dtype});
-  random_fill(t, Op::normal, 0, 1, gen);
-  if (options.requires_grad) t.requires_grad_(true);
-  return t;
+  return random_floating("randn", Op::normal, 0, 1, shape, options, gen);
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options, Generator* gen) {
