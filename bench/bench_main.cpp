@@ -52,14 +52,14 @@ float fma_peak_on_threads(int threads, int64_t iterations) {
   return sink;
 }
 
-// The AVX-512 FMA peak on `threads` threads in GFLOP/s, measured once (best of 5 short runs).
+// The AVX-512 FMA peak on `threads` threads in GFLOP/s, measured once (best of 10 short runs).
 double peak_gflops(int threads) {
   static std::map<int, double> cache;
   auto it = cache.find(threads);
   if (it != cache.end()) return it->second;
   constexpr int64_t kIterations = int64_t{1} << 20;
   double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
+  for (int rep = 0; rep < 10; ++rep) {
     auto t0 = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(fma_peak_on_threads(threads, kIterations));
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -28,7 +28,7 @@ double rel_error(const std::vector<double>& got, const std::vector<double>& want
 
 template <typename T>
 double tolerance() {
-  return sizeof(T) == 4 ? 2e-6 : 1e-14;
+  return sizeof(T) == 4 ? 1e-6 : 1e-14;
 }
 
 // Runs f once on each instruction-set path of this machine, then restores the best one.
