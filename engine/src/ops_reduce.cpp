@@ -153,24 +153,24 @@ Tensor argmin(const Tensor& t, std::optional<int64_t> dim, bool keepdim) {
   return arg_extremum(Op::argmin, t, dim, keepdim);
 }
 
-std::pair<Tensor, Tensor> max(const Tensor& t, int64_t dim, bool keepdim) {
-  Tensor idx = argmax(t, dim, true);
-  Tensor values = gather(t, t.dim() == 0 ? 0 : wrap_dim(dim, t.dim(), "max"), idx);
-  if (!keepdim && t.dim() > 0) {
-    int64_t d = wrap_dim(dim, t.dim(), "max");
-    return {values.squeeze(d), idx.squeeze(d)};
-  }
+namespace {
+// (values, indices) along dim: the indices of arg_op, the values gathered by them (so the
+// gradient flows back through the indices).
+std::pair<Tensor, Tensor> values_and_indices(Op arg_op, const Tensor& t, int64_t dim, bool keepdim) {
+  int64_t d = t.dim() == 0 ? 0 : wrap_dim(dim, t.dim(), op_name(arg_op));
+  Tensor idx = arg_extremum(arg_op, t, dim, true);
+  Tensor values = gather(t, d, idx);
+  if (!keepdim && t.dim() > 0) return {values.squeeze(d), idx.squeeze(d)};
   return {values, idx};
+}
+}  // namespace
+
+std::pair<Tensor, Tensor> max(const Tensor& t, int64_t dim, bool keepdim) {
+  return values_and_indices(Op::argmax, t, dim, keepdim);
 }
 
 std::pair<Tensor, Tensor> min(const Tensor& t, int64_t dim, bool keepdim) {
-  Tensor idx = argmin(t, dim, true);
-  Tensor values = gather(t, t.dim() == 0 ? 0 : wrap_dim(dim, t.dim(), "min"), idx);
-  if (!keepdim && t.dim() > 0) {
-    int64_t d = wrap_dim(dim, t.dim(), "min");
-    return {values.squeeze(d), idx.squeeze(d)};
-  }
-  return {values, idx};
+  return values_and_indices(Op::argmin, t, dim, keepdim);
 }
 
 std::pair<Tensor, Tensor> topk(const Tensor& t, int64_t k, int64_t dim, bool largest, bool sorted) {
