@@ -74,6 +74,11 @@ TEST(Tensor, FromBlobUnalignedNoCopy) {
     EXPECT_EQ(t.raw_data(), raw.data() + 1);
     EXPECT_EQ(sum(t).item<double>(), 21);
     EXPECT_EQ(t.t().contiguous().to_vector(), std::vector<double>({1, 4, 2, 5, 3, 6}));
+    t.mul_(2.0);  // an in-place kernel writes through the misaligned view
+    float back[6];
+    std::memcpy(back, raw.data() + 1, sizeof back);
+    EXPECT_EQ(back[5], 12.0f);
+    EXPECT_EQ(sum(relu(t)).item<double>(), 42);
   }
   EXPECT_TRUE(deleted);
 }

@@ -130,7 +130,58 @@ const DeviceMemory* KernelRegistry::memory(Device device) const {
   return m.allocate ? &m : nullptr;
 }
 
+namespace {
+
+bool misaligned(const Tensor& t) {
+  return t.defined() && t.device() == Device::CPU && t.numel() > 0 &&
+         reinterpret_cast<uintptr_t>(t.raw_data()) % t.element_size() != 0;
+}
+
+// Copies every element of src to dst (same shape and dtype, any strides) byte by byte, so
+// neither needs to be aligned to its element size.
+void copy_bytes(const Tensor& dst, const Tensor& src) {
+  size_t es = src.element_size();
+  auto* dbase = static_cast<char*>(dst.storage()->data());
+  const auto* sbase = static_cast<const char*>(src.storage()->data());
+  int64_t nd = src.dim(), n = src.numel();
+  std::vector<int64_t> idx(nd, 0);
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t so = src.storage_offset(), d_off = dst.storage_offset();
+    for (int64_t d = 0; d < nd; ++d) {
+      so += idx[d] * src.strides()[d];
+      d_off += idx[d] * dst.strides()[d];
+    }
+    std::memcpy(dbase + d_off * static_cast<int64_t>(es), sbase + so * static_cast<int64_t>(es), es);
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < src.shape()[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+Tensor aligned_copy(const Tensor& t) {
+  Tensor out = empty(t.shape(), {.dtype = t.dtype()});
+  copy_bytes(out, t);
+  return out;
+}
+
+}  // namespace
+
 void run_kernel(Op op, std::span<const Tensor> in, std::span<Tensor> out, const void* params) {
+  // Kernels may assume elements aligned to their size; external buffers (from_blob) need not
+  // be, so such operands go through aligned copies (outputs are copied back).
+  bool any_misaligned = false;
+  for (const Tensor& t : in) any_misaligned |= misaligned(t);
+  for (const Tensor& t : out) any_misaligned |= misaligned(t);
+  if (any_misaligned) {
+    std::vector<Tensor> in2, out2;
+    for (const Tensor& t : in) in2.push_back(misaligned(t) ? aligned_copy(t) : t);
+    for (const Tensor& t : out) out2.push_back(misaligned(t) ? aligned_copy(t) : t);
+    run_kernel(op, in2, out2, params);
+    for (size_t i = 0; i < out.size(); ++i)
+      if (!out2[i].is_same(out[i])) copy_bytes(out[i], out2[i]);
+    return;
+  }
   Device device = !in.empty() ? in[0].device() : out[0].device();
   for (const Tensor& t : in)
     TVC_CHECK(!t.defined() || t.device() == device, op_name(op), ": inputs are on different devices (",

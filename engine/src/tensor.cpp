@@ -32,19 +32,25 @@ int64_t shape_numel(const Shape& shape) {
 }
 
 Shape contiguous_strides(const Shape& shape, MemoryFormat format) {
+  // Size-0 dims count as 1, so the product can exceed the element count: check it.
+  auto times = [&](int64_t a, int64_t b) {
+    int64_t r;
+    TVC_CHECK(b >= 0 && !__builtin_mul_overflow(a, std::max<int64_t>(b, 1), &r), "shape ", shape,
+              " is invalid or has more elements than int64 holds");
+    return r;
+  };
   Shape strides(shape.size());
   if (format == MemoryFormat::ChannelsLast && shape.size() == 4) {
-    int64_t c = shape[1], h = shape[2], w = shape[3];
     strides[1] = 1;
-    strides[3] = std::max<int64_t>(c, 1);
-    strides[2] = strides[3] * std::max<int64_t>(w, 1);
-    strides[0] = strides[2] * std::max<int64_t>(h, 1);
+    strides[3] = times(1, shape[1]);
+    strides[2] = times(strides[3], shape[3]);
+    strides[0] = times(strides[2], shape[2]);
     return strides;
   }
   int64_t s = 1;
   for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
     strides[i] = s;
-    s *= std::max<int64_t>(shape[i], 1);
+    s = times(s, shape[i]);
   }
   return strides;
 }

@@ -14,6 +14,7 @@ namespace {
 void copy_kernel(const KernelArgs& args) {
   const Tensor& src = args.in[0];
   const Tensor& dst = args.out[0];
+  if (dst.numel() == 0) return;
   if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
     if (src.raw_data() != dst.raw_data())
       std::memmove(dst.raw_data(), src.raw_data(), src.numel() * src.element_size());
