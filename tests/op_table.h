@@ -3,6 +3,7 @@
 // For every row, every sample and every CPU instruction-set path, tests/test_op_table.cpp:
 //  - runs a float64 finite-difference gradcheck of the differentiable inputs;
 //  - runs the op in float32 and compares forward and backward with our own float64 result;
+//  - runs the op on float16 and bfloat16 inputs against float32 on the same rounded values;
 //  - compares float32 forward and backward with PyTorch (the row's `torch` expression, evaluated
 //    by tools/torch_oracle.py on the same inputs), err <= row.tol.
 // err is tests/compare.h's relative_error: ||a - b||2 / ||b||2 per tensor.
