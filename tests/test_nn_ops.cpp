@@ -19,9 +19,7 @@ Tensor randn_of(const Shape& shape, DType dtype, uint64_t seed) {
   return randn(shape, {.dtype = dtype}, &gen);
 }
 
-std::string py_pair(std::array<int64_t, 2> p) {
-  return "(" + std::to_string(p[0]) + ", " + std::to_string(p[1]) + ")";
-}
+std::string py_pair(std::array<int64_t, 2> p) { return tvc::cat_str("(", p[0], ", ", p[1], ")"); }
 
 // Runs code with PyTorch; the code appends tensors to the list `out`, returned in order.
 std::vector<Tensor> torch_tensors(const std::string& code) {

@@ -91,6 +91,10 @@ TEST(Tensor, CreationOps) {
   EXPECT_THROW(arange(0, 10, -1), Error);
   EXPECT_THROW(empty({2, -3}), Error);
   EXPECT_THROW(empty({int64_t{1} << 40, int64_t{1} << 40}), Error);  // no giant allocation
+  int64_t big = (int64_t{1} << 60) + 1;  // not representable in double
+  EXPECT_EQ(full({}, big, {.dtype = DType::Int64}).item<int64_t>() - (int64_t{1} << 60), 1);
+  EXPECT_EQ(scalar_tensor(-2.7).item<int>(), -2);
+  EXPECT_TRUE(scalar_tensor(0.5).item<bool>());
 }
 
 TEST(Tensor, TypePromotionMatchesPyTorch) {

@@ -38,6 +38,7 @@ Tensor sum_to(const Tensor& t, const Shape& shape) {
 Tensor scalar_like(Scalar value, DType dtype) {
   Tensor t = empty({}, {.dtype = dtype});
   FillParams p{.a = value.to_double()};
+  if (value.kind() != Scalar::Kind::Float) p.integer = value.to_int();
   detail::run(Op::fill, {}, {t}, &p);
   return t;
 }
@@ -535,6 +536,7 @@ Tensor& Tensor::fill_(Scalar value) {
   autograd::check_inplace(*this, "fill_");
   check_writable(*this, "fill_");
   FillParams p{.a = value.to_double()};
+  if (value.kind() != Scalar::Kind::Float) p.integer = value.to_int();
   detail::run(Op::fill, {}, {*this}, &p);
   autograd::record_inplace("FillBackward0", *this, {},
                            [](const GradList& g) -> GradList { return {zeros_like(g[0])}; });

@@ -91,22 +91,16 @@ void* Tensor::raw_data() const {
   return base + storage_offset() * static_cast<int64_t>(element_size());
 }
 
-template <typename T>
-T Tensor::item() const {
-  TVC_CHECK(numel() == 1, "item: tensor with ", numel(), " elements (shape ", shape(),
-            ") cannot be converted to a number");
-  return static_cast<T>(item_double());
-}
-template float Tensor::item<float>() const;
-template double Tensor::item<double>() const;
-template int64_t Tensor::item<int64_t>() const;
-template int32_t Tensor::item<int32_t>() const;
-template bool Tensor::item<bool>() const;
-
 double Tensor::item_double() const {
   TVC_CHECK(numel() == 1, "item: tensor with ", numel(), " elements (shape ", shape(),
             ") cannot be converted to a number");
   return to_vector()[0];
+}
+
+int64_t Tensor::item_int64() const {
+  TVC_CHECK(numel() == 1, "item: tensor with ", numel(), " elements (shape ", shape(),
+            ") cannot be converted to a number");
+  return *detach().to(DType::Int64).contiguous().data_ptr<int64_t>();
 }
 
 std::vector<double> Tensor::to_vector() const {

@@ -10,6 +10,7 @@
 // inputs arrive already broadcast (expanded) to the output shape and converted to one dtype.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -90,11 +91,13 @@ struct UnaryParams {
   bool approximate_tanh = false;
 };
 
-// fill (value), uniform (a = from, b = to), normal (a = mean, b = std), randint (a = low,
-// b = high), arange (a = start, b = step): the random ones read seed and counter offset.
+// fill (value a; an integer value also in `integer`, exact for integer dtypes), uniform
+// (a = from, b = to), normal (a = mean, b = std), randint (a = low, b = high), arange
+// (a = start, b = step): the random ones read seed and counter offset.
 struct FillParams {
   double a = 0, b = 0;
   uint64_t seed = 0, offset = 0;
+  std::optional<int64_t> integer;
 };
 
 // bmm: out[b] = in0[b] @ in1[b], shapes (B,M,K) (B,K,N) -> (B,M,N), any strides.

@@ -13,6 +13,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tvc/dtype.h"
@@ -96,9 +97,16 @@ class Tensor {
               ", asked for ", dtype_name(dtype_of<T>()));
     return static_cast<T*>(raw_data());
   }
+  // The value of a one-element tensor, converted to T (integers exactly; floats truncate
+  // toward zero for an integer T, as Python's int(); bool is value != 0).
   template <typename T>
-  T item() const;           // the value of a one-element tensor, converted to T
+  T item() const {
+    if constexpr (std::is_same_v<T, bool>) return item_double() != 0;
+    else if constexpr (std::is_integral_v<T>) return static_cast<T>(item_int64());
+    else return static_cast<T>(item_double());
+  }
   double item_double() const;
+  int64_t item_int64() const;
   std::vector<double> to_vector() const;  // all elements in row-major order, as double
 
   // ---- views (share storage) ----

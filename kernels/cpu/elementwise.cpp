@@ -35,9 +35,11 @@ void copy_kernel(const KernelArgs& args) {
 
 void fill_kernel(const KernelArgs& args) {
   const Tensor& out = args.out[0];
-  double value = args.p<FillParams>().a;
+  const auto& params = args.p<FillParams>();
   dispatch_all(out.dtype(), Op::fill, [&]<typename T>() {
-    T v = static_cast<T>(static_cast<compute_t<T>>(value));
+    T v = static_cast<T>(static_cast<compute_t<T>>(params.a));
+    if constexpr (std::is_integral_v<T>)
+      if (params.integer) v = static_cast<T>(*params.integer);
     for_each_strided<1>({&out}, [&](std::array<char*, 1> p, const std::array<int64_t, 1>& st, int64_t n) {
       if (st[0] == sizeof(T)) {
         T* o = reinterpret_cast<T*>(p[0]);
