@@ -1,7 +1,12 @@
 // Built out of tree against an installed tvc (tests/test_install.sh): creates tensors, runs ops
-// with autograd and prints the gradient. d/dx sum(x*x + 3x) = 2x + 3.
+// with autograd and prints the gradient (d/dx sum(x*x + 3x) = 2x + 3), then takes one SGD step
+// on an nn::Linear layer, which must lower its loss.
 #include <tvc/autograd.h>
+#include <tvc/nn/layers.h>
 #include <tvc/ops.h>
+#include <tvc/optim.h>
+
+#include <memory>
 
 #include <cstdio>
 
@@ -12,7 +17,18 @@ int main() {
     y.backward();
     std::printf("y = %g, grad = %s\n", y.item<double>(), x.grad().repr().c_str());
     bool ok = y.item<double>() == 32 && tvc::allclose(x.grad(), tvc::tensor<float>({5, 7, 9}));
-    return ok ? 0 : 1;
+
+    auto layer = std::make_shared<tvc::nn::Linear>(4, 2);
+    tvc::optim::SGD sgd(layer->parameters(), {.lr = 0.1});
+    tvc::Tensor input = tvc::randn({8, 4}), target = tvc::randn({8, 2});
+    double before = tvc::mse_loss((*layer)(input), target).item<double>();
+    tvc::Tensor loss = tvc::mse_loss((*layer)(input), target);
+    sgd.zero_grad();
+    loss.backward();
+    sgd.step();
+    double after = tvc::mse_loss((*layer)(input), target).item<double>();
+    std::printf("linear layer loss %g -> %g after one SGD step\n", before, after);
+    return ok && after < before ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
