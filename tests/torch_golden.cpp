@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "tvc/ops.h"
 
 namespace tvc::test {
@@ -39,31 +41,56 @@ def json_tensors(ts):
     return json.dumps([_t(t) if isinstance(t, torch.Tensor) else t for t in ts])
 )PY";
 
+namespace {
+
+// Runs script with /usr/bin/python3, stdout into out; on failure records a test failure with
+// stderr and returns false.
+bool run_python(const std::filesystem::path& script, const std::filesystem::path& out) {
+  std::string cmd = "/usr/bin/python3 " + script.string() + " > " + out.string() + " 2> " + out.string() + ".err";
+  int rc = std::system(cmd.c_str());
+  std::ifstream err(out.string() + ".err");
+  std::string msg(std::istreambuf_iterator<char>(err), {});
+  std::filesystem::remove(out.string() + ".err");
+  if (rc == 0) return true;
+  ADD_FAILURE() << "PyTorch golden failed (install python3-torch python3-torchvision "
+                   "libopenblas0-pthread): " << script << "\n" << msg;
+  return false;
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string with_prelude(const std::string& code) {
+  return std::string("import torch\ntorch.set_num_threads(1)\n") + kPyJsonHelpers + code;
+}
+
+}  // namespace
+
 std::string torch_run(const std::string& code) {
-  std::string full = std::string("import torch\ntorch.set_num_threads(1)\n") + kPyJsonHelpers + code;
+  std::string full = with_prelude(code);
   char name[32];
   std::snprintf(name, sizeof name, "%016llx.out", static_cast<unsigned long long>(fnv1a(full)));
   std::filesystem::path out = cache_dir() / name;
-  if (std::filesystem::exists(out)) {
-    std::ifstream in(out);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
+  if (std::filesystem::exists(out)) return read_file(out);
   std::filesystem::path script = cache_dir() / (std::string(name) + ".py");
   std::ofstream(script) << full;
   std::filesystem::path tmp = cache_dir() / (std::string(name) + ".tmp");
-  std::string cmd = "/usr/bin/python3 " + script.string() + " > " + tmp.string() + " 2> " +
-                    tmp.string() + ".err";
-  int rc = std::system(cmd.c_str());
-  if (rc != 0) {
-    std::ifstream err(tmp.string() + ".err");
-    std::string msg(std::istreambuf_iterator<char>(err), {});
-    ADD_FAILURE() << "PyTorch golden failed (install python3-torch python3-torchvision "
-                     "libopenblas0-pthread): " << script << "\n" << msg;
-    return "";
-  }
+  if (!run_python(script, tmp)) return "";
   std::filesystem::rename(tmp, out);
-  std::ifstream in(out);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  return read_file(out);
+}
+
+std::string torch_run_uncached(const std::string& code) {
+  static int counter = 0;
+  std::string stem = "uncached-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  std::filesystem::path script = cache_dir() / (stem + ".py"), out = cache_dir() / (stem + ".out");
+  std::ofstream(script) << with_prelude(code);
+  std::string result = run_python(script, out) ? read_file(out) : "";
+  std::filesystem::remove(script);
+  std::filesystem::remove(out);
+  return result;
 }
 
 nlohmann::json torch_json(const std::string& code) {

@@ -13,6 +13,8 @@ namespace tvc::test {
 
 // stdout of `python3 -c code` (prefixed with `import torch`).
 std::string torch_run(const std::string& code);
+// The same, run every time and never cached: for code that writes or reads files.
+std::string torch_run_uncached(const std::string& code);
 // stdout parsed as JSON.
 nlohmann::json torch_json(const std::string& code);
 

@@ -20,8 +20,9 @@ done
 
 packages=(
   meson ninja-build g++ pkg-config cmake     # build (cmake: meson finds oneDNN through it)
-  zlib1g-dev libcli11-dev                    # the library and the tvc program
-  libgtest-dev nlohmann-json3-dev            # tests
+  zlib1g-dev libzip-dev nlohmann-json3-dev   # the library (.pth zip archives, safetensors headers)
+  libcli11-dev                               # the tvc program
+  libgtest-dev python3-pip                   # tests (pip: the safetensors package, below)
   python3-torch python3-torchvision          # PyTorch, the tests' oracle (/usr/bin/python3)
   libopenblas0-pthread                       # a fast BLAS for that oracle
   libbenchmark-dev libeigen3-dev libdnnl-dev # benchmarks and their references
@@ -31,6 +32,8 @@ if [[ $(id -u) -eq 0 ]]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update
   apt-get install -y --no-install-recommends "${packages[@]}"
+  # The reference safetensors implementation, which the weight-file tests compare with.
+  /usr/bin/python3 -m pip install --quiet --break-system-packages --root-user-action=ignore safetensors==0.8.0
 else
   echo "setup.sh: not root, skipping apt-get; make sure these are installed: ${packages[*]}" >&2
 fi

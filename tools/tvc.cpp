@@ -1,6 +1,8 @@
 // The tvc command-line program.
 //
 //   tvc train [--epochs N] [--seed S] [--batch-size B] [--lr LR] [--threads T] [--data-dir D]
+//   tvc inspect FILE [--widen]
+//   tvc convert IN OUT [--dtype float16|bfloat16|float32] [--widen] [--unwrap]
 //
 // Exit status: 0 on success, 1 on an error (printed as `error: <message>` on stderr), 2 on a
 // usage error (unknown option, bad value).
@@ -15,6 +17,7 @@
 
 #include "fashion_mnist.h"
 #include "train.h"
+#include "weights_cli.h"
 
 namespace {
 
@@ -55,6 +58,29 @@ int run(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1000000000}));
 
+  std::string inspect_path;
+  tvc::tools::InspectOptions inspect;
+  CLI::App* inspect_cmd = app.add_subcommand(
+      "inspect", "Print a weight file's tensors (name, dtype, shape), totals and metadata");
+  inspect_cmd->add_option("FILE", inspect_path, "A safetensors file or a torch.save .pth (zip or legacy)")
+      ->required();
+  inspect_cmd->add_flag("--widen", inspect.widen,
+                        "Show .pth element types tvc lacks (uint16, float8...) widened instead of failing");
+
+  std::string convert_in, convert_out, convert_dtype;
+  tvc::tools::ConvertOptions convert;
+  CLI::App* convert_cmd = app.add_subcommand(
+      "convert", "Convert a weight file between safetensors and .pth (chosen by OUT's extension)");
+  convert_cmd->add_option("IN", convert_in, "A safetensors file or a torch.save .pth (zip or legacy)")->required();
+  convert_cmd->add_option("OUT", convert_out, "The file to write: NAME.safetensors, NAME.pth or NAME.pt")
+      ->required();
+  convert_cmd->add_option("--dtype", convert_dtype, "Convert floating-point tensors to this dtype")
+      ->check(CLI::IsMember({"float16", "bfloat16", "float32"}));
+  convert_cmd->add_flag("--widen", convert.widen,
+                        "Load element types tvc lacks (uint16/32/64, float8) widened (int32/int64/float32)");
+  convert_cmd->add_flag("--unwrap", convert.unwrap,
+                        "Keep only the weights of a training checkpoint (state_dict/model, no module. prefix)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -63,6 +89,13 @@ int run(int argc, char** argv) {
   }
 
   if (train_cmd->parsed()) tvc::tools::train_fashion_mnist(train);
+  if (inspect_cmd->parsed()) tvc::tools::inspect_weights(inspect_path, inspect);
+  if (convert_cmd->parsed()) {
+    if (convert_dtype == "float16") convert.dtype = tvc::DType::Float16;
+    if (convert_dtype == "bfloat16") convert.dtype = tvc::DType::BFloat16;
+    if (convert_dtype == "float32") convert.dtype = tvc::DType::Float32;
+    tvc::tools::convert_weights(convert_in, convert_out, convert);
+  }
   if (std::fflush(stdout) != 0 || std::ferror(stdout))
     throw std::runtime_error("cannot write to standard output");
   return 0;

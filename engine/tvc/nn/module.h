@@ -242,6 +242,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // copy; when any is registered in the tree, strict key errors are raised after it (the hooks
   // may clear them), as in PyTorch.
   IncompatibleKeys load_state_dict(const StateDict& state_dict, bool strict = true, bool assign = false);
+  // The same from a weight file of any format (safetensors, .pth zip or legacy), converting
+  // tensors to the module's dtypes (a float16 file into a float32 model). tvc::io::load_into
+  // (tvc/serialize.h) also unwraps training checkpoints.
+  IncompatibleKeys load_state_dict(const std::string& path, bool strict = true, bool assign = false);
   // Extra state saved under "<prefix>_extra_state". tvc's extra state is a Tensor: a module
   // that has some overrides both; an undefined result means "no extra state" (the default).
   virtual Tensor get_extra_state() const { return Tensor(); }

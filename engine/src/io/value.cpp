@@ -1,0 +1,229 @@
+// tvc::io::Value, the tree of a PyTorch checkpoint, and flatten_tensors.
+#include <cstring>
+
+#include "tvc/serialize.h"
+
+namespace tvc::io {
+
+Value::Value(bool b) : kind_(Kind::Bool), bool_(b) {}
+Value::Value(int64_t i) : kind_(Kind::Int), int_(i) {}
+Value::Value(double f) : kind_(Kind::Float), float_(f) {}
+Value::Value(std::string s) : kind_(Kind::String), string_(std::move(s)) {}
+Value::Value(Tensor t) : kind_(Kind::Tensor), tensor_(std::move(t)) {
+  TVC_CHECK(tensor_.defined(), "Value: the tensor is undefined");
+}
+
+Value::Value(const nn::StateDict& state_dict) : Value(dict({}, /*ordered=*/true)) {
+  for (const auto& [name, tensor] : state_dict) items_->emplace_back(Value(name), Value(tensor));
+}
+
+Value Value::bytes(std::string data) {
+  Value v(std::move(data));
+  v.kind_ = Kind::Bytes;
+  return v;
+}
+
+Value Value::list(std::vector<Value> items) {
+  Value v;
+  v.kind_ = Kind::List;
+  v.elements_ = std::make_shared<std::vector<Value>>(std::move(items));
+  return v;
+}
+
+Value Value::tuple(std::vector<Value> items) {
+  Value v = list(std::move(items));
+  v.kind_ = Kind::Tuple;
+  return v;
+}
+
+Value Value::set(std::vector<Value> items) {
+  Value v = list(std::move(items));
+  v.kind_ = Kind::Set;
+  return v;
+}
+
+Value Value::dict(Items items, bool ordered) {
+  Value v;
+  v.kind_ = Kind::Dict;
+  v.ordered_ = ordered;
+  v.items_ = std::make_shared<Items>(std::move(items));
+  return v;
+}
+
+const char* Value::kind_name() const {
+  switch (kind_) {
+    case Kind::None: return "None";
+    case Kind::Bool: return "bool";
+    case Kind::Int: return "int";
+    case Kind::Float: return "float";
+    case Kind::String: return "str";
+    case Kind::Bytes: return "bytes";
+    case Kind::Tensor: return "Tensor";
+    case Kind::List: return "list";
+    case Kind::Tuple: return "tuple";
+    case Kind::Set: return "set";
+    case Kind::Dict: return ordered_ ? "OrderedDict" : "dict";
+  }
+  return "?";
+}
+
+bool Value::to_bool() const {
+  TVC_CHECK(kind_ == Kind::Bool, "Value: expected a bool, got ", kind_name());
+  return bool_;
+}
+
+int64_t Value::to_int() const {
+  TVC_CHECK(kind_ == Kind::Int, "Value: expected an int, got ", kind_name());
+  return int_;
+}
+
+double Value::to_float() const {
+  TVC_CHECK(kind_ == Kind::Float, "Value: expected a float, got ", kind_name());
+  return float_;
+}
+
+const std::string& Value::to_string() const {
+  TVC_CHECK(kind_ == Kind::String || kind_ == Kind::Bytes, "Value: expected a str or bytes, got ",
+            kind_name());
+  return string_;
+}
+
+const Tensor& Value::to_tensor() const {
+  TVC_CHECK(kind_ == Kind::Tensor, "Value: expected a Tensor, got ", kind_name());
+  return tensor_;
+}
+
+const std::vector<Value>& Value::elements() const {
+  TVC_CHECK(kind_ == Kind::List || kind_ == Kind::Tuple || kind_ == Kind::Set,
+            "Value: expected a list, tuple or set, got ", kind_name());
+  return *elements_;
+}
+
+std::vector<Value>& Value::elements() {
+  return const_cast<std::vector<Value>&>(std::as_const(*this).elements());
+}
+
+const Value::Items& Value::items() const {
+  TVC_CHECK(kind_ == Kind::Dict, "Value: expected a dict, got ", kind_name());
+  return *items_;
+}
+
+Value::Items& Value::items() { return const_cast<Items&>(std::as_const(*this).items()); }
+
+const Value* Value::find(const std::string& key) const {
+  if (kind_ != Kind::Dict) return nullptr;
+  for (const auto& [k, v] : *items_)
+    if (k.kind_ == Kind::String && k.string_ == key) return &v;
+  return nullptr;
+}
+
+namespace {
+
+bool is_number(Value::Kind k) {
+  return k == Value::Kind::Bool || k == Value::Kind::Int || k == Value::Kind::Float;
+}
+
+// Python's numeric ==: True == 1 == 1.0, an int and a float compare exactly (no rounding).
+bool numbers_equal(const Value& a, const Value& b) {
+  auto as_int = [](const Value& v) { return v.kind() == Value::Kind::Bool ? int64_t{v.to_bool()} : v.to_int(); };
+  bool fa = a.kind() == Value::Kind::Float, fb = b.kind() == Value::Kind::Float;
+  if (fa && fb) return a.to_float() == b.to_float();
+  if (!fa && !fb) return as_int(a) == as_int(b);
+  double f = fa ? a.to_float() : b.to_float();
+  int64_t i = fa ? as_int(b) : as_int(a);
+  // 2^63 is exactly representable; every integral double in [-2^63, 2^63) converts exactly.
+  if (!(f >= -9223372036854775808.0 && f < 9223372036854775808.0) || f != static_cast<double>(static_cast<int64_t>(f)))
+    return false;
+  return static_cast<int64_t>(f) == i;
+}
+
+bool tensors_equal(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  Tensor ca = a.contiguous(), cb = b.contiguous();
+  size_t n = static_cast<size_t>(ca.numel()) * ca.element_size();
+  return n == 0 || std::memcmp(ca.raw_data(), cb.raw_data(), n) == 0;
+}
+
+}  // namespace
+
+bool Value::operator==(const Value& other) const {
+  if (is_number(kind_) && is_number(other.kind_)) return numbers_equal(*this, other);
+  if (kind_ != other.kind_) return false;
+  switch (kind_) {
+    case Kind::None: return true;
+    case Kind::String:
+    case Kind::Bytes: return string_ == other.string_;
+    case Kind::Tensor: return tensors_equal(tensor_, other.tensor_);
+    case Kind::List:
+    case Kind::Tuple: return *elements_ == *other.elements_;
+    case Kind::Set: {
+      // Set elements are unique (hashable and distinct), so equal sizes and inclusion suffice.
+      if (elements_->size() != other.elements_->size()) return false;
+      for (const Value& e : *elements_) {
+        bool found = false;
+        for (const Value& o : *other.elements_) found = found || e == o;
+        if (!found) return false;
+      }
+      return true;
+    }
+    case Kind::Dict: {
+      if (items_->size() != other.items_->size()) return false;
+      if (ordered_ && other.ordered_) return *items_ == *other.items_;  // OrderedDicts: order counts
+      for (const auto& [k, v] : *items_) {
+        bool found = false;
+        for (const auto& [ok, ov] : *other.items_)
+          if (k == ok) {
+            found = v == ov;
+            break;
+          }
+        if (!found) return false;
+      }
+      return true;
+    }
+    default: return false;  // numbers are handled above
+  }
+}
+
+namespace {
+
+std::string key_text(const Value& key) {
+  switch (key.kind()) {
+    case Value::Kind::String: return key.to_string();
+    case Value::Kind::Int: return std::to_string(key.to_int());
+    case Value::Kind::Bool: return key.to_bool() ? "True" : "False";
+    case Value::Kind::None: return "None";
+    case Value::Kind::Float: return cat_str(key.to_float());
+    default: {  // a tuple key
+      std::string s = "(";
+      for (const Value& e : key.elements()) s += (s.size() > 1 ? ", " : "") + key_text(e);
+      return s + ")";
+    }
+  }
+}
+
+void flatten_into(const Value& value, const std::string& path,
+                  std::vector<std::pair<std::string, Tensor>>& out) {
+  auto child = [&](const std::string& name) { return path.empty() ? name : path + "." + name; };
+  switch (value.kind()) {
+    case Value::Kind::Tensor: out.emplace_back(path, value.to_tensor()); break;
+    case Value::Kind::Dict:
+      for (const auto& [k, v] : value.items()) flatten_into(v, child(key_text(k)), out);
+      break;
+    case Value::Kind::List:
+    case Value::Kind::Tuple:
+      for (size_t i = 0; i < value.elements().size(); ++i)
+        flatten_into(value.elements()[i], child(std::to_string(i)), out);
+      break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> flatten_tensors(const Value& value) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  flatten_into(value, "", out);
+  return out;
+}
+
+}  // namespace tvc::io

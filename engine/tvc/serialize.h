@@ -1,0 +1,247 @@
+// Weight files: safetensors and PyTorch .pth (zip and legacy formats), read and written.
+//
+// Readers never trust a size they read: every length, offset, shape product and storage size is
+// checked against the file before memory is allocated, and a malformed file raises tvc::Error
+// naming the file and the fault (the tensor, pickle opcode, zip entry or header field). Pickles
+// go through a restricted unpickler that builds only dicts, lists, tuples, sets, numbers,
+// strings, bytes and tensors; any other global is refused by name, never executed.
+//
+// Writers are crash-safe: the file is written under a temporary name in the same folder,
+// fsynced, renamed over the real name, and the folder fsynced, so an interrupted save leaves the
+// previous file (or none) and never a truncated one.
+//
+//   auto weights = tvc::io::load_state_dict("resnet50-11ad3fa6.pth");   // name -> tensor
+//   model.load_state_dict("finetuned.safetensors");                      // nn::Module overload
+//   tvc::io::load_into(model, "ckpt.pth", {.unwrap = true});             // training checkpoint
+//   tvc::io::save_safetensors("out.safetensors", model.state_dict());
+//   tvc::io::save_pth("out.pth", tvc::io::Value(model.state_dict()));  // torch.load reads it
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tvc/nn/module.h"
+#include "tvc/tensor.h"
+
+namespace tvc::io {
+
+class InputFile;
+
+// ---------------------------------------------------------------- element types of files
+
+// Every element type safetensors and torch.save store. Those with a tvc DType load as tensors
+// directly; the others (unsigned 16/32/64-bit, 8/6/4-bit floats, complex) load only widened
+// (ReadOptions::widen) or are copied as bytes between safetensors files.
+enum class FileDType : uint8_t {
+  Bool, UInt8, Int8, Int16, UInt16, Int32, UInt32, Int64, UInt64,
+  Float16, BFloat16, Float32, Float64,
+  Float8E4M3, Float8E5M2, Float8E4M3Fnuz, Float8E5M2Fnuz, Float8E8M0,
+  Float6E2M3, Float6E3M2, Float4E2M1,
+  Complex64, Complex128,
+};
+
+// "F32", "F8_E4M3", ... as safetensors headers spell them; "C128" for Complex128 (torch only).
+const char* safetensors_name(FileDType dtype);
+std::optional<FileDType> file_dtype_from_safetensors(const std::string& name);
+// "FloatStorage", "Float8_e4m3fnStorage", ... as torch.save names storage types; null where
+// torch has none (Float6*, Float4E2M1, Float8E8M0).
+const char* torch_storage_name(FileDType dtype);
+std::optional<FileDType> file_dtype_from_torch_storage(const std::string& name);
+// Bits of one element (4 for Float4E2M1, 6 for the Float6 types).
+int bit_size(FileDType dtype);
+// The tvc dtype holding these values exactly, if tvc has one.
+std::optional<DType> exact_dtype(FileDType dtype);
+// The tvc dtype a widened load gives: UInt16 -> Int32, UInt32/UInt64 -> Int64 (UInt64 values
+// beyond int64 are an error), every 8/6/4-bit float -> Float32. Complex: none.
+std::optional<DType> widened_dtype(FileDType dtype);
+FileDType file_dtype(DType dtype);
+
+// Decodes one float8/float6/float4 element (its bits in the low bits of `bits`) to float32,
+// exactly as the OCP / torch definitions give it (NaN, infinities, subnormals included).
+float decode_small_float(FileDType dtype, uint8_t bits);
+
+// ---------------------------------------------------------------- options
+
+struct ReadOptions {
+  // Load element types tvc lacks as their widened dtype (see widened_dtype) instead of failing.
+  bool widen = false;
+  // Safetensors only: tensors are views of the file's private memory map (zero copy; pages are
+  // read when touched) instead of copies. A view keeps the mapping alive. Caveat of any mmap: a
+  // file truncated by another process while mapped views exist makes touching them fault, so
+  // the default copies, which reads with pread() and reports a shrunk file as an error.
+  bool map = false;
+};
+
+// ---------------------------------------------------------------- checkpoint values
+
+// A value of a PyTorch checkpoint: what torch.load(weights_only=True) returns, restricted to
+// what tvc represents. Dicts keep insertion order; keys are strings or ints. Tensors read from
+// one storage share one tvc Storage (views keep their offsets and strides).
+class Value {
+ public:
+  enum class Kind : uint8_t { None, Bool, Int, Float, String, Bytes, Tensor, List, Tuple, Set, Dict };
+  using Items = std::vector<std::pair<Value, Value>>;
+
+  Value() = default;  // None
+  explicit Value(bool b);
+  explicit Value(int64_t i);
+  explicit Value(int i) : Value(static_cast<int64_t>(i)) {}
+  explicit Value(double f);
+  explicit Value(std::string s);
+  explicit Value(const char* s) : Value(std::string(s)) {}
+  explicit Value(Tensor t);
+  // A state_dict as an OrderedDict of tensors.
+  explicit Value(const nn::StateDict& state_dict);
+  static Value bytes(std::string data);
+  static Value list(std::vector<Value> items = {});
+  static Value tuple(std::vector<Value> items = {});
+  static Value set(std::vector<Value> items = {});
+  // ordered: an OrderedDict (pickled as collections.OrderedDict) rather than a dict.
+  static Value dict(Items items = {}, bool ordered = false);
+
+  Kind kind() const { return kind_; }
+  const char* kind_name() const;  // "None", "bool", "int", "float", "str", "bytes", "Tensor", ...
+  bool is_none() const { return kind_ == Kind::None; }
+  bool to_bool() const;
+  int64_t to_int() const;
+  double to_float() const;
+  const std::string& to_string() const;  // String and Bytes
+  const Tensor& to_tensor() const;
+  const std::vector<Value>& elements() const;  // List, Tuple, Set
+  std::vector<Value>& elements();
+  const Items& items() const;  // Dict
+  Items& items();
+  bool ordered() const { return ordered_; }
+  // Dict lookup by string key; null when absent or not a dict.
+  const Value* find(const std::string& key) const;
+  // Python's == for every kind but Tensor, which compares dtype, shape and values bit for bit.
+  bool operator==(const Value& other) const;
+
+ private:
+  Kind kind_ = Kind::None;
+  bool ordered_ = false;
+  bool bool_ = false;
+  int64_t int_ = 0;
+  double float_ = 0;
+  std::string string_;
+  Tensor tensor_;
+  std::shared_ptr<std::vector<Value>> elements_;
+  std::shared_ptr<Items> items_;
+};
+
+// Every leaf of a nested value (anything but a dict, list or tuple) under its dotted path: dict
+// keys and list/tuple indices joined by "." ("optimizer.state.0.exp_avg"), in order.
+std::vector<std::pair<std::string, Value>> flatten(const Value& value);
+// The tensor leaves of flatten(value).
+std::vector<std::pair<std::string, Tensor>> flatten_tensors(const Value& value);
+
+// ---------------------------------------------------------------- formats
+
+enum class WeightFormat : uint8_t { Safetensors, PthZip, PthLegacy };
+const char* format_name(WeightFormat format);  // "safetensors", "pth (zip)", "pth (legacy)"
+// From the content: zip signature, pickle protocol 2 magic number, else safetensors (which the
+// reader then validates). Throws naming the file when it cannot be opened.
+WeightFormat detect_format(const std::string& path);
+
+// ---------------------------------------------------------------- safetensors
+
+// One tensor of a safetensors header.
+struct SafetensorsEntry {
+  std::string name;
+  FileDType dtype;
+  Shape shape;
+  uint64_t begin = 0;   // data_offsets, relative to the data section
+  uint64_t nbytes = 0;  // end - begin
+};
+
+// A validated safetensors file. open() checks everything the reference implementation checks
+// (header length <= 100,000,000 and inside the file, UTF-8 JSON object, known dtypes, shape
+// products and byte sizes without overflow, offsets contiguous from 0 without holes or overlap,
+// data ending exactly at the end of the file) plus duplicate keys and non-string metadata.
+// The data is not read until asked for.
+class SafetensorsFile {
+ public:
+  static SafetensorsFile open(const std::string& path);
+  const std::string& path() const { return path_; }
+  // In data order.
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  // Throws naming the tensor and the file when absent.
+  const SafetensorsEntry& entry(const std::string& name) const;
+  // The "__metadata__" string map, empty when the file has none.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The tensor, as exact_dtype (or widened_dtype with options.widen), contiguous.
+  Tensor tensor(const std::string& name, const ReadOptions& options = {}) const;
+  // The stored little-endian bytes of one tensor.
+  std::vector<uint8_t> bytes(const std::string& name) const;
+
+ private:
+  std::string path_;
+  std::shared_ptr<InputFile> file_;
+  uint64_t data_start_ = 0;  // 8 + header length
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+  std::shared_ptr<Storage> mapping_;  // the whole file, mapped privately
+};
+
+// A tensor to write as raw bytes of a file dtype (used to copy types tvc cannot hold).
+struct RawTensor {
+  FileDType dtype;
+  Shape shape;
+  std::vector<uint8_t> bytes;  // little-endian, row-major; size checked against shape and dtype
+};
+
+// Writes tensors (any strides; written row-major) and metadata. The header lists the tensors
+// by name with "__metadata__" first and is padded with spaces to a multiple of 8; data is
+// ordered by decreasing element size, then name, so every tensor is aligned. Names must be
+// unique and non-empty.
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+void save_safetensors(const std::string& path, const nn::StateDict& state_dict,
+                      const std::map<std::string, std::string>& metadata = {});
+void save_safetensors_raw(const std::string& path,
+                          const std::vector<std::pair<std::string, RawTensor>>& tensors,
+                          const std::map<std::string, std::string>& metadata = {});
+
+// ---------------------------------------------------------------- PyTorch .pth
+
+// torch.save's zip format (any top-level folder name, stored or deflated entries, zip64) or the
+// legacy format (magic number, protocol, sys_info and object pickles followed by raw storages).
+// Big-endian files are refused. ReadOptions::map is ignored (.pth tensors are always copies).
+Value load_pth(const std::string& path, const ReadOptions& options = {});
+
+// torch.save's zip format, pickle protocol 2, storages stored (not deflated) and aligned to 64
+// bytes, top-level folder "archive". Tensors sharing a tvc Storage share one saved storage;
+// strides and offsets are kept. torch.load(path, weights_only=True) reads it back equal.
+// Supported values: everything Value holds; bytes need torch >= 2.1 to load with weights_only.
+void save_pth(const std::string& path, const Value& value);
+
+// ---------------------------------------------------------------- any format
+
+// The whole file as a Value: .pth as saved; safetensors as an ordered dict name -> tensor,
+// sorted by name (the file keeps no other order that means anything).
+Value load(const std::string& path, const ReadOptions& options = {});
+
+// A state_dict from a weight file of any format. unwrap: take the weights out of a training
+// checkpoint ({"state_dict": ...}, {"model_state_dict": ...}, {"model": ...}, descending while
+// one applies) and drop a "module." prefix that every key has (DataParallel/DDP). Nested dicts
+// flatten to dotted names; a non-tensor leaf is an error naming its path.
+struct StateDictOptions {
+  ReadOptions read;
+  bool unwrap = false;
+};
+nn::StateDict load_state_dict(const std::string& path, const StateDictOptions& options = {});
+
+// The module loads a state_dict file of any format: module.load_state_dict(load_state_dict(
+// path, options), strict, assign), except that tensors whose dtype differs from the module's
+// (a float16 file into a float32 model) are converted first, also with assign.
+nn::IncompatibleKeys load_into(nn::Module& module, const std::string& path,
+                               const StateDictOptions& options = {}, bool strict = true,
+                               bool assign = false);
+
+}  // namespace tvc::io

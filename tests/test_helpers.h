@@ -1,0 +1,75 @@
+// Helpers of the tests: a temporary folder removed at the end, whole-file reads and writes,
+// the message of an expected tvc::Error, the bytes of a tensor.
+#pragma once
+
+#include <stdlib.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "tvc/error.h"
+#include "tvc/tensor.h"
+
+namespace tvc::test {
+
+// A fresh folder under the system temp dir, removed with everything in it when destroyed.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tvc-test-XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  // The path of name inside the folder ("" gives the folder with a trailing slash).
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// The message of the tvc::Error that f throws; a test failure (and "") when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no tvc::Error was thrown";
+  return "";
+}
+
+// The bytes of t's elements in row-major order.
+inline std::vector<uint8_t> tensor_bytes(const Tensor& t) {
+  Tensor c = t.contiguous();
+  const auto* p = static_cast<const uint8_t*>(c.raw_data());
+  return std::vector<uint8_t>(p, p + c.numel() * static_cast<int64_t>(dtype_size(c.dtype())));
+}
+
+// Lower-case hexadecimal, two digits a byte.
+inline std::string hex(const std::vector<uint8_t>& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : bytes) s += digits[b >> 4], s += digits[b & 15];
+  return s;
+}
+
+}  // namespace tvc::test

@@ -1,0 +1,31 @@
+// `tvc inspect` and `tvc convert`: weight files from the command line.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "tvc/dtype.h"
+
+namespace tvc::tools {
+
+struct InspectOptions {
+  bool widen = false;  // show element types tvc lacks (uint16, float8, ...) of .pth files widened
+};
+
+// Prints the file's format, then one line per tensor (dotted name, dtype, shape), the totals
+// (tensors, elements, bytes), the safetensors metadata and the non-tensor values of a checkpoint.
+// The whole file is validated (and, for .pth, read); a malformed file throws naming the fault.
+void inspect_weights(const std::string& path, const InspectOptions& options);
+
+struct ConvertOptions {
+  std::optional<DType> dtype;  // floating tensors converted to it; integer tensors kept
+  bool widen = false;          // load element types tvc lacks as their widened dtype
+  bool unwrap = false;         // keep only the weights of a training checkpoint
+};
+
+// Converts between safetensors and .pth (zip), by the output's extension: .safetensors, or
+// .pth / .pt. safetensors to safetensors without --dtype copies every tensor's bytes, whatever
+// its element type, and the metadata. Prints one summary line.
+void convert_weights(const std::string& in, const std::string& out, const ConvertOptions& options);
+
+}  // namespace tvc::tools
