@@ -54,7 +54,7 @@ TvcRun run_tvc(const TempDir& dir, const std::string& args) {
   if (!exe) return {-1, "", ""};
   std::string out = dir / "stdout", err = dir / "stderr";
   std::string limit = kAsan ? cat_str("ASAN_OPTIONS=max_allocation_size_mb=", kMemoryCapMb,
-                                      ":allocator_may_return_null=0:detect_leaks=1 ")
+                                      ":allocator_may_return_null=0:detect_leaks=1:exitcode=86 ")
                             : cat_str("ulimit -v ", kMemoryCapMb * 1024, "; ");
   std::string cmd = cat_str("/bin/bash -c '", limit, "exec \"", exe, "\" ", args, "' >", out, " 2>", err);
   int rc = std::system(cmd.c_str());
@@ -315,6 +315,38 @@ torch.save({"epoch": 3, "model": dp, "optimizer": opt.state_dict(), "best": 0.75
 torch.save({"state_dict": net.state_dict(), "arch": "tiny"}, f"{D}/wrapped.pth")
 print("ok")
 )PY";
+}
+
+// A torchvision backbone's state_dict, saved by torch as torchvision's files are (zip, and the
+// legacy format of the older files such as vgg16-397923af.pth) and by the safetensors package:
+// all three load identical, bit for bit, under torchvision's names.
+TEST(Weights, TorchvisionResnet18LoadsIdenticallyFromEveryFormat) {
+  TempDir dir;
+  ASSERT_EQ(test::torch_run_uncached(R"PY(
+import torchvision
+from safetensors.torch import save_file
+D = ")PY" + dir / "" + R"PY("
+torch.manual_seed(0)
+sd = torchvision.models.resnet18().state_dict()
+torch.save(sd, f"{D}/resnet18.pth")
+torch.save(sd, f"{D}/resnet18_legacy.pth", _use_new_zipfile_serialization=False)
+save_file(sd, f"{D}/resnet18.safetensors")
+print(len(sd))
+)PY"), "122\n");
+  nn::StateDict zip = io::load_state_dict(dir / "resnet18.pth");
+  nn::StateDict legacy = io::load_state_dict(dir / "resnet18_legacy.pth");
+  nn::StateDict st = io::load_state_dict(dir / "resnet18.safetensors");
+  ASSERT_EQ(zip.size(), 122u);
+  EXPECT_EQ(zip.keys().front(), "conv1.weight");
+  EXPECT_EQ(zip.keys().back(), "fc.bias");
+  EXPECT_EQ(legacy.keys(), zip.keys());
+  for (const auto& [name, t] : zip) {
+    EXPECT_EQ(test::tensor_bytes(legacy.at(name)), test::tensor_bytes(t)) << name;
+    ASSERT_TRUE(st.contains(name)) << name;
+    EXPECT_EQ(st.at(name).dtype(), t.dtype()) << name;
+    EXPECT_EQ(test::tensor_bytes(st.at(name)), test::tensor_bytes(t)) << name;
+  }
+  EXPECT_EQ(zip.at("layer1.0.bn1.num_batches_tracked").dtype(), DType::Int64);
 }
 
 TEST(Weights, DetectsTheFormatOfEachFile) {

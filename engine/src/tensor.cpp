@@ -88,6 +88,7 @@ MemoryFormat Tensor::suggest_memory_format() const {
 
 void* Tensor::raw_data() const {
   auto* base = static_cast<char*>(storage()->data());
+  if (!base) return nullptr;  // an empty storage (its offset may still be non-zero)
   return base + storage_offset() * static_cast<int64_t>(element_size());
 }
 

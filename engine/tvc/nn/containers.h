@@ -43,12 +43,12 @@ class ModuleSequence : public Cloneable<Derived> {
     return out;
   }
   Derived& append(ModulePtr module) {
-    this->add_child(std::to_string(size()), std::move(module));
+    add_all({std::move(module)});
     return static_cast<Derived&>(*this);
   }
   Derived& push_back(ModulePtr module) { return append(std::move(module)); }
   Derived& extend(const std::vector<ModulePtr>& modules) {
-    for (const auto& m : modules) append(m);
+    add_all(modules);
     return static_cast<Derived&>(*this);
   }
   // Inserts before position index (-size..size).
@@ -72,12 +72,16 @@ class ModuleSequence : public Cloneable<Derived> {
 
  protected:
   ModuleSequence() = default;
-  explicit ModuleSequence(const std::vector<ModulePtr>& modules) { extend(modules); }
+  // No Derived& here: the constructor runs before the Derived object exists.
+  explicit ModuleSequence(const std::vector<ModulePtr>& modules) { add_all(modules); }
 
  private:
+  void add_all(const std::vector<ModulePtr>& modules) {
+    for (const auto& m : modules) this->add_child(std::to_string(size()), m);
+  }
   void renumber(const std::vector<ModulePtr>& modules) {
     this->children_.clear();
-    extend(modules);
+    add_all(modules);
   }
 };
 

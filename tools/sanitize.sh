@@ -1,0 +1,102 @@
+#!/bin/bash
+# The sanitizer build and the fuzzers of the weight-file readers (used by .ci/run).
+#   bash tools/sanitize.sh
+# Run as root on Debian 12 after `bash tools/setup.sh --build-only` (which installs the base
+# packages), it installs clang, builds tvc in ./build-asan with AddressSanitizer and
+# UndefinedBehaviorSanitizer (any report fails), runs the test suites that are fast under them,
+# then runs each libFuzzer target of fuzz/ for $TVC_FUZZ_SECONDS seconds (default 60) from its
+# seed corpus. Exit status: 0 when everything passed, 1 otherwise. Crashing inputs are left in
+# build-asan/fuzz-run/NAME/artifacts/ and printed.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+fuzz_seconds=${TVC_FUZZ_SECONDS:-60}
+build="build-asan"
+
+# libFuzzer and the sanitizer runtimes come with clang; the project's OpenMP needs clang's
+# libomp (GCC's libgomp is not what clang's -fopenmp links); hexdump (bsdextrautils, not in
+# every base image) shows the inputs the fuzzers save.
+packages=(clang libclang-rt-14-dev libomp-14-dev bsdextrautils)
+if [[ $(id -u) -eq 0 ]]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  apt-get install -y --no-install-recommends "${packages[@]}"
+else
+  echo "sanitize.sh: not root, skipping apt-get; make sure these are installed: ${packages[*]}" >&2
+fi
+
+# -Dfuzz=true: coverage instrumentation for libFuzzer and the fuzz/ targets (clang only).
+# b_lundef=false: meson's default -Wl,--no-undefined does not link with clang's sanitizers.
+# -fno-sanitize-recover=all: UBSan reports abort (by default they print and go on, so a test
+# with undefined behaviour would still pass). CUDA and oneDNN are off: nvcc code is not
+# instrumented, and oneDNN only serves the benchmarks, which are not run here.
+meson_args=(-Dcuda=disabled -Donednn=disabled -Dfuzz=true "-Db_sanitize=address,undefined"
+            -Db_lundef=false -Dbuildtype=debugoptimized -Dcpp_args=-fno-sanitize-recover=all)
+if [[ -f $build/build.ninja ]]; then
+  meson setup --reconfigure "$build" "${meson_args[@]}"
+else
+  CC=clang CXX=clang++ meson setup "$build" "${meson_args[@]}"
+fi
+
+# Only what the tests below and the fuzzers need (the benchmarks would only add build time).
+# `meson test --no-rebuild` then runs on exactly these binaries.
+ninja -C "$build" -j "$(nproc)" tests/tvc_tests tests/tvc_io_tests tests/tvc_op_table tools/tvc \
+  fuzz/fuzz_safetensors fuzz/fuzz_pth
+
+# Leaks are findings too; abort_on_error makes every report a crash the test runner sees.
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+status=0
+
+# The suites worth running under the sanitizers, all fast enough there (on 2 cores: unit about
+# 35 s, io 25 s, op-table 35 s, cli-errors 3 s). Left out: train-fashion-mnist and
+# cli-reproducible (minutes of training, no I/O parsing), install (a packaging check).
+tests=(unit io op-table cli-errors)
+listed=$(meson test -C "$build" --no-rebuild --list)
+for t in "${tests[@]}"; do
+  if ! grep -qx -- "$t" <<<"$listed"; then
+    echo "sanitize.sh: test '$t' is not defined any more (tests/meson.build); update this script" >&2
+    status=1
+  fi
+done
+if ((status == 0)); then
+  meson test -C "$build" --no-rebuild --print-errorlogs "${tests[@]}" || status=1
+fi
+
+# Each fuzzer starts from a fresh copy of its seed corpus (the copy grows as libFuzzer finds
+# new inputs; the checked-in seeds stay as they are). Limits: 10 s per input, 1 GiB per
+# allocation and 2 GiB in all, beyond which libFuzzer reports the input as a finding.
+summaries=()
+for name in safetensors pth; do
+  work=$build/fuzz-run/$name
+  rm -rf "$work"
+  mkdir -p "$work/corpus" "$work/artifacts"
+  cp fuzz/corpus/$name/* "$work/corpus/"
+  echo "sanitize.sh: fuzz_$name for $fuzz_seconds s (log: $work/log)"
+  rc=0
+  "$build/fuzz/fuzz_$name" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+    -timeout=10 -dict="fuzz/$name.dict" -artifact_prefix="$work/artifacts/" "$work/corpus" \
+    >"$work/log" 2>&1 || rc=$?
+  # libFuzzer's last words on a clean run: "Done N runs in S second(s)".
+  done_line=$(grep -E '^Done [0-9]+ runs in [0-9]+ second' "$work/log" | tail -1 || true)
+  artifacts=("$work"/artifacts/*)
+  [[ -e ${artifacts[0]} ]] || artifacts=()
+  if ((rc != 0)) || ((${#artifacts[@]})) || [[ -z $done_line ]]; then
+    status=1
+    summaries+=("fuzz_$name: FAILED (exit status $rc, ${#artifacts[@]} input(s) saved)")
+    echo "---- fuzz_$name: last lines of $work/log"
+    tail -n 60 "$work/log"
+    for a in "${artifacts[@]}"; do
+      echo "---- fuzz_$name finding: $a ($(stat -c %s "$a") bytes); rerun: $build/fuzz/fuzz_$name $a"
+      hexdump -C "$a" | head -n 16
+    done
+  else
+    summaries+=("fuzz_$name: OK, ${done_line#Done }")
+  fi
+done
+
+echo "---- sanitize.sh summary"
+printf '%s\n' "${summaries[@]}"
+if ((status == 0)); then echo "sanitize.sh: passed"; else echo "sanitize.sh: FAILED"; fi
+exit $status
