@@ -1,4 +1,4 @@
-// tvc::io::Value, the tree of a PyTorch checkpoint, and flatten_tensors.
+// tvc::io::Value, the tree of a PyTorch checkpoint, and its flattening to dotted paths.
 #include <cstring>
 
 #include "tvc/serialize.h"
@@ -201,11 +201,9 @@ std::string key_text(const Value& key) {
   }
 }
 
-void flatten_into(const Value& value, const std::string& path,
-                  std::vector<std::pair<std::string, Tensor>>& out) {
+void flatten_into(const Value& value, const std::string& path, std::vector<std::pair<std::string, Value>>& out) {
   auto child = [&](const std::string& name) { return path.empty() ? name : path + "." + name; };
   switch (value.kind()) {
-    case Value::Kind::Tensor: out.emplace_back(path, value.to_tensor()); break;
     case Value::Kind::Dict:
       for (const auto& [k, v] : value.items()) flatten_into(v, child(key_text(k)), out);
       break;
@@ -214,15 +212,23 @@ void flatten_into(const Value& value, const std::string& path,
       for (size_t i = 0; i < value.elements().size(); ++i)
         flatten_into(value.elements()[i], child(std::to_string(i)), out);
       break;
-    default: break;
+    default:
+      out.emplace_back(path, value);
   }
 }
 
 }  // namespace
 
+std::vector<std::pair<std::string, Value>> flatten(const Value& value) {
+  std::vector<std::pair<std::string, Value>> out;
+  flatten_into(value, "", out);
+  return out;
+}
+
 std::vector<std::pair<std::string, Tensor>> flatten_tensors(const Value& value) {
   std::vector<std::pair<std::string, Tensor>> out;
-  flatten_into(value, "", out);
+  for (const auto& [path, leaf] : flatten(value))
+    if (leaf.kind() == Value::Kind::Tensor) out.emplace_back(path, leaf.to_tensor());
   return out;
 }
 

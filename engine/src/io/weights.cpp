@@ -49,31 +49,6 @@ Value load(const std::string& path, const ReadOptions& options) {
 
 namespace {
 
-void flatten_into(const Value& value, const std::string& path, std::vector<std::pair<std::string, Value>>& out) {
-  auto child = [&path](const std::string& key) { return path.empty() ? key : path + "." + key; };
-  switch (value.kind()) {
-    case Value::Kind::Dict:
-      for (const auto& [k, v] : value.items()) {
-        std::string key;
-        switch (k.kind()) {
-          case Value::Kind::String: key = k.to_string(); break;
-          case Value::Kind::Int: key = std::to_string(k.to_int()); break;
-          case Value::Kind::Bool: key = k.to_bool() ? "True" : "False"; break;
-          default:
-            throw Error(cat_str("cannot name the entry of '", path, "' whose key is a ", k.kind_name()));
-        }
-        flatten_into(v, child(key), out);
-      }
-      return;
-    case Value::Kind::List:
-    case Value::Kind::Tuple:
-      for (size_t i = 0; i < value.elements().size(); ++i) flatten_into(value.elements()[i], child(std::to_string(i)), out);
-      return;
-    default:
-      out.emplace_back(path, value);
-  }
-}
-
 // The weights inside a training checkpoint, by the keys training scripts use.
 const Value& unwrap_checkpoint(const Value& value) {
   const Value* v = &value;
@@ -92,12 +67,6 @@ const Value& unwrap_checkpoint(const Value& value) {
 }
 
 }  // namespace
-
-std::vector<std::pair<std::string, Value>> flatten(const Value& value) {
-  std::vector<std::pair<std::string, Value>> out;
-  flatten_into(value, "", out);
-  return out;
-}
 
 nn::StateDict load_state_dict(const std::string& path, const StateDictOptions& options) {
   Value file = load(path, options.read);
