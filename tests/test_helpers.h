@@ -3,6 +3,7 @@
 #pragma once
 
 #include <stdlib.h>
+#include <sys/wait.h>
 
 #include <gtest/gtest.h>
 
@@ -70,6 +71,23 @@ inline std::string hex(const std::vector<uint8_t>& bytes) {
   std::string s;
   for (uint8_t b : bytes) s += digits[b >> 4], s += digits[b & 15];
   return s;
+}
+
+struct TvcRun {
+  int status;  // the exit status, or 128 + the signal
+  std::string out, err;
+};
+
+// Runs `$TVC_EXE args` (the tvc program; meson sets TVC_EXE) through bash, with shell_prefix
+// before it (e.g. "ulimit -v N; "); stdout and stderr are captured through files in dir.
+inline TvcRun run_tvc(const TempDir& dir, const std::string& args, const std::string& shell_prefix = "") {
+  const char* exe = std::getenv("TVC_EXE");
+  EXPECT_NE(exe, nullptr) << "TVC_EXE is not set (meson sets it)";
+  if (!exe) return {-1, "", ""};
+  std::string out = dir / "stdout", err = dir / "stderr";
+  std::string cmd = "/bin/bash -c '" + shell_prefix + "exec \"" + exe + "\" " + args + "' >" + out + " 2>" + err;
+  int rc = std::system(cmd.c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc), read_file(out), read_file(err)};
 }
 
 }  // namespace tvc::test

@@ -238,6 +238,25 @@ TEST(Module, PyFloatRepr) {
 
 // ---------------------------------------------------------------- load_state_dict
 
+// A BatchNorm state saved before num_batches_tracked existed loads with the counter at 0.
+TEST(Module, BatchNormLoadsStatesWithoutNumBatchesTracked) {
+  nn::BatchNorm2d source(3), target(3);
+  source.running_mean().fill_(0.5);
+  target.num_batches_tracked().fill_(7);
+  nn::StateDict sd = source.state_dict();
+  sd.erase("num_batches_tracked");
+  nn::IncompatibleKeys keys = target.load_state_dict(sd);
+  EXPECT_TRUE(keys.missing_keys.empty());
+  EXPECT_EQ(target.num_batches_tracked().item<int64_t>(), 0);
+  EXPECT_EQ(target.running_mean()[1].item<double>(), 0.5);
+  // Without running statistics in the dict, the key is still missing.
+  nn::StateDict params;
+  params.insert("weight", source.weight());
+  params.insert("bias", source.bias());
+  EXPECT_EQ(target.load_state_dict(params, false).missing_keys,
+            (std::vector<std::string>{"running_mean", "running_var", "num_batches_tracked"}));
+}
+
 TEST(Module, LoadStateDictStrictNonStrictAssign) {
   auto make = [] {
     return make_shared<Sequential>(std::initializer_list<ModulePtr>{make_shared<Linear>(2, 3), make_shared<BatchNorm1d>(3)});

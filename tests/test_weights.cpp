@@ -42,28 +42,19 @@ constexpr bool kAsan = false;
 
 constexpr int kMemoryCapMb = 1024;
 
-struct TvcRun {
-  int status;
-  std::string out, err;
-};
+using test::TvcRun;
 
-// Runs `tvc ARGS` under the memory cap; stdout and stderr captured through files in dir.
-TvcRun run_tvc(const TempDir& dir, const std::string& args) {
-  const char* exe = std::getenv("TVC_EXE");
-  EXPECT_NE(exe, nullptr) << "TVC_EXE is not set (meson sets it)";
-  if (!exe) return {-1, "", ""};
-  std::string out = dir / "stdout", err = dir / "stderr";
+// Runs `tvc ARGS` under the memory cap.
+TvcRun run_tvc_capped(const TempDir& dir, const std::string& args) {
   std::string limit = kAsan ? cat_str("ASAN_OPTIONS=max_allocation_size_mb=", kMemoryCapMb,
                                       ":allocator_may_return_null=0:detect_leaks=1:exitcode=86 ")
                             : cat_str("ulimit -v ", kMemoryCapMb * 1024, "; ");
-  std::string cmd = cat_str("/bin/bash -c '", limit, "exec \"", exe, "\" ", args, "' >", out, " 2>", err);
-  int rc = std::system(cmd.c_str());
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc), read_file(out), read_file(err)};
+  return test::run_tvc(dir, args, limit);
 }
 
 // `tvc inspect path` exits with status 1 and `error: 'path': ...fault...`.
 void expect_inspect_fails(const TempDir& dir, const std::string& path, const std::string& fault) {
-  TvcRun r = run_tvc(dir, "inspect " + path);
+  TvcRun r = run_tvc_capped(dir, "inspect " + path);
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("error: '" + path + "'"));
   EXPECT_THAT(r.err, HasSubstr(fault));
@@ -174,7 +165,7 @@ TEST(Malformed, TheValidBaseInspects) {
   TempDir dir;
   std::string path = dir / "valid.safetensors";
   write_file(path, safetensors(kHeader, kData));
-  TvcRun r = run_tvc(dir, "inspect " + path);
+  TvcRun r = run_tvc_capped(dir, "inspect " + path);
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("format: safetensors"));
   EXPECT_THAT(r.out, HasSubstr("total: 2 tensors, 3 parameters, 16 bytes"));
@@ -380,7 +371,7 @@ TEST(Weights, UnwrapsTrainingCheckpoints) {
 TEST(Weights, InspectShowsCheckpointTensorsUnderDottedPaths) {
   TempDir dir;
   ASSERT_EQ(test::torch_run_uncached(write_checkpoints_py(dir / "")), "ok\n");
-  TvcRun r = run_tvc(dir, "inspect " + (dir / "ckpt.pth"));
+  TvcRun r = run_tvc_capped(dir, "inspect " + (dir / "ckpt.pth"));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("format: pth (zip)"));
   EXPECT_TRUE(std::regex_search(r.out, std::regex("\nmodel\\.module\\.0\\.weight +float32 +\\[4, 3, 3, 3\\]\n"))) << r.out;
@@ -397,12 +388,12 @@ TEST(Weights, ConvertBetweenFormatsAndDtypes) {
   TempDir dir;
   ASSERT_EQ(test::torch_run_uncached(write_checkpoints_py(dir / "")), "ok\n");
   std::string st = dir / "half.safetensors", back = dir / "back.pth", legacy_st = dir / "legacy.safetensors";
-  TvcRun a = run_tvc(dir, "convert " + (dir / "ckpt.pth") + " " + st + " --unwrap --dtype float16");
+  TvcRun a = run_tvc_capped(dir, "convert " + (dir / "ckpt.pth") + " " + st + " --unwrap --dtype float16");
   ASSERT_EQ(a.status, 0) << a.err;
   EXPECT_THAT(a.out, HasSubstr("9 tensors"));
-  TvcRun b = run_tvc(dir, "convert " + st + " " + back);
+  TvcRun b = run_tvc_capped(dir, "convert " + st + " " + back);
   ASSERT_EQ(b.status, 0) << b.err;
-  TvcRun c = run_tvc(dir, "convert " + (dir / "plain_legacy.pth") + " " + legacy_st);
+  TvcRun c = run_tvc_capped(dir, "convert " + (dir / "plain_legacy.pth") + " " + legacy_st);
   ASSERT_EQ(c.status, 0) << c.err;
   std::string check = test::torch_run_uncached(R"PY(
 from safetensors.torch import load_file
@@ -418,10 +409,10 @@ print(ok)
 )PY");
   EXPECT_EQ(check, "True\n");
   // A checkpoint's non-tensor values have no place in safetensors: an error, not a silent drop.
-  TvcRun d = run_tvc(dir, "convert " + (dir / "ckpt.pth") + " " + (dir / "x.safetensors"));
+  TvcRun d = run_tvc_capped(dir, "convert " + (dir / "ckpt.pth") + " " + (dir / "x.safetensors"));
   EXPECT_EQ(d.status, 1);
   EXPECT_THAT(d.err, HasSubstr("'epoch' (int) is not a tensor, which safetensors cannot hold"));
-  TvcRun e = run_tvc(dir, "convert " + st + " " + (dir / "x.onnx"));
+  TvcRun e = run_tvc_capped(dir, "convert " + st + " " + (dir / "x.onnx"));
   EXPECT_EQ(e.status, 1);
   EXPECT_THAT(e.err, HasSubstr("unknown output format '.onnx'"));
 }

@@ -93,6 +93,29 @@ std::string torch_run_uncached(const std::string& code) {
   return result;
 }
 
+std::string python_golden_folder(const std::string& script, const std::vector<std::string>& args) {
+  std::string key = read_file(script);
+  if (key.empty()) {
+    ADD_FAILURE() << "cannot read the golden script " << script;
+    return "";
+  }
+  std::string command = "/usr/bin/python3 " + script;
+  for (const auto& a : args) key += "\n" + a, command += " '" + a + "'";
+  char name[40];
+  std::snprintf(name, sizeof name, "files-%016llx", static_cast<unsigned long long>(fnv1a(key)));
+  std::filesystem::path dir = cache_dir() / name;
+  if (std::filesystem::exists(dir / "complete")) return dir.string();
+  std::filesystem::create_directories(dir);
+  std::filesystem::path log = dir / "log";
+  int rc = std::system((command + " '" + dir.string() + "' > " + log.string() + " 2>&1").c_str());
+  if (rc != 0 || !std::filesystem::exists(dir / "complete")) {
+    ADD_FAILURE() << "golden script failed (install python3-torch python3-torchvision and the safetensors "
+                     "package): " << command << "\n" << read_file(log);
+    return "";
+  }
+  return dir.string();
+}
+
 nlohmann::json torch_json(const std::string& code) {
   std::string s = torch_run(code);
   if (s.empty()) return nlohmann::json();

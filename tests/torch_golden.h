@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "tvc/tensor.h"
 
@@ -15,6 +16,11 @@ namespace tvc::test {
 std::string torch_run(const std::string& code);
 // The same, run every time and never cached: for code that writes or reads files.
 std::string torch_run_uncached(const std::string& code);
+// The folder of files a Python script writes: `/usr/bin/python3 script ARGS... FOLDER` runs once
+// into a folder of the golden cache keyed by a hash of the script's text and the arguments; the
+// script writes a file named `complete` last, and until it has, the next call runs it again.
+// Returns the folder ("" after a recorded test failure).
+std::string python_golden_folder(const std::string& script, const std::vector<std::string>& args);
 // stdout parsed as JSON.
 nlohmann::json torch_json(const std::string& code);
 

@@ -1,6 +1,10 @@
 // The tvc command-line program.
 //
 //   tvc train [--epochs N] [--seed S] [--batch-size B] [--lr LR] [--threads T] [--data-dir D]
+//   tvc list
+//   tvc run MODEL --weights W --input X.safetensors --output Y.safetensors [--num-classes N]
+//           [--train-mode] [--features]
+//   tvc predict MODEL --weights W [--preprocess-tag TAG] IMAGE...
 //   tvc inspect FILE [--widen]
 //   tvc convert IN OUT [--dtype float16|bfloat16|float32] [--widen] [--unwrap]
 //
@@ -16,6 +20,7 @@
 #include <stdexcept>
 
 #include "fashion_mnist.h"
+#include "models_cli.h"
 #include "train.h"
 #include "weights_cli.h"
 
@@ -81,6 +86,32 @@ int run(int argc, char** argv) {
   convert_cmd->add_flag("--unwrap", convert.unwrap,
                         "Keep only the weights of a training checkpoint (state_dict/model, no module. prefix)");
 
+  CLI::App* list_cmd = app.add_subcommand("list", "Print every model name, one per line");
+
+  tvc::tools::RunOptions run;
+  CLI::App* run_cmd = app.add_subcommand("run", "Run a model on the float32 tensor `input` of a safetensors file");
+  run_cmd->add_option("MODEL", run.model, "A model name (tvc list)")->required();
+  run_cmd->add_option("--weights", run.weights, "A torchvision tag (DEFAULT, IMAGENET1K_V1, ...) or a .pth/.safetensors file")
+      ->required();
+  run_cmd->add_option("--input", run.input, "A safetensors file with `input`, float32 (N, 3, H, W)")->required();
+  run_cmd->add_option("--output", run.output, "The safetensors file to write: `output` (N, num_classes)")->required();
+  run_cmd->add_option("--num-classes", run.num_classes, "Outputs of the classifier")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  run_cmd->add_flag("--train-mode", run.train_mode, "Batch norm uses batch statistics (dropout stays off)");
+  run_cmd->add_flag("--features", run.features, "Also write each stage's output under its node name");
+
+  tvc::tools::PredictOptions predict;
+  CLI::App* predict_cmd = app.add_subcommand(
+      "predict", "Classify JPEG/PNG images: the five likeliest ImageNet classes of each, with probabilities");
+  predict_cmd->add_option("MODEL", predict.model, "A model name (tvc list)")->required();
+  predict_cmd->add_option("--weights", predict.weights, "A torchvision tag (DEFAULT, IMAGENET1K_V1, ...) or a .pth/.safetensors file")
+      ->required();
+  predict_cmd->add_option("--preprocess-tag", predict.preprocess_tag,
+                          "The tag whose preprocessing (resize, crop, normalisation) to apply; default: the weights' "
+                          "tag, or DEFAULT when the weights are a file");
+  predict_cmd->add_option("IMAGE", predict.images, "JPEG or PNG files")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -89,6 +120,9 @@ int run(int argc, char** argv) {
   }
 
   if (train_cmd->parsed()) tvc::tools::train_fashion_mnist(train);
+  if (list_cmd->parsed()) tvc::tools::list_models();
+  if (run_cmd->parsed()) tvc::tools::run_model(run);
+  if (predict_cmd->parsed()) tvc::tools::predict(predict);
   if (inspect_cmd->parsed()) tvc::tools::inspect_weights(inspect_path, inspect);
   if (convert_cmd->parsed()) {
     if (convert_dtype == "float16") convert.dtype = tvc::DType::Float16;

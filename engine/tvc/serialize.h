@@ -243,5 +243,9 @@ nn::StateDict load_state_dict(const std::string& path, const StateDictOptions& o
 nn::IncompatibleKeys load_into(nn::Module& module, const std::string& path,
                                const StateDictOptions& options = {}, bool strict = true,
                                bool assign = false);
+// module.load_state_dict(state_dict, strict, assign) after converting the tensors whose dtype
+// differs from the module's to the module's dtype.
+nn::IncompatibleKeys load_converted(nn::Module& module, nn::StateDict state_dict, bool strict = true,
+                                    bool assign = false);
 
 }  // namespace tvc::io

@@ -91,13 +91,15 @@ nn::StateDict load_state_dict(const std::string& path, const StateDictOptions& o
 
 nn::IncompatibleKeys load_into(nn::Module& module, const std::string& path, const StateDictOptions& options,
                                bool strict, bool assign) {
-  nn::StateDict sd = load_state_dict(path, options);
-  nn::StateDict own = module.state_dict("", true);
-  for (const auto& [name, t] : own) {
-    Tensor* src = sd.find(name);
+  return load_converted(module, load_state_dict(path, options), strict, assign);
+}
+
+nn::IncompatibleKeys load_converted(nn::Module& module, nn::StateDict state_dict, bool strict, bool assign) {
+  for (const auto& [name, t] : module.state_dict("", true)) {
+    Tensor* src = state_dict.find(name);
     if (src && t.defined() && src->defined() && src->dtype() != t.dtype()) *src = src->to(t.dtype());
   }
-  return module.load_state_dict(sd, strict, assign);
+  return module.load_state_dict(state_dict, strict, assign);
 }
 
 }  // namespace tvc::io

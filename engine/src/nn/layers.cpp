@@ -171,6 +171,17 @@ BatchNorm::BatchNorm(int64_t num_features, const BatchNormOptions& o)
   register_buffer("num_batches_tracked",
                   track_running_stats ? zeros({}, {.dtype = DType::Int64}) : Tensor());
   reset_parameters();
+  // Files saved before BatchNorm had num_batches_tracked (torch < 0.4.1, which made some of
+  // torchvision's weight files) lack it, and PyTorch loads 0 for it. PyTorch decides by the
+  // file's version metadata, which tvc does not keep: here a dict with this module's
+  // running_mean but no num_batches_tracked gets 0.
+  register_load_state_dict_pre_hook([](Module& m, StateDict& sd, const std::string& prefix, bool,
+                                       std::vector<std::string>&, std::vector<std::string>&,
+                                       std::vector<std::string>&) {
+    if (static_cast<BatchNorm&>(m).track_running_stats && sd.contains(prefix + "running_mean") &&
+        !sd.contains(prefix + "num_batches_tracked"))
+      sd.insert(prefix + "num_batches_tracked", zeros({}, {.dtype = DType::Int64}));
+  });
 }
 
 void BatchNorm::reset_running_stats() {

@@ -1,0 +1,79 @@
+// The registry of models: every family's list, lookup by name with a suggestion, creation.
+#include "registry.h"
+
+#include <algorithm>
+
+#include "tvc/error.h"
+
+namespace tvc::models {
+
+namespace {
+
+const std::vector<detail::ModelSpec>& specs() {
+  static const std::vector<detail::ModelSpec> all = [] {
+    std::vector<detail::ModelSpec> out;
+    for (auto family : {detail::resnet_models, detail::vgg_models, detail::densenet_models,
+                        detail::mobilenet_models})
+      for (auto& spec : family()) out.push_back(std::move(spec));
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    return out;
+  }();
+  return all;
+}
+
+// Levenshtein distance, for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+namespace detail {
+
+const ModelSpec& spec(const std::string& name) {
+  const auto& all = specs();
+  for (const auto& s : all)
+    if (s.name == name) return s;
+  TVC_CHECK(!all.empty(), "no models are registered");
+  const ModelSpec* closest = &all.front();
+  for (const auto& s : all)
+    if (edit_distance(name, s.name) < edit_distance(name, closest->name)) closest = &s;
+  throw Error(cat_str("unknown model '", name, "'; did you mean '", closest->name, "'? (tvc list prints all ",
+                      all.size(), ")"));
+}
+
+}  // namespace detail
+
+std::vector<std::string> list() {
+  std::vector<std::string> names;
+  for (const auto& s : specs()) names.push_back(s.name);
+  return names;
+}
+
+BackbonePtr create(const std::string& name, const Options& options) {
+  const detail::ModelSpec& s = detail::spec(name);
+  TVC_CHECK(options.num_classes >= 1, name, ": num_classes must be at least 1, got ", options.num_classes);
+  TVC_CHECK(!options.dropout || s.has_dropout, name, " has no dropout option (torchvision's ", name,
+            " has no dropout layer)");
+  if (options.dropout)
+    TVC_CHECK(*options.dropout >= 0 && *options.dropout <= 1, name, ": dropout must be in [0, 1], got ",
+              *options.dropout);
+  Options o = options;
+  if (s.has_dropout && !o.dropout) o.dropout = s.default_dropout;
+  BackbonePtr model = s.make(o);
+  if (!options.weights.empty()) load_weights(*model, options.weights);
+  return model;
+}
+
+}  // namespace tvc::models

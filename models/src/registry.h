@@ -1,0 +1,42 @@
+// How model families join the registry (models/src/registry.cpp): each family file defines one
+// function listing its models, and registry.cpp calls them all.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tvc/models/models.h"
+#include "tvc/models/weights.h"
+
+namespace tvc::models::detail {
+
+struct ModelSpec {
+  std::string name;  // torchvision's name ("resnet50")
+  // A randomly initialised model (torchvision's initialisation) for num_classes and dropout
+  // (options.dropout is unset when the family has no dropout; options.weights is ignored here).
+  std::function<BackbonePtr(const Options& options)> make;
+  bool has_dropout = false;     // whether Options::dropout applies
+  double default_dropout = 0;   // torchvision's default, where has_dropout
+  // The state_dict prefix of the final classifier layer ("fc", "classifier.6"): these tensors
+  // are skipped when weights for 1000 classes load into a model with another num_classes.
+  std::string classifier;
+};
+
+std::vector<ModelSpec> resnet_models();     // resnet.cpp: ResNet, ResNeXt, Wide ResNet
+std::vector<ModelSpec> vgg_models();        // vgg.cpp
+std::vector<ModelSpec> densenet_models();   // densenet.cpp
+std::vector<ModelSpec> mobilenet_models();  // mobilenet.cpp: MobileNet v2 and v3
+
+// The registered model called name; throws naming the closest one when there is none.
+const ModelSpec& spec(const std::string& name);
+
+// torchvision's weight tags of every model (models/src/weight_tags.cpp, generated).
+const std::vector<WeightsTag>& weight_tags();
+
+// "features.3" style names for forward_stages of Sequential-based models: runs `features`
+// child by child and keeps the outputs of the children named in `stages` (in order).
+std::vector<std::pair<std::string, Tensor>> sequential_stages(nn::Module& features, const std::string& prefix,
+                                                              const Tensor& x, const std::vector<std::string>& stages);
+
+}  // namespace tvc::models::detail

@@ -1,0 +1,87 @@
+// Weight tags, the search for their files, and loading weights into a model.
+#include <cstdlib>
+#include <filesystem>
+
+#include "registry.h"
+#include "tvc/error.h"
+#include "tvc/serialize.h"
+
+namespace tvc::models {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> weights_tags(const std::string& model) {
+  detail::spec(model);  // an unknown model is an error
+  std::vector<std::string> tags;
+  for (const auto& t : detail::weight_tags())
+    if (t.model == model) tags.push_back(t.tag);
+  return tags;
+}
+
+const WeightsTag& weights_tag(const std::string& model, const std::string& tag) {
+  detail::spec(model);
+  std::string known;
+  for (const auto& t : detail::weight_tags()) {
+    if (t.model != model) continue;
+    if (t.tag == tag || (tag == "DEFAULT" && t.is_default)) return t;
+    known += (known.empty() ? "" : ", ") + t.tag;
+  }
+  throw Error(cat_str(model, " has no weights tagged '", tag, "' (its tags: DEFAULT, ", known, ")"));
+}
+
+std::vector<std::string> weights_search_path() {
+  std::vector<std::string> dirs;
+  if (const char* v = std::getenv("TVC_WEIGHTS"); v && *v) dirs.push_back(v);
+  if (const char* v = std::getenv("TORCH_HOME"); v && *v) dirs.push_back((fs::path(v) / "hub" / "checkpoints").string());
+  if (const char* v = std::getenv("HOME"); v && *v)
+    dirs.push_back((fs::path(v) / ".cache" / "torch" / "hub" / "checkpoints").string());
+  return dirs;
+}
+
+std::string find_weights(const std::string& model, const std::string& tag) {
+  const WeightsTag& t = weights_tag(model, tag);
+  std::string safetensors = fs::path(t.file_name).replace_extension(".safetensors").string();
+  std::string tried;
+  for (const auto& dir : weights_search_path())
+    for (const auto& name : {t.file_name, safetensors}) {
+      fs::path candidate = fs::path(dir) / name;
+      if (fs::is_regular_file(candidate)) return candidate.string();
+      tried += "\n  " + candidate.string();
+    }
+  throw Error(cat_str(model, " weights ", t.tag, ": no file named ", t.file_name, " (or ", safetensors,
+                      ") in the search path ($TVC_WEIGHTS, $TORCH_HOME/hub/checkpoints, "
+                      "~/.cache/torch/hub/checkpoints); tried:",
+                      tried.empty() ? std::string("\n  (none of those variables is set)") : tried));
+}
+
+namespace {
+
+bool is_tag(const std::string& weights) {
+  return weights == "DEFAULT" || weights.rfind("IMAGENET", 0) == 0;
+}
+
+}  // namespace
+
+LoadReport load_weights(Backbone& model, const std::string& weights) {
+  const detail::ModelSpec& spec = detail::spec(model.model_name());
+  LoadReport report;
+  report.file = is_tag(weights) ? find_weights(spec.name, weights) : weights;
+  nn::StateDict sd = io::load_state_dict(report.file);
+  // A classifier of another size keeps its own initial values (they "load" unchanged).
+  std::string prefix = spec.classifier + ".";
+  for (const auto& [name, own] : model.state_dict()) {
+    Tensor* theirs = sd.find(name);
+    if (name.compare(0, prefix.size(), prefix) == 0 && theirs && theirs->shape() != own.shape()) {
+      *theirs = own;
+      report.skipped.push_back(name);
+    }
+  }
+  try {
+    io::load_converted(model, std::move(sd));
+  } catch (const Error& e) {
+    throw Error(cat_str(spec.name, ": the weights in '", report.file, "' do not fit: ", e.what()));
+  }
+  return report;
+}
+
+}  // namespace tvc::models

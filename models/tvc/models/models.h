@@ -1,0 +1,53 @@
+// torchvision's classification backbones, built natively: the same structure, the same
+// state_dict names, shapes, dtypes and order, the same initialisation, the same outputs.
+//
+//   auto model = tvc::models::create("resnet50", {.weights = "DEFAULT"});  // torchvision's file
+//   model->eval();
+//   tvc::Tensor logits = model->forward(images);                          // (N, 1000)
+//   for (auto& [node, t] : model->forward_stages(images)) ...             // "relu", "layer1", ...
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tvc/nn/module.h"
+#include "tvc/tensor.h"
+
+namespace tvc::models {
+
+struct Options {
+  // Outputs of the classifier. With weights, every tensor but the classifier's loads when
+  // this is not 1000 (the load report lists the classifier's keys as skipped).
+  int64_t num_classes = 1000;
+  // Dropout before the classifier, for the models where torchvision has one (VGG, MobileNet);
+  // unset: torchvision's default. An error for the others.
+  std::optional<double> dropout;
+  // "" (random initialisation), a torchvision tag ("DEFAULT", "IMAGENET1K_V1", "IMAGENET1K_V2")
+  // resolved to torchvision's file name (see weights.h), or a path to a .pth/.safetensors file.
+  std::string weights;
+};
+
+// A classification backbone: forward maps images (N, 3, H, W) to logits (N, num_classes).
+class Backbone : public nn::Module {
+ public:
+  // The output of each resolution stage, in order, under torchvision's feature-extraction node
+  // names (resnet: "relu", "layer1", ..., "layer4"; the others: the last block before each
+  // stride-2 change and the last block, e.g. "features.3").
+  virtual std::vector<std::pair<std::string, Tensor>> forward_stages(const Tensor& x) = 0;
+  // The registry name ("resnet50").
+  virtual std::string model_name() const = 0;
+};
+using BackbonePtr = std::shared_ptr<Backbone>;
+
+// Every name create() knows, as torchvision spells them, sorted.
+std::vector<std::string> list();
+
+// A new model, initialised as torchvision initialises it, then loaded with options.weights.
+// An unknown name is an error naming the closest known one.
+BackbonePtr create(const std::string& name, const Options& options = {});
+
+}  // namespace tvc::models

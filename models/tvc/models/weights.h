@@ -1,0 +1,63 @@
+// torchvision's pretrained weights: tags, where their files are looked for, their preprocessing,
+// and loading them into a model.
+//
+//   auto model = tvc::models::create("resnet50");
+//   tvc::models::LoadReport r = tvc::models::load_weights(*model, "IMAGENET1K_V2");
+//   const auto& prep = tvc::models::weights_tag("resnet50", "DEFAULT").preprocessing;
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tvc/models/models.h"
+
+namespace tvc::models {
+
+// torchvision's ImageClassification transform: resize the shorter side to resize_size
+// (bilinear, antialiased), center-crop crop_size, scale to [0, 1], normalise with mean and std.
+struct Preprocessing {
+  int64_t resize_size;
+  int64_t crop_size;
+  std::array<double, 3> mean;
+  std::array<double, 3> std;
+};
+
+// One of torchvision's weights for a model.
+struct WeightsTag {
+  std::string model;      // "resnet50"
+  std::string tag;        // "IMAGENET1K_V2"
+  bool is_default;        // what "DEFAULT" names
+  std::string file_name;  // torchvision's file, "resnet50-11ad3fa6.pth"
+  Preprocessing preprocessing;
+};
+
+// The tags of model ("IMAGENET1K_V1", ...), in torchvision's order.
+std::vector<std::string> weights_tags(const std::string& model);
+// model's tag; "DEFAULT" gives the default one. Throws listing the model's tags when absent.
+const WeightsTag& weights_tag(const std::string& model, const std::string& tag);
+
+// The folders searched for a tag's file, in order: $TVC_WEIGHTS, $TORCH_HOME/hub/checkpoints,
+// ~/.cache/torch/hub/checkpoints (those whose variable is set).
+std::vector<std::string> weights_search_path();
+// The file of model's tag: in each folder of the search path, torchvision's file name, then the
+// same stem with .safetensors. Throws listing every path tried and the expected name.
+std::string find_weights(const std::string& model, const std::string& tag);
+
+// What load_weights did.
+struct LoadReport {
+  std::string file;                  // the file loaded
+  std::vector<std::string> skipped;  // classifier tensors not loaded (num_classes != the file's)
+};
+
+// Loads weights (a tag, or a path to a .pth/.safetensors file) into model. Every tensor must
+// fit, except the classifier's when the model has another num_classes than the file: those
+// keep their initial values and are listed as skipped. A file that does not fit is an error
+// naming the keys that differ, and leaves the model unchanged.
+LoadReport load_weights(Backbone& model, const std::string& weights);
+
+// The 1000 ImageNet class names, in class-index order.
+const std::vector<std::string>& imagenet_categories();
+
+}  // namespace tvc::models

@@ -1,0 +1,48 @@
+// Conformance of a tvc backbone with torchvision's, on goldens made by tools/model_goldens.py
+// (random weights with every BatchNorm buffer and bias randomised, saved with torch.save and
+// read through tvc's .pth reader):
+//   - state_dict keys, order, shapes and dtypes equal to torchvision's
+//   - eval-mode outputs for each batch size x resolution: err <= 1e-4
+//   - train-mode output (batch statistics, dropout off) err <= 1e-3, updated running
+//     statistics err <= 1e-4 each
+//   - float64 gradients of every parameter err <= 1e-8 (denominator floored at 1e-10 of the norm
+//     of all gradients); float32 gradients, all together, within 3x of PyTorch's own
+//     float32-vs-float64 error (per tensor that ratio is noise on tensors of a few elements;
+//     PyTorch's is the larger of its contiguous and channels_last runs, see the .cpp)
+// where err = ||a - b||2 / ||b||2 per tensor. Failures are recorded with GoogleTest.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tvc::test {
+
+struct ModelCheck {
+  std::string model;
+  int64_t num_classes = 1000;
+  std::string eval_shapes = "2x224,1x161";  // batch x size, comma-separated; the first is also trained
+  int64_t grad_size = 64;                   // pixels of the gradient check's (2, 3, S, S) input
+};
+
+// The largest errors seen, for docs/conformance.md.
+struct ModelErrors {
+  double eval = 0;           // over the eval shapes
+  double train = 0;          // train-mode output
+  double running = 0;        // over the running statistics
+  double grad64 = 0;         // over the float64 parameter gradients
+  double grad32_ratio = 0;   // our float32 gradients' error / PyTorch's, all parameters together
+  double seconds = 0;        // tvc's time for all of the above
+};
+
+ModelErrors check_model(const ModelCheck& check);
+
+// The folder of check's goldens (weights.pth, goldens.safetensors), made on first use.
+std::string golden_folder(const ModelCheck& check);
+
+// forward_stages against torchvision's create_feature_extractor(model, return_nodes=nodes) on the
+// same random weights and a (1, 3, 224, 224) input: the node names, in order, and each output
+// (err <= 1e-4). Returns the largest error.
+double check_stages(const std::string& model, const std::vector<std::string>& nodes);
+
+}  // namespace tvc::test

@@ -1,0 +1,363 @@
+// The model registry and the conformance of each backbone with torchvision (model_conformance.h).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "compare.h"
+#include "model_conformance.h"
+#include "test_helpers.h"
+#include "torch_golden.h"
+#include "tvc/models/models.h"
+#include "tvc/models/weights.h"
+#include "tvc/nn/containers.h"
+#include "tvc/nn/layers.h"
+#include "tvc/ops.h"
+#include "tvc/serialize.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <regex>
+
+namespace tvc {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ModelRegistry, UnknownNamesSuggestTheClosest) {
+  std::string msg = test::error_of([] { models::create("resnet5"); });
+  EXPECT_THAT(msg, HasSubstr("unknown model 'resnet5'"));
+  EXPECT_THAT(msg, HasSubstr("did you mean 'resnet50'"));
+}
+
+TEST(ModelRegistry, OptionsAreChecked) {
+  EXPECT_THAT(test::error_of([] { models::create("resnet18", {.dropout = 0.3}); }), HasSubstr("no dropout option"));
+  EXPECT_THAT(test::error_of([] { models::create("resnet18", {.num_classes = 0}); }), HasSubstr("num_classes"));
+}
+
+// Sets an environment variable for the scope of a test.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { old_ ? (void)::setenv(name_, old_->c_str(), 1) : (void)::unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+bool same_state(const nn::Module& a, const nn::Module& b) {
+  nn::StateDict sa = a.state_dict(), sb = b.state_dict();
+  if (sa.keys() != sb.keys()) return false;
+  for (const auto& [name, t] : sa)
+    if (test::tensor_bytes(t) != test::tensor_bytes(sb.at(name))) return false;
+  return true;
+}
+
+TEST(ModelWeights, TagsResolveToTorchvisionFiles) {
+  EXPECT_EQ(models::weights_tag("resnet50", "DEFAULT").file_name, "resnet50-11ad3fa6.pth");
+  EXPECT_EQ(models::weights_tag("resnet50", "DEFAULT").preprocessing.resize_size, 232);
+  EXPECT_EQ(models::weights_tag("resnet50", "IMAGENET1K_V1").file_name, "resnet50-0676ba61.pth");
+  EXPECT_EQ(models::weights_tag("vgg16", "DEFAULT").file_name, "vgg16-397923af.pth");
+  EXPECT_THAT(test::error_of([] { models::weights_tag("resnet18", "IMAGENET1K_V2"); }),
+              HasSubstr("resnet18 has no weights tagged 'IMAGENET1K_V2' (its tags: DEFAULT, IMAGENET1K_V1)"));
+  EXPECT_EQ(models::imagenet_categories().size(), 1000u);
+  EXPECT_EQ(models::imagenet_categories()[1], "goldfish");
+  for (const auto& name : models::list()) EXPECT_FALSE(models::weights_tags(name).empty()) << name;
+}
+
+// Files found in $TVC_WEIGHTS, then $TORCH_HOME/hub/checkpoints, as .pth or .safetensors.
+TEST(ModelWeights, TagFilesAreFoundInTheSearchPath) {
+  test::TempDir dir;
+  ScopedEnv torch_home("TORCH_HOME", dir / "torch");
+  ScopedEnv tvc_weights("TVC_WEIGHTS", dir / "tvc");
+  ScopedEnv home("HOME", dir / "home");
+  std::string missing = test::error_of([] { models::create("resnet18", {.weights = "DEFAULT"}); });
+  EXPECT_THAT(missing, HasSubstr("no file named resnet18-f37072fd.pth"));
+  EXPECT_THAT(missing, HasSubstr(dir / "tvc/resnet18-f37072fd.pth"));
+  EXPECT_THAT(missing, HasSubstr(dir / "torch/hub/checkpoints/resnet18-f37072fd.safetensors"));
+  EXPECT_THAT(missing, HasSubstr(dir / "home/.cache/torch/hub/checkpoints/resnet18-f37072fd.pth"));
+
+  manual_seed(7);
+  models::BackbonePtr source = models::create("resnet18");
+  std::filesystem::create_directories(dir / "torch/hub/checkpoints");
+  io::save_pth(dir / "torch/hub/checkpoints/resnet18-f37072fd.pth", io::Value(source->state_dict()));
+  models::BackbonePtr loaded = models::create("resnet18", {.weights = "DEFAULT"});
+  EXPECT_TRUE(same_state(*loaded, *source));
+
+  // $TVC_WEIGHTS comes first; a .safetensors file under torchvision's stem is found too.
+  manual_seed(8);
+  models::BackbonePtr other = models::create("resnet18");
+  std::filesystem::create_directories(dir / "tvc");
+  io::save_safetensors(dir / "tvc/resnet18-f37072fd.safetensors", other->state_dict());
+  models::BackbonePtr preferred = models::create("resnet18");
+  models::LoadReport report = models::load_weights(*preferred, "IMAGENET1K_V1");
+  EXPECT_EQ(report.file, dir / "tvc/resnet18-f37072fd.safetensors");
+  EXPECT_TRUE(same_state(*preferred, *other));
+}
+
+// 1000-class weights into a 10-class model: everything but the classifier loads.
+TEST(ModelWeights, OtherNumClassesSkipsOnlyTheClassifier) {
+  test::TempDir dir;
+  manual_seed(9);
+  models::BackbonePtr source = models::create("resnet18");
+  io::save_safetensors(dir / "w.safetensors", source->state_dict());
+  models::BackbonePtr small = models::create("resnet18", {.num_classes = 10});
+  Tensor fc_before = small->state_dict().at("fc.weight").clone();
+  models::LoadReport report = models::load_weights(*small, dir / "w.safetensors");
+  EXPECT_EQ(report.skipped, (std::vector<std::string>{"fc.weight", "fc.bias"}));
+  EXPECT_EQ(test::tensor_bytes(small->state_dict().at("fc.weight")), test::tensor_bytes(fc_before));
+  EXPECT_EQ(test::tensor_bytes(small->state_dict().at("layer4.1.bn2.running_var")),
+            test::tensor_bytes(source->state_dict().at("layer4.1.bn2.running_var")));
+}
+
+// resnet50's weights do not fit resnet101: an error naming the keys, the model unchanged.
+TEST(ModelWeights, WeightsThatDoNotFitLeaveTheModelUnchanged) {
+  test::TempDir dir;
+  io::save_safetensors(dir / "r50.safetensors", models::create("resnet50")->state_dict());
+  models::BackbonePtr model = models::create("resnet101");
+  nn::ModulePtr before = model->clone();
+  std::string msg = test::error_of([&] { models::load_weights(*model, dir / "r50.safetensors"); });
+  EXPECT_THAT(msg, HasSubstr("resnet101: the weights in '" + (dir / "r50.safetensors") + "' do not fit"));
+  EXPECT_THAT(msg, HasSubstr("Missing key(s) in state_dict: \"layer3.6.conv1.weight\""));
+  EXPECT_TRUE(same_state(*model, *before));
+}
+
+// tvc run on the goldens' weights and inputs, in eval and train mode, with the stage tensors.
+TEST(ModelCli, RunMatchesTorchvision) {
+  test::ModelCheck check{.model = "resnet18", .num_classes = 10};
+  std::string golden = test::golden_folder(check);
+  ASSERT_FALSE(golden.empty());
+  io::SafetensorsFile goldens = io::SafetensorsFile::open(golden + "/goldens.safetensors");
+  test::TempDir dir;
+  io::save_safetensors(dir / "eval.safetensors", {{"input", goldens.tensor("eval.1.input")}});
+  io::save_safetensors(dir / "train.safetensors", {{"input", goldens.tensor("train.input")}});
+  std::string common = "run resnet18 --num-classes 10 --weights " + golden + "/weights.pth ";
+
+  test::TvcRun eval = test::run_tvc(dir, common + "--input " + (dir / "eval.safetensors") + " --output " +
+                                             (dir / "out.safetensors") + " --features");
+  ASSERT_EQ(eval.status, 0) << eval.err;
+  EXPECT_THAT(eval.out, HasSubstr("output [1, 10] and 5 stage tensors"));
+  io::SafetensorsFile out = io::SafetensorsFile::open(dir / "out.safetensors");
+  EXPECT_LE(test::relative_error(out.tensor("output"), goldens.tensor("eval.1.output")), 1e-4);
+  std::vector<std::string> names;
+  for (const auto& e : out.entries()) names.push_back(e.name);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"layer1", "layer2", "layer3", "layer4", "output", "relu"}));
+
+  test::TvcRun train = test::run_tvc(dir, common + "--train-mode --input " + (dir / "train.safetensors") +
+                                              " --output " + (dir / "train_out.safetensors"));
+  ASSERT_EQ(train.status, 0) << train.err;
+  EXPECT_LE(test::relative_error(io::SafetensorsFile::open(dir / "train_out.safetensors").tensor("output"),
+                                 goldens.tensor("train.output")),
+            1e-3);
+
+  test::TvcRun bad = test::run_tvc(dir, common + "--input " + (dir / "absent.safetensors") + " --output x.safetensors");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_THAT(bad.err, HasSubstr("absent.safetensors"));
+  test::TvcRun listed = test::run_tvc(dir, "list");
+  EXPECT_EQ(listed.status, 0);
+  EXPECT_THAT(listed.out, HasSubstr("\nresnet50\n"));
+}
+
+// "key (shape) dtype" of each state_dict entry, in order.
+std::vector<std::string> state_entries(const nn::StateDict& state) {
+  std::vector<std::string> out;
+  for (const auto& [key, t] : state) {
+    std::string shape;
+    for (int64_t d : t.shape()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    out.push_back(key + " (" + shape + ") " + dtype_name(t.dtype()));
+  }
+  return out;
+}
+
+// Each (model, num_classes)'s state_dict against torchvision's: keys, order, shapes, dtypes
+// (torchvision's side is one cached Python call for every model with 1000 and 10 classes).
+void expect_torchvision_state_dicts(const std::vector<std::pair<std::string, int64_t>>& cases) {
+  std::string names;
+  for (const auto& n : models::list()) names += n + " ";
+  nlohmann::json want = test::torch_json(R"(
+import json, torchvision
+out = {}
+for name in ")" + names + R"(".split():
+    for classes in (1000, 10):
+        state = torchvision.models.__dict__[name](num_classes=classes).state_dict()
+        out[f"{name}/{classes}"] = [
+            f"{k} ({', '.join(map(str, v.shape))}) {str(v.dtype)[len('torch.'):]}" for k, v in state.items()]
+print(json.dumps(out))
+)");
+  if (want.is_null()) return;  // torch is missing: torch_json recorded the failure
+  for (const auto& [name, classes] : cases)
+    EXPECT_EQ(state_entries(models::create(name, {.num_classes = classes})->state_dict()),
+              want.at(name + "/" + std::to_string(classes)).get<std::vector<std::string>>())
+        << name << " with " << classes << " classes";
+}
+
+// Creating the big models takes seconds each (initialising up to 144M parameters), so CI checks
+// each family with both class counts ...
+TEST(ModelZoo, StateDictsAreTorchvisions) {
+  expect_torchvision_state_dicts({{"resnet18", 10},        {"resnet50", 1000},        {"resnext50_32x4d", 1000},
+                                  {"wide_resnet50_2", 1000}, {"vgg11", 1000},         {"vgg11_bn", 10},
+                                  {"densenet121", 1000},     {"densenet121", 10},     {"densenet161", 1000},
+                                  {"mobilenet_v2", 1000},    {"mobilenet_v2", 10},    {"mobilenet_v3_small", 1000},
+                                  {"mobilenet_v3_large", 10}});
+}
+// ... and this every model with both.
+TEST(ModelConformanceFull, StateDictsAreTorchvisions) {
+  std::vector<std::pair<std::string, int64_t>> cases;
+  for (const auto& name : models::list())
+    for (int64_t classes : {1000, 10}) cases.emplace_back(name, classes);
+  expect_torchvision_state_dicts(cases);
+}
+
+// The p of each Dropout of a model, in order.
+std::vector<double> dropout_probabilities(const models::BackbonePtr& model) {
+  std::vector<double> ps;
+  for (const auto& m : model->modules())
+    if (auto* d = dynamic_cast<nn::Dropout*>(m.get())) ps.push_back(d->p.to_double());
+  return ps;
+}
+
+// torchvision's initialisation rules of a family.
+struct InitRules {
+  bool conv_fan_out;    // convolutions N(0, 2 / fan) with fan = fan_out (else fan_in), bias 0
+  bool linear_normal;   // Linear weight N(0, 0.01^2) (else Linear's U(-1/sqrt(in), 1/sqrt(in))), bias 0
+};
+
+// Every layer's initial values against the family's rules (BatchNorm: weight 1, bias 0); the
+// spread of a weight within 30% of the rule's (loose enough for layers of a few elements).
+void expect_torchvision_init(const std::string& name, InitRules rules) {
+  auto rms = [](const Tensor& t) { return std::sqrt(t.to(DType::Float64).pow(2).mean().item<double>()); };
+  auto max_abs = [](const Tensor& t) { return max(t.to(DType::Float64).abs()).item<double>(); };
+  models::BackbonePtr model = models::create(name);
+  for (const auto& [path, m] : model->named_modules()) {
+    SCOPED_TRACE(name + " " + path);
+    if (auto* conv = dynamic_cast<nn::Conv2d*>(m.get())) {
+      int64_t channels = rules.conv_fan_out ? conv->out_channels : conv->in_channels / conv->groups;
+      double fan = static_cast<double>(channels * conv->kernel_size[0] * conv->kernel_size[1]);
+      EXPECT_NEAR(rms(conv->weight()) / std::sqrt(2 / fan), 1, 0.3);
+      if (conv->bias().defined()) {
+        EXPECT_EQ(max_abs(conv->bias()), 0);
+      }
+    } else if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(m.get())) {
+      EXPECT_EQ(max_abs(bn->weight() - 1), 0);
+      EXPECT_EQ(max_abs(bn->bias()), 0);
+    } else if (auto* linear = dynamic_cast<nn::Linear*>(m.get())) {
+      double want = rules.linear_normal ? 0.01 : 1 / std::sqrt(3.0 * static_cast<double>(linear->in_features));
+      EXPECT_NEAR(rms(linear->weight()) / want, 1, 0.3);
+      if (rules.linear_normal) {
+        EXPECT_EQ(max_abs(linear->bias()), 0);
+      }
+    }
+  }
+}
+
+TEST(ModelZoo, InitialisationIsTorchvisions) {
+  manual_seed(11);
+  expect_torchvision_init("resnet50", {.conv_fan_out = true, .linear_normal = false});
+  expect_torchvision_init("vgg11_bn", {.conv_fan_out = true, .linear_normal = true});
+  expect_torchvision_init("densenet121", {.conv_fan_out = false, .linear_normal = false});
+  for (const char* name : {"mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large"})
+    expect_torchvision_init(name, {.conv_fan_out = true, .linear_normal = true});
+}
+
+TEST(ModelConformance, Resnet50) { test::check_model({.model = "resnet50"}); }
+TEST(ModelStages, Resnet50) { test::check_stages("resnet50", {"relu", "layer1", "layer2", "layer3", "layer4"}); }
+TEST(ModelConformance, Resnext50_32x4d) { test::check_model({.model = "resnext50_32x4d"}); }
+TEST(ModelConformance, Resnet18With10Classes) { test::check_model({.model = "resnet18", .num_classes = 10}); }
+
+// ---------------------------------------------------------------- MobileNet v2 and v3 (mobilenet.cpp)
+
+TEST(ModelConformance, MobilenetV2) { test::check_model({.model = "mobilenet_v2"}); }
+TEST(ModelConformance, MobilenetV3Small) { test::check_model({.model = "mobilenet_v3_small"}); }
+TEST(ModelConformanceFull, MobilenetV3Large) { test::check_model({.model = "mobilenet_v3_large"}); }
+
+TEST(ModelStages, MobileNet) {
+  test::check_stages("mobilenet_v2", {"features.1", "features.3", "features.6", "features.13", "features.18"});
+  test::check_stages("mobilenet_v3_small", {"features.0", "features.1", "features.3", "features.8", "features.12"});
+  test::check_stages("mobilenet_v3_large", {"features.1", "features.3", "features.6", "features.12", "features.16"});
+}
+
+const char* const kMobileNets[] = {"mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large"};
+
+// The classifier's Dropout: p = 0.2 by default (torchvision's), or Options::dropout.
+TEST(MobileNet, DropoutIsAnOption) {
+  for (const char* name : kMobileNets) {
+    EXPECT_EQ(dropout_probabilities(models::create(name)), std::vector<double>{0.2}) << name;
+    EXPECT_EQ(dropout_probabilities(models::create(name, {.dropout = 0.5})), std::vector<double>{0.5}) << name;
+  }
+}
+
+// ---------------------------------------------------------------- VGG and DenseNet (vgg.cpp, densenet.cpp)
+
+TEST(ModelConformance, Vgg11Bn) { test::check_model({.model = "vgg11_bn"}); }
+TEST(ModelConformance, Densenet121) { test::check_model({.model = "densenet121"}); }
+
+// The rest of both families, slow (minutes each): excluded from the `models` meson test, run by
+// hand with --gtest_filter='ModelConformanceFull.*' (results in docs/conformance.md). vgg11 with
+// 10 classes, densenet169 and densenet201 fail the float32-gradient ratio: on their goldens
+// PyTorch's own float32 error depends on its memory format (channels_last gives 1.7e-2, 2.6e-3 and
+// 2.1e-2 where contiguous gives 1e-6, 1e-6 and 2.1e-2), float32 noise deciding max-pool and ReLU
+// near-ties, so the 3x-of-PyTorch criterion is not meaningful there.
+TEST(ModelConformanceFull, Vgg) {
+  for (const char* name : {"vgg11", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn"})
+    test::check_model({.model = name});
+  test::check_model({.model = "vgg11", .num_classes = 10});
+}
+TEST(ModelConformanceFull, DenseNet) {
+  for (const char* name : {"densenet161", "densenet169", "densenet201"}) test::check_model({.model = name});
+  test::check_model({.model = "densenet121", .num_classes = 10});
+}
+
+TEST(ModelStages, VggAndDenseNet) {
+  test::check_stages("vgg16", {"features.3", "features.8", "features.15", "features.22", "features.29", "features.30"});
+  test::check_stages("vgg11_bn", {"features.2", "features.6", "features.13", "features.20", "features.27", "features.28"});
+  test::check_stages("densenet121", {"features.relu0", "features.denseblock1", "features.denseblock2",
+                                     "features.denseblock3", "features.norm5"});
+}
+
+// VGG's classifier has two Dropouts: p = 0.5 by default (torchvision's), or Options::dropout.
+// torchvision's DenseNet has no dropout before its classifier: the option is an error.
+TEST(VggDenseNet, DropoutIsAnOptionOfVggOnly) {
+  EXPECT_EQ(dropout_probabilities(models::create("vgg11")), (std::vector<double>{0.5, 0.5}));
+  EXPECT_EQ(dropout_probabilities(models::create("vgg11_bn", {.dropout = 0.2})), (std::vector<double>{0.2, 0.2}));
+  EXPECT_THAT(test::error_of([] { models::create("densenet121", {.dropout = 0.2}); }), HasSubstr("no dropout option"));
+  EXPECT_TRUE(dropout_probabilities(models::create("densenet121")).empty());
+}
+
+// Old torchvision DenseNet files name a dense layer's tensors "norm.1.weight", "conv.2.weight", ...
+// A load_state_dict pre-hook renames them (torchvision's _load_state_dict: weight, bias,
+// running_mean, running_var), also when the model is a submodule.
+TEST(VggDenseNet, DenseNetLoadsOldKeyNames) {
+  manual_seed(13);
+  models::BackbonePtr source = models::create("densenet121");
+  auto old_style = [](const nn::StateDict& state, const std::string& prefix) {
+    nn::StateDict old;
+    std::regex layer_key(R"((.*denselayer\d+\.(?:norm|conv))([12])\.(weight|bias|running_mean|running_var))");
+    for (const auto& [key, t] : state) old.insert(prefix + std::regex_replace(key, layer_key, "$1.$2.$3"), t);
+    return old;
+  };
+  nn::StateDict old = old_style(source->state_dict(), "");
+  ASSERT_TRUE(old.contains("features.denseblock1.denselayer1.norm.1.running_var"));
+  ASSERT_TRUE(old.contains("features.denseblock4.denselayer16.conv.2.weight"));
+  ASSERT_FALSE(old.contains("features.denseblock1.denselayer1.norm1.weight"));
+
+  manual_seed(14);
+  models::BackbonePtr model = models::create("densenet121");
+  ASSERT_FALSE(same_state(*model, *source));
+  nn::IncompatibleKeys keys = model->load_state_dict(old);
+  EXPECT_TRUE(keys.missing_keys.empty() && keys.unexpected_keys.empty());
+  EXPECT_TRUE(same_state(*model, *source));
+
+  manual_seed(15);
+  nn::Sequential wrapper{models::create("densenet121")};
+  wrapper.load_state_dict(old_style(source->state_dict(), "0."));
+  EXPECT_TRUE(same_state(*wrapper[0], *source));
+}
+
+}  // namespace
+}  // namespace tvc

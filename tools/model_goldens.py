@@ -1,0 +1,114 @@
+"""Goldens of a torchvision backbone for tvc's conformance tests (run with Debian's /usr/bin/python3).
+
+    model_goldens.py MODEL NUM_CLASSES EVAL_SHAPES GRAD_SIZE [NODES] OUT_DIR
+    e.g. model_goldens.py resnet50 1000 "2x224,1x161" 64 /tmp/g
+
+Writes into OUT_DIR:
+  weights.pth           the model's state_dict (torch.save), with random weights in which every
+                        BatchNorm buffer and affine parameter and every bias is randomised too
+                        (zero biases and unit statistics hide bugs)
+  goldens.safetensors   eval.K.input / eval.K.output   eval mode, for each N x S of EVAL_SHAPES
+                        stage.NODE                     eval mode, for eval.0.input, the output of
+                                                       each node of NODES ("layer1,layer2", as
+                                                       create_feature_extractor names them)
+                        train.input / train.output     train mode (batch statistics, dropout off)
+                        train.running.NAME             every BatchNorm buffer after that step
+                        grad.input / grad.cotangent    float64, eval mode, GRAD_SIZE pixels
+                        grad64.NAME / grad32.NAME      d(sum(output * cotangent)) / d(parameter)
+                        grad32cl.NAME                  in float64, and in float32 from the same
+                                                       (rounded) weights and input, contiguous
+                                                       and channels_last
+  complete              written last: the folder is usable
+"""
+import sys
+
+import torch
+import torchvision
+from safetensors.torch import save_file
+from torchvision.models.feature_extraction import create_feature_extractor
+
+
+def randomise(model, gen):
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.running_mean.normal_(0, 0.2, generator=gen)
+                m.running_var.uniform_(0.5, 2.0, generator=gen)
+                m.weight.uniform_(0.5, 1.5, generator=gen)
+                m.bias.normal_(0, 0.2, generator=gen)
+                m.num_batches_tracked.fill_(int(torch.randint(1, 1000, (1,), generator=gen)))
+            elif getattr(m, "bias", None) is not None and isinstance(m.bias, torch.nn.Parameter):
+                m.bias.normal_(0, 0.1, generator=gen)
+
+
+def main():
+    *args, out = sys.argv[1:]
+    name, num_classes, eval_shapes, grad_size = args[:4]
+    nodes = args[4].split(",") if len(args) > 4 else []
+    num_classes, grad_size = int(num_classes), int(grad_size)
+    torch.set_num_threads(2)
+    gen = torch.Generator().manual_seed(1234)
+    torch.manual_seed(1234)
+    model = torchvision.models.__dict__[name](num_classes=num_classes)
+    randomise(model, gen)
+    torch.save(model.state_dict(), f"{out}/weights.pth")
+    tensors = {}
+
+    model.eval()
+    with torch.no_grad():
+        for k, shape in enumerate(eval_shapes.split(",")):
+            n, s = map(int, shape.split("x"))
+            x = torch.randn(n, 3, s, s, generator=gen)
+            tensors[f"eval.{k}.input"] = x
+            tensors[f"eval.{k}.output"] = model(x)
+        if nodes:
+            extractor = create_feature_extractor(model, return_nodes=nodes)
+            for node, value in extractor(tensors["eval.0.input"]).items():
+                tensors[f"stage.{node}"] = value
+
+    # Train mode: batch statistics, dropout off (p = 0), running buffers updated once.
+    train = torchvision.models.__dict__[name](num_classes=num_classes)
+    train.load_state_dict(model.state_dict())
+    train.train()
+    for m in train.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    n, s = map(int, eval_shapes.split(",")[0].split("x"))
+    x = torch.randn(n, 3, s, s, generator=gen)
+    with torch.no_grad():
+        tensors["train.input"] = x
+        tensors["train.output"] = train(x)
+    for key, value in train.state_dict().items():
+        if "running_" in key:
+            tensors[f"train.running.{key}"] = value
+
+    # Gradients in eval mode, float64 and float32 from the same float32-representable values.
+    x = torch.randn(2, 3, grad_size, grad_size, generator=gen)
+    # PyTorch's float32 gradients are given in both memory formats: which one rounds closer to
+    # float64 varies (a max-pooling near-tie decided the other way moves a gradient), and both
+    # are PyTorch's own float32 error.
+    layouts = ((torch.float64, "grad64", torch.contiguous_format),
+               (torch.float32, "grad32", torch.contiguous_format),
+               (torch.float32, "grad32cl", torch.channels_last))
+    for dtype, prefix, layout in layouts:
+        m = torchvision.models.__dict__[name](num_classes=num_classes)
+        m.load_state_dict(model.state_dict())
+        m.eval().to(dtype=dtype, memory_format=layout)
+        xi = x.to(dtype).contiguous(memory_format=layout)
+        out_ = m(xi)
+        if prefix == "grad64":
+            cot = torch.randn(out_.shape, generator=gen, dtype=torch.float64)
+            tensors["grad.input"] = x.to(torch.float64)
+            tensors["grad.cotangent"] = cot
+            tensors["grad.output"] = out_.detach()
+        (out_ * tensors["grad.cotangent"].to(dtype)).sum().backward()
+        for pname, p in m.named_parameters():
+            tensors[f"{prefix}.{pname}"] = p.grad.detach().clone()
+
+    save_file({k: v.contiguous() for k, v in tensors.items()}, f"{out}/goldens.safetensors")
+    open(f"{out}/complete", "w").write("ok\n")
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
