@@ -269,6 +269,11 @@ TEST(ModelConformance, Resnet50) { test::check_model({.model = "resnet50"}); }
 TEST(ModelStages, Resnet50) { test::check_stages("resnet50", {"relu", "layer1", "layer2", "layer3", "layer4"}); }
 TEST(ModelConformance, Resnext50_32x4d) { test::check_model({.model = "resnext50_32x4d"}); }
 TEST(ModelConformance, Resnet18With10Classes) { test::check_model({.model = "resnet18", .num_classes = 10}); }
+TEST(ModelConformanceFull, ResNet) {
+  for (const char* name : {"resnet18", "resnet34", "resnet101", "resnet152", "resnext101_32x8d", "resnext101_64x4d",
+                           "wide_resnet50_2", "wide_resnet101_2"})
+    test::check_model({.model = name});
+}
 
 // ---------------------------------------------------------------- MobileNet v2 and v3 (mobilenet.cpp)
 
