@@ -23,7 +23,6 @@ class InputFile {
   // Reads n bytes at offset into dst; `what` names the part read for the error message.
   void read(uint64_t offset, void* dst, size_t n, const std::string& what) const;
   std::vector<uint8_t> read(uint64_t offset, size_t n, const std::string& what) const;
-  int fd() const { return fd_; }
 
  private:
   std::string path_;
