@@ -87,11 +87,20 @@ ModelErrors check_model(const ModelCheck& check) {
     Tensor out = train->forward(golden("train.input"));
     errors.train = relative_error(out, golden("train.output"));
     EXPECT_LE(errors.train, 1e-3) << check.model << " train-mode output";
+    // Running statistics: err <= 1e-4 against PyTorch's float32; where PyTorch's own float32
+    // error exceeds that (deep networks: resnet152 1.1e-4), ours against the float64 values
+    // within 3x of PyTorch's own, the rule of the float32 gradients below.
     for (const auto& [name, t] : train->state_dict()) {
       if (name.find("running_") == std::string::npos) continue;
+      Tensor exact = golden("train64.running." + name);
       double err = relative_error(t, golden("train.running." + name));
-      EXPECT_LE(err, 1e-4) << check.model << " " << name;
+      double torch_own = relative_error(golden("train.running." + name).to(DType::Float64), exact);
+      double ours_exact = relative_error(t.to(DType::Float64), exact);
+      EXPECT_TRUE(err <= 1e-4 || ours_exact <= 3 * torch_own)
+          << check.model << " " << name << ": err " << err << " against PyTorch's float32; against float64 ours "
+          << ours_exact << ", PyTorch's " << torch_own;
       errors.running = std::max(errors.running, err);
+      errors.running_torch = std::max(errors.running_torch, torch_own);
     }
   }
 
@@ -129,14 +138,17 @@ ModelErrors check_model(const ModelCheck& check) {
     torch_cl_sq += std::pow(norm(golden("grad32cl." + name).to(DType::Float64) - want), 2);
   }
   double torch_err = std::sqrt(std::max(torch_sq, torch_cl_sq));
+  errors.grad32 = std::sqrt(ours_sq / total);
+  errors.grad32_torch = torch_err / std::sqrt(total);
   errors.grad32_ratio = std::sqrt(ours_sq) / std::max(torch_err, 1e-7 * std::sqrt(total));
-  EXPECT_LE(errors.grad32_ratio, 3.0) << check.model << " float32 gradients: our error "
-                                      << std::sqrt(ours_sq / total) << ", PyTorch's " << torch_err / std::sqrt(total);
+  EXPECT_LE(errors.grad32_ratio, 3.0) << check.model << " float32 gradients: our error " << errors.grad32
+                                      << ", PyTorch's " << errors.grad32_torch;
   errors.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("conformance %s (num_classes %lld): eval %.2e, train %.2e, running %.2e, grad64 %.2e, "
-              "grad32/torch %.2f, %.1f s\n",
+  std::printf("conformance %s (num_classes %lld): eval %.2e, train %.2e, running %.2e (torch32 %.2e), "
+              "grad64 %.2e, grad32 %.2e (torch32 %.2e), %.1f s\n",
               check.model.c_str(), static_cast<long long>(check.num_classes), errors.eval, errors.train,
-              errors.running, errors.grad64, errors.grad32_ratio, errors.seconds);
+              errors.running, errors.running_torch, errors.grad64, errors.grad32, errors.grad32_torch,
+              errors.seconds);
   return errors;
 }
 
@@ -144,7 +156,7 @@ double check_stages(const std::string& model, const std::vector<std::string>& no
   std::string joined;
   for (const std::string& node : nodes) joined += (joined.empty() ? "" : ",") + node;
   std::string dir = python_golden_folder(TVC_SOURCE_ROOT "/tools/model_goldens.py",
-                                         {model, "1000", "1x224", "32", joined});
+                                         {model, "1000", "1x224", "0", joined});
   if (dir.empty()) return 0;
   io::SafetensorsFile goldens = io::SafetensorsFile::open(dir + "/goldens.safetensors");
   models::BackbonePtr m = load_model({.model = model}, dir + "/weights.pth");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <tuple>
 
 #include "compare.h"
 #include "model_conformance.h"
@@ -302,12 +303,8 @@ TEST(MobileNet, DropoutIsAnOption) {
 TEST(ModelConformance, Vgg11Bn) { test::check_model({.model = "vgg11_bn"}); }
 TEST(ModelConformance, Densenet121) { test::check_model({.model = "densenet121"}); }
 
-// The rest of both families, slow (minutes each): excluded from the `models` meson test, run by
-// hand with --gtest_filter='ModelConformanceFull.*' (results in docs/conformance.md). vgg11 with
-// 10 classes, densenet169 and densenet201 fail the float32-gradient ratio: on their goldens
-// PyTorch's own float32 error depends on its memory format (channels_last gives 1.7e-2, 2.6e-3 and
-// 2.1e-2 where contiguous gives 1e-6, 1e-6 and 2.1e-2), float32 noise deciding max-pool and ReLU
-// near-ties, so the 3x-of-PyTorch criterion is not meaningful there.
+// The rest of both families, slow (half a minute per VGG): excluded from the `models` meson
+// test, run by tools/conformance.sh (results in docs/conformance.md).
 TEST(ModelConformanceFull, Vgg) {
   for (const char* name : {"vgg11", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn"})
     test::check_model({.model = name});
@@ -318,11 +315,45 @@ TEST(ModelConformanceFull, DenseNet) {
   test::check_model({.model = "densenet121", .num_classes = 10});
 }
 
+const std::vector<std::string> kDenseNetNodes = {"features.relu0", "features.denseblock1", "features.denseblock2",
+                                                  "features.denseblock3", "features.norm5"};
+
 TEST(ModelStages, VggAndDenseNet) {
   test::check_stages("vgg16", {"features.3", "features.8", "features.15", "features.22", "features.29", "features.30"});
   test::check_stages("vgg11_bn", {"features.2", "features.6", "features.13", "features.20", "features.27", "features.28"});
-  test::check_stages("densenet121", {"features.relu0", "features.denseblock1", "features.denseblock2",
-                                     "features.denseblock3", "features.norm5"});
+  test::check_stages("densenet121", kDenseNetNodes);
+}
+
+// VGG's stage nodes from torchvision's layer configuration (convolution widths, 0 for a max
+// pool): features is conv, [bn,] relu per convolution and one module per pool; a stage ends at
+// the ReLU before each pool, and the last pool closes the last one.
+std::vector<std::string> vgg_nodes(const std::vector<int>& config, bool batch_norm) {
+  std::vector<std::string> nodes;
+  int index = 0;
+  for (int width : config) {
+    if (width == 0) nodes.push_back("features." + std::to_string(index - 1));
+    index += width == 0 ? 1 : (batch_norm ? 3 : 2);
+  }
+  nodes.push_back("features." + std::to_string(index - 1));
+  return nodes;
+}
+
+// Every model not in the stage checks above (run by tools/conformance.sh).
+TEST(ModelStagesFull, AllOtherModels) {
+  for (const char* name : {"resnet18", "resnet34", "resnet101", "resnet152", "resnext50_32x4d", "resnext101_32x8d",
+                           "resnext101_64x4d", "wide_resnet50_2", "wide_resnet101_2"})
+    test::check_stages(name, {"relu", "layer1", "layer2", "layer3", "layer4"});
+  const std::vector<int> a = {64, 0, 128, 0, 256, 256, 0, 512, 512, 0, 512, 512, 0};
+  const std::vector<int> b = {64, 64, 0, 128, 128, 0, 256, 256, 0, 512, 512, 0, 512, 512, 0};
+  const std::vector<int> d = {64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0};
+  const std::vector<int> e = {64,  64,  0,   128, 128, 0,   256, 256, 256, 256, 0,
+                              512, 512, 512, 512, 0,   512, 512, 512, 512, 0};
+  EXPECT_EQ(vgg_nodes(d, false), (std::vector<std::string>{"features.3", "features.8", "features.15", "features.22",
+                                                           "features.29", "features.30"}));
+  for (const auto& [name, config, bn] : {std::tuple{"vgg11", a, false}, {"vgg13", b, false}, {"vgg19", e, false},
+                                         {"vgg13_bn", b, true}, {"vgg16_bn", d, true}, {"vgg19_bn", e, true}})
+    test::check_stages(name, vgg_nodes(config, bn));
+  for (const char* name : {"densenet161", "densenet169", "densenet201"}) test::check_stages(name, kDenseNetNodes);
 }
 
 // VGG's classifier has two Dropouts: p = 0.5 by default (torchvision's), or Options::dropout.

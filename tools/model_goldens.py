@@ -13,7 +13,10 @@ Writes into OUT_DIR:
                                                        create_feature_extractor names them)
                         train.input / train.output     train mode (batch statistics, dropout off)
                         train.running.NAME             every BatchNorm buffer after that step
+                        train64.running.NAME           the same step in float64 from the same
+                                                       (float32) weights, buffers and input
                         grad.input / grad.cotangent    float64, eval mode, GRAD_SIZE pixels
+                                                       (none of the grad tensors when it is 0)
                         grad64.NAME / grad32.NAME      d(sum(output * cotangent)) / d(parameter)
                         grad32cl.NAME                  in float64, and in float32 from the same
                                                        (rounded) weights and input, contiguous
@@ -66,23 +69,37 @@ def main():
             for node, value in extractor(tensors["eval.0.input"]).items():
                 tensors[f"stage.{node}"] = value
 
-    # Train mode: batch statistics, dropout off (p = 0), running buffers updated once.
-    train = torchvision.models.__dict__[name](num_classes=num_classes)
-    train.load_state_dict(model.state_dict())
-    train.train()
-    for m in train.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
+    # Train mode: batch statistics, dropout off (p = 0), running buffers updated once; in float32
+    # and in float64 (PyTorch's own float32 error on the running statistics).
     n, s = map(int, eval_shapes.split(",")[0].split("x"))
     x = torch.randn(n, 3, s, s, generator=gen)
-    with torch.no_grad():
-        tensors["train.input"] = x
-        tensors["train.output"] = train(x)
-    for key, value in train.state_dict().items():
-        if "running_" in key:
-            tensors[f"train.running.{key}"] = value
+    tensors["train.input"] = x
+    for dtype, prefix in ((torch.float32, "train"), (torch.float64, "train64")):
+        train = torchvision.models.__dict__[name](num_classes=num_classes)
+        train.load_state_dict(model.state_dict())
+        train.train().to(dtype)
+        for m in train.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+        with torch.no_grad():
+            out_ = train(x.to(dtype))
+        if prefix == "train":
+            tensors["train.output"] = out_
+        for key, value in train.state_dict().items():
+            if "running_" in key:
+                tensors[f"{prefix}.running.{key}"] = value
 
     # Gradients in eval mode, float64 and float32 from the same float32-representable values.
+    if grad_size > 0:
+        gradients(name, num_classes, model, grad_size, gen, tensors)
+
+    save_file({k: v.contiguous() for k, v in tensors.items()}, f"{out}/goldens.safetensors")
+    open(f"{out}/complete", "w").write("ok\n")
+    print("ok")
+
+
+def gradients(name, num_classes, model, grad_size, gen, tensors):
+    """Adds the grad.* / grad64.* / grad32.* / grad32cl.* tensors (see above) to tensors."""
     x = torch.randn(2, 3, grad_size, grad_size, generator=gen)
     # PyTorch's float32 gradients are given in both memory formats: which one rounds closer to
     # float64 varies (a max-pooling near-tie decided the other way moves a gradient), and both
@@ -104,10 +121,6 @@ def main():
         (out_ * tensors["grad.cotangent"].to(dtype)).sum().backward()
         for pname, p in m.named_parameters():
             tensors[f"{prefix}.{pname}"] = p.grad.detach().clone()
-
-    save_file({k: v.contiguous() for k, v in tensors.items()}, f"{out}/goldens.safetensors")
-    open(f"{out}/complete", "w").write("ok\n")
-    print("ok")
 
 
 if __name__ == "__main__":

@@ -29,16 +29,16 @@ Tensor& random_fill(Tensor& t, Op op, double a, double b, Generator* gen) {
 
 }  // namespace
 
-Tensor& Tensor::uniform_(double from, double to) {
+Tensor& Tensor::uniform_(double from, double to, Generator* gen) {
   TVC_CHECK(is_floating(dtype()), "uniform_: needs a floating tensor, got ", dtype_name(dtype()));
   TVC_CHECK(from <= to, "uniform_: from ", from, " must not exceed to ", to);
-  return random_fill(*this, Op::uniform, from, to, nullptr);
+  return random_fill(*this, Op::uniform, from, to, gen);
 }
 
-Tensor& Tensor::normal_(double mean, double std) {
+Tensor& Tensor::normal_(double mean, double std, Generator* gen) {
   TVC_CHECK(is_floating(dtype()), "normal_: needs a floating tensor, got ", dtype_name(dtype()));
   TVC_CHECK(std >= 0, "normal_: std must be non-negative, got ", std);
-  return random_fill(*this, Op::normal, mean, std, nullptr);
+  return random_fill(*this, Op::normal, mean, std, gen);
 }
 
 namespace {

@@ -27,6 +27,7 @@ using Shape = std::vector<int64_t>;
 namespace autograd {
 class Node;
 }
+class Generator;  // tvc/ops.h
 
 // Layout of a 4-d tensor: NCHW strides (Contiguous) or NHWC strides (ChannelsLast).
 // Preserve keeps the input's layout.
@@ -167,8 +168,9 @@ class Tensor {
   Tensor& clamp_(std::optional<double> min, std::optional<double> max);
   Tensor& relu_();
   Tensor& masked_fill_(const Tensor& mask, Scalar value);
-  Tensor& uniform_(double from = 0, double to = 1);
-  Tensor& normal_(double mean = 0, double std = 1);
+  // Random fills from gen (the default generator when null), drawn in float64 and rounded.
+  Tensor& uniform_(double from = 0, double to = 1, Generator* gen = nullptr);
+  Tensor& normal_(double mean = 0, double std = 1, Generator* gen = nullptr);
 
   // ---- common ops as methods (see tvc/ops.h) ----
   Tensor sum(const Shape& dims = {}, bool keepdim = false) const;

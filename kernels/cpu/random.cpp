@@ -59,7 +59,7 @@ void normal_kernel(const KernelArgs& args) {
   fill_random(args, Op::normal, [](const Philox& ph, const FillParams& p) {
     double u1 = 1.0 - ph.uniform(0);  // (0, 1]
     double u2 = ph.uniform(1);
-    return p.a + p.b * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+    return p.a + p.b * (std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
   });
 }
 

@@ -84,14 +84,16 @@ Tensor uniform_(Tensor t, double a, double b, Generator* gen) {
   check_random_target(t, "uniform_");
   TVC_CHECK(a <= b, "uniform_: a ", a, " must not exceed b ", b);
   NoGradGuard no_grad;
-  return assign(t, rand(t.shape(), {.dtype = DType::Float64}, gen) * (b - a) + a);
+  t.uniform_(a, b, gen);  // a + (b - a) * u in float64, rounded to t's dtype
+  return t;
 }
 
 Tensor normal_(Tensor t, double mean, double std, Generator* gen) {
   check_random_target(t, "normal_");
   TVC_CHECK(std >= 0, "normal_: std must be non-negative, got ", std);
   NoGradGuard no_grad;
-  return assign(t, randn(t.shape(), {.dtype = DType::Float64}, gen) * std + mean);
+  t.normal_(mean, std, gen);  // mean + std * z in float64, rounded to t's dtype
+  return t;
 }
 
 Tensor trunc_normal_(Tensor t, double mean, double std, double a, double b, Generator* gen) {
