@@ -1,6 +1,6 @@
 // tvc_bench: the machine's FMA peak, tvc's SGEMM against it (per instruction-set path, and
-// oneDNN's dnnl_sgemm beside it when built with oneDNN), and ResNet-50's convolutions through
-// tvc::conv2d. Every rate is a GFLOP/s counter ("G/s" below means 1e9 FLOP/s); SGEMM also gets
+// oneDNN's dnnl_sgemm beside it when built with oneDNN), ResNet-50's convolutions through
+// tvc::conv2d, and whole models (images/s). Every other rate is a GFLOP/s counter ("G/s" below means 1e9 FLOP/s); SGEMM also gets
 // "peak%", its rate as a share of the measured FMA peak on the same number of threads.
 // Benchmarks are named kind/variant/size/threads:T; pick them with --benchmark_filter.
 // See bench/README.md.
@@ -16,6 +16,7 @@
 #include "../kernels/cpu/gemm.h"
 #include "fma_peak.h"
 #include "tvc/autograd.h"
+#include "tvc/models/models.h"
 #include "tvc/ops.h"
 
 #ifdef TVC_HAVE_DNNL
@@ -68,11 +69,10 @@ double peak_gflops(int threads) {
   return cache[threads] = best;
 }
 
-// Runs body once per benchmark iteration, timing each call (wall clock, all threads), and sets
-// the "GFLOP/s" counter and, where the peak is measurable, "peak%" (share of the FMA peak on
-// the same number of threads).
+// Runs body once per benchmark iteration, timing each call (wall clock, all threads); returns
+// the calls per second.
 template <typename Body>
-void timed_loop(benchmark::State& state, double flop_per_call, int threads, Body&& body) {
+double timed_calls(benchmark::State& state, Body&& body) {
   double total = 0;
   for (auto _ : state) {
     auto t0 = std::chrono::steady_clock::now();
@@ -81,7 +81,14 @@ void timed_loop(benchmark::State& state, double flop_per_call, int threads, Body
     state.SetIterationTime(s);
     total += s;
   }
-  double gflops = flop_per_call * static_cast<double>(state.iterations()) / total / 1e9;
+  return static_cast<double>(state.iterations()) / total;
+}
+
+// timed_calls, setting the "GFLOP/s" counter and, where the peak is measurable, "peak%" (share
+// of the FMA peak on the same number of threads).
+template <typename Body>
+void timed_loop(benchmark::State& state, double flop_per_call, int threads, Body&& body) {
+  double gflops = flop_per_call * timed_calls(state, body) / 1e9;
   state.counters["GFLOP/s"] = gflops;
   if (threads > 0 && has_avx512()) state.counters["peak%"] = 100 * gflops / peak_gflops(threads);
 }
@@ -160,6 +167,27 @@ void conv2d_tvc(benchmark::State& state, ConvShape s, int64_t batch, int threads
   });
 }
 
+// (e) Whole backbones of the model zoo (random weights, (N, 3, 224, 224) inputs): "eval" is a
+// forward pass in eval mode without autograd; "train" one training step's forward (batch
+// statistics) and backward of sum(output), gradients reset before each. Reports "img/s".
+void model_tvc(benchmark::State& state, std::string name, bool train, int64_t batch, int threads) {
+  tvc::set_num_threads(threads);
+  tvc::models::BackbonePtr model = tvc::models::create(name);
+  model->train(train);
+  tvc::Tensor x = tvc::randn({batch, 3, 224, 224});
+  double calls = timed_calls(state, [&] {
+    if (train) {
+      model->zero_grad();
+      model->forward(x).sum().backward();
+    } else {
+      tvc::NoGradGuard no_grad;
+      tvc::Tensor y = model->forward(x);
+      benchmark::DoNotOptimize(y.raw_data());
+    }
+  });
+  state.counters["img/s"] = calls * static_cast<double>(batch);
+}
+
 // "kind/variant/.../key:value" names.
 std::string bench_name(std::initializer_list<std::string> parts) {
   std::string name;
@@ -205,6 +233,15 @@ void register_all() {
             conv2d_tvc, s, batch, t)
             ->UseManualTime()
             ->Unit(benchmark::kMillisecond);
+  for (const char* model : {"resnet50", "mobilenet_v2", "densenet121"})
+    for (bool train : {false, true})
+      for (int64_t batch : {1, 8})
+        for (int t : threads)
+          benchmark::RegisterBenchmark(
+              bench_name({"model", model, train ? "train" : "eval", keyed("N", batch), keyed("threads", t)}).c_str(),
+              model_tvc, model, train, batch, t)
+              ->UseManualTime()
+              ->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace

@@ -1,23 +1,27 @@
 #!/usr/bin/python3
-"""PyTorch's side of tvc_bench: times torch.matmul (SGEMM) and torch.nn.functional.conv2d on the
-shapes of bench/bench_main.cpp (keep the two lists in step), with the same thread counts, and
-prints GFLOP/s under the same benchmark names ("torch" in place of the instruction set).
+"""PyTorch's side of tvc_bench: times torch.matmul (SGEMM), torch.nn.functional.conv2d and
+torchvision models on the shapes of bench/bench_main.cpp (keep the lists in step), with the same
+thread counts, and prints GFLOP/s (models: images/s) under the same benchmark names ("torch" in
+place of the instruction set).
 
 Given tvc_bench's JSON output (--tvc), it also prints tvc / torch as a ratio per benchmark.
 See bench/README.md.
 
-  /usr/bin/python3 tools/bench_torch.py [--threads 1 2] [--min-time 0.5] [--tvc tvc.json]
+  /usr/bin/python3 tools/bench_torch.py [--threads 1 2] [--min-time 0.5] [--filter REGEX]
+                                        [--tvc tvc.json]
 """
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+import torchvision
 
 SGEMM_SIZES = [256, 512, 1024, 2048]
 
@@ -36,9 +40,13 @@ RESNET50_CONVS = [
 ]
 BATCHES = [1, 8]
 
+# Whole backbones, eval forward and a train step (forward in train mode + backward of sum).
+MODELS = ["resnet50", "mobilenet_v2", "densenet121"]
 
-def gflops(fn, flop, min_time):
-    """Mean GFLOP/s of fn over calls totalling at least min_time seconds (after one warm-up)."""
+
+def calls_per_second(fn, min_time):
+    """Mean calls per second of fn over calls totalling at least min_time seconds (after one
+    warm-up)."""
     fn()
     calls, total = 0, 0.0
     while total < min_time:
@@ -46,22 +54,40 @@ def gflops(fn, flop, min_time):
         fn()
         total += time.perf_counter() - t0
         calls += 1
-    return flop * calls / total / 1e9
+    return calls / total
 
 
-def run(threads, min_time):
-    """{benchmark name: GFLOP/s} for every shape on `threads` threads (this process)."""
+def model_step(name, train, batch):
+    """One eval forward (no autograd) or train step of torchvision's `name` on random input."""
+    model = torchvision.models.__dict__[name]().train(train)
+    x = torch.randn(batch, 3, 224, 224)
+
+    def step():
+        if train:
+            model.zero_grad(set_to_none=True)
+            model(x).sum().backward()
+        else:
+            with torch.no_grad():
+                model(x)
+    return step
+
+
+def run(threads, min_time, wanted):
+    """{benchmark name: rate} for every benchmark whose name matches the regex `wanted`, on
+    `threads` threads (this process)."""
     torch.set_num_threads(threads)
     results = {}
 
-    def record(name, fn, flop):
-        results[name] = gflops(fn, flop, min_time)
-        print(f"{name:45s} GFLOP/s={results[name]:.1f}", file=sys.stderr, flush=True)
+    def record(name, fn, units_per_call, unit="GFLOP/s"):
+        if not re.search(wanted, name):
+            return
+        results[name] = units_per_call * calls_per_second(fn, min_time)
+        print(f"{name:45s} {unit}={results[name]:.1f}", file=sys.stderr, flush=True)
 
     with torch.no_grad():
         for n in SGEMM_SIZES:
             a, b = torch.rand(n, n) * 2 - 1, torch.rand(n, n) * 2 - 1
-            record(f"sgemm/torch/{n}/threads:{threads}", lambda: torch.matmul(a, b), 2.0 * n ** 3)
+            record(f"sgemm/torch/{n}/threads:{threads}", lambda: torch.matmul(a, b), 2e-9 * n ** 3)
         for name, c, o, h, k, stride, pad in RESNET50_CONVS:
             w, bias = torch.randn(o, c, k, k), torch.randn(o)
             ho = (h + 2 * pad - k) // stride + 1
@@ -69,17 +95,23 @@ def run(threads, min_time):
                 x = torch.randn(batch, c, h, h)
                 record(f"conv2d/{name}/N:{batch}/threads:{threads}",
                        lambda: F.conv2d(x, w, bias, stride, pad),
-                       2.0 * batch * o * ho * ho * c * k * k)
+                       2e-9 * batch * o * ho * ho * c * k * k)
+    for name in MODELS:
+        for train in (False, True):
+            for batch in BATCHES:
+                bench = f"model/{name}/{'train' if train else 'eval'}/N:{batch}/threads:{threads}"
+                if re.search(wanted, bench):
+                    record(bench, model_step(name, train, batch), batch, "img/s")
     return results
 
 
-def run_in_subprocess(threads, min_time):
+def run_in_subprocess(threads, min_time, wanted):
     """run() in a fresh interpreter whose thread pools (OpenMP, and OpenBLAS, which ignores
     torch.set_num_threads) are sized to `threads` from the start."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads))
     out = subprocess.run([sys.executable, __file__, "--worker", str(threads),
-                          "--min-time", str(min_time)],
+                          "--min-time", str(min_time), "--filter", wanted],
                          env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out)
 
@@ -99,9 +131,10 @@ def compare(tvc_json, torch_results):
     print(f"{'benchmark (tvc)':45s} {'tvc':>8s} {'torch':>8s}  tvc/torch")
     for b in tvc:
         k = key(b["name"])
-        if k in ours and "GFLOP/s" in b:
-            print(f"{b['name'].removesuffix('/manual_time'):45s} {b['GFLOP/s']:8.1f} "
-                  f"{ours[k]:8.1f}  {b['GFLOP/s'] / ours[k]:.2f}")
+        rate = b.get("GFLOP/s", b.get("img/s"))  # models report images/s, the rest GFLOP/s
+        if k in ours and rate is not None:
+            print(f"{b['name'].removesuffix('/manual_time'):45s} {rate:8.1f} "
+                  f"{ours[k]:8.1f}  {rate / ours[k]:.2f}")
 
 
 def main():
@@ -111,15 +144,16 @@ def main():
                    default=[1, cores] if cores > 1 else [1], help="thread counts (default 1 and all)")
     p.add_argument("--min-time", type=float, default=0.5, help="seconds per benchmark")
     p.add_argument("--tvc", help="tvc_bench --benchmark_format=json output to compare with")
+    p.add_argument("--filter", default="", help="regex: only the benchmarks whose names match")
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # one thread count, JSON out
     args = p.parse_args()
     if args.worker:
-        json.dump(run(args.worker, args.min_time), sys.stdout)
+        json.dump(run(args.worker, args.min_time, args.filter), sys.stdout)
         return
     print(f"torch {torch.__version__}", file=sys.stderr)
     results = {}
     for t in args.threads:
-        results.update(run_in_subprocess(t, args.min_time))
+        results.update(run_in_subprocess(t, args.min_time, args.filter))
     if args.tvc:
         compare(args.tvc, results)
 

@@ -1,6 +1,7 @@
 // CPU kernels: copy/cast, fill, arange, unary and binary elementwise ops, where.
 // Shape legend: all operands have the output's shape (inputs pre-broadcast by the op).
 #include <cmath>
+#include <limits>
 #include <cstring>
 
 #include "cpu_kernels.h"
@@ -156,13 +157,15 @@ void softplus_kernel(const KernelArgs& a) {
 }
 void clamp_kernel(const KernelArgs& a) {
   const auto& p = a.p<UnaryParams>();
+  // Branch-free (vectorisable); a missing bound is the type's infinity or extreme, and NaN
+  // compares false both ways, so it passes through as in PyTorch.
   unary_numeric(a, Op::clamp, [p](auto x) {
     using C = decltype(x);
-    if constexpr (std::is_floating_point_v<C>)
-      if (std::isnan(x)) return x;
-    if (p.has_a && x < static_cast<C>(p.a)) x = static_cast<C>(p.a);
-    if (p.has_b && x > static_cast<C>(p.b)) x = static_cast<C>(p.b);
-    return x;
+    using limits = std::numeric_limits<C>;
+    C lo = p.has_a ? static_cast<C>(p.a) : limits::has_infinity ? -limits::infinity() : limits::lowest();
+    C hi = p.has_b ? static_cast<C>(p.b) : limits::has_infinity ? limits::infinity() : limits::max();
+    x = x < lo ? lo : x;
+    return x > hi ? hi : x;
   });
 }
 void pow_scalar_kernel(const KernelArgs& a) {
