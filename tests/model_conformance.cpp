@@ -92,9 +92,9 @@ ModelErrors check_model(const ModelCheck& check) {
     // within 3x of PyTorch's own, the rule of the float32 gradients below.
     for (const auto& [name, t] : train->state_dict()) {
       if (name.find("running_") == std::string::npos) continue;
-      Tensor exact = golden("train64.running." + name);
-      double err = relative_error(t, golden("train.running." + name));
-      double torch_own = relative_error(golden("train.running." + name).to(DType::Float64), exact);
+      Tensor torch32 = golden("train.running." + name), exact = golden("train64.running." + name);
+      double err = relative_error(t, torch32);
+      double torch_own = relative_error(torch32.to(DType::Float64), exact);
       double ours_exact = relative_error(t.to(DType::Float64), exact);
       EXPECT_TRUE(err <= 1e-4 || ours_exact <= 3 * torch_own)
           << check.model << " " << name << ": err " << err << " against PyTorch's float32; against float64 ours "

@@ -1,8 +1,8 @@
 // CPU kernels: copy/cast, fill, arange, unary and binary elementwise ops, where.
 // Shape legend: all operands have the output's shape (inputs pre-broadcast by the op).
 #include <cmath>
-#include <limits>
 #include <cstring>
+#include <limits>
 
 #include "cpu_kernels.h"
 #include "loops.h"
