@@ -95,7 +95,7 @@ struct DenseNetConfig {
 
 class DenseNet : public nn::Cloneable<DenseNet, Backbone> {
  public:
-  DenseNet(std::string name, const DenseNetConfig& config, int64_t num_classes) : name_(std::move(name)) {
+  DenseNet(std::string name, const DenseNetConfig& config, int64_t num_classes) : Cloneable(std::move(name)) {
     constexpr int64_t bn_size = 4;
     auto features = std::make_shared<nn::Sequential>(std::vector<std::pair<std::string, nn::ModulePtr>>{
         {"conv0", std::make_shared<Conv2d>(3, config.num_init_features, 7,
@@ -149,11 +149,6 @@ class DenseNet : public nn::Cloneable<DenseNet, Backbone> {
     return detail::sequential_stages(child("features"), "features", x,
                                      {"relu0", "denseblock1", "denseblock2", "denseblock3", "norm5"});
   }
-
-  std::string model_name() const override { return name_; }
-
- private:
-  std::string name_;
 };
 
 detail::ModelSpec densenet(const std::string& name, const DenseNetConfig& config) {

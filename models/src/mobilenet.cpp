@@ -116,10 +116,9 @@ class MobileNet : public Backbone {
     return detail::sequential_stages(child("features"), "features", x, stages_);
   }
 
-  std::string model_name() const override { return name_; }
 
  protected:
-  explicit MobileNet(std::string name) : name_(std::move(name)) {}
+  explicit MobileNet(std::string name) : Backbone(std::move(name)) {}
 
   // strides: of each child of `features`, in order.
   void finish(const std::vector<int64_t>& strides) {
@@ -143,7 +142,6 @@ class MobileNet : public Backbone {
   }
 
  private:
-  std::string name_;
   std::vector<std::string> stages_;  // child names in `features`
 };
 

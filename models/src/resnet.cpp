@@ -87,7 +87,7 @@ struct ResNetConfig {
 
 class ResNet : public nn::Cloneable<ResNet, Backbone> {
  public:
-  ResNet(std::string name, const ResNetConfig& config, int64_t num_classes) : name_(std::move(name)) {
+  ResNet(std::string name, const ResNetConfig& config, int64_t num_classes) : Cloneable(std::move(name)) {
     register_module("conv1", std::make_shared<Conv2d>(3, 64, 7, nn::ConvOptions{.stride = 2, .padding = 3, .bias = false}));
     register_module("bn1", std::make_shared<BatchNorm2d>(64));
     register_module("relu", std::make_shared<nn::ReLU>());
@@ -140,13 +140,10 @@ class ResNet : public nn::Cloneable<ResNet, Backbone> {
     return stages;
   }
 
-  std::string model_name() const override { return name_; }
-
  private:
   Tensor stem(const Tensor& x) const {
     return child("maxpool").forward(relu(child("bn1").forward(child("conv1").forward(x))));
   }
-  std::string name_;
 };
 
 detail::ModelSpec resnet(const std::string& name, const ResNetConfig& config) {

@@ -23,7 +23,7 @@ using VggConfig = std::vector<int64_t>;
 class VGG : public nn::Cloneable<VGG, Backbone> {
  public:
   VGG(std::string name, const VggConfig& config, bool batch_norm, int64_t num_classes, double dropout)
-      : name_(std::move(name)) {
+      : Cloneable(std::move(name)) {
     // torchvision's make_layers.
     std::vector<nn::ModulePtr> layers;
     int64_t in_channels = 3;
@@ -79,10 +79,7 @@ class VGG : public nn::Cloneable<VGG, Backbone> {
     return detail::sequential_stages(child("features"), "features", x, stages_);
   }
 
-  std::string model_name() const override { return name_; }
-
  private:
-  std::string name_;
   std::vector<std::string> stages_;
 };
 

@@ -39,7 +39,13 @@ class Backbone : public nn::Module {
   // stride-2 change and the last block, e.g. "features.3").
   virtual std::vector<std::pair<std::string, Tensor>> forward_stages(const Tensor& x) = 0;
   // The registry name ("resnet50").
-  virtual std::string model_name() const = 0;
+  const std::string& model_name() const { return name_; }
+
+ protected:
+  explicit Backbone(std::string name) : name_(std::move(name)) {}
+
+ private:
+  std::string name_;
 };
 using BackbonePtr = std::shared_ptr<Backbone>;
 
