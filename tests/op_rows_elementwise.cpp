@@ -148,6 +148,27 @@ std::vector<OpRow> elementwise_rows() {
               return out;
             },
             [](In x) { return masked_fill(x[0], x[1], -2.5); }, "a.masked_fill(b, -2.5)", {0}},
+      binary(Op::lerp, [](const Tensor& a, const Tensor& b) { return lerp(a, b, 0.3); }, "torch.lerp(a, b, 0.3)"),
+      binary(Op::lerp, [](const Tensor& a, const Tensor& b) { return lerp(a, b, 0.75); }, "torch.lerp(a, b, 0.75)"),
+      OpRow{Op::lerp,
+            [] {
+              std::vector<OpSample> out;
+              for (const OpSample& s : unary_samples())
+                out.push_back({s.label, {s.inputs[0], sample_randn(s.inputs[0].shape(), 31 + s.inputs[0].numel())}});
+              return out;
+            },
+            [](In x) {
+              // Two pairs in one call, each weight form once: 0.2 < 0.5 <= 0.8.
+              std::vector<Tensor> selves{x[0].clone(), x[1].clone()};
+              foreach_lerp_(selves, {x[1], x[0]}, 0.2);
+              Tensor first = selves[0].clone();
+              foreach_lerp_(selves, {x[1], x[0]}, 0.8);
+              return add(first, mul(selves[1], scalar_like(2.0, selves[1].dtype())));
+            },
+            "torch.lerp(a, b, 0.2) + 2 * torch.lerp(torch.lerp(b, a, 0.2), a, 0.8)",
+            {},
+            1e-5,
+            "foreach_lerp_, the in-place multi-tensor form (no autograd; gradients checked by the lerp rows)"},
   };
   return rows;
 }

@@ -3,7 +3,8 @@
 #   errors        exit codes and messages: usage errors exit 2, missing or malformed data exit 1
 #                 with `error: <file>: <fault>` on stderr, --help exits 0
 #   reproducible  a few training batches twice, with 1 and 2 threads: identical stdout (losses,
-#                 the hash of the trained weights, the accuracy)
+#                 the hash of the trained weights, the accuracy); with --ema the same plus the
+#                 EMA's accuracy on the line before the last
 #   train         `tvc train --epochs 1 --seed 0` ends with `test accuracy: NN.NN%` >= 88%
 set -uo pipefail
 mode=$1
@@ -53,6 +54,8 @@ errors)
   expect 2 'subcommand'
   expect 2 'lr' train --lr -1
   expect 2 'threads' train --threads -2
+  expect 2 'ema' train --ema 1.5
+  expect 2 'out' average "$tmp/none.pth"
   "$tvc" train --help >"$tmp/help" 2>&1 && grep -q -- --data-dir "$tmp/help" ||
     fail "tvc train --help did not exit 0 listing --data-dir: $(cat "$tmp/help")"
   expect 1 "^error: $tmp/none/train-images-idx3-ubyte.gz: cannot open: No such file or directory\$" \
@@ -86,6 +89,17 @@ reproducible)
   cmp -s "$tmp/a" "$tmp/b" || fail "same seed, different results: $(diff "$tmp/a" "$tmp/b")"
   cmp -s "$tmp/a" "$tmp/c" && fail "seeds 7 and 8 gave identical results"
   grep -q '^weights fnv1a: [0-9a-f]\{16\}$' "$tmp/a" || fail "no weights hash in the output"
+  # --ema: the same training (losses, hash, raw accuracy last) plus the EMA's accuracy on the
+  # line before the last, also independent of the thread count.
+  "$tvc" train --seed 7 --max-batches 25 --threads 1 --ema 0.99 --data-dir "$data" >"$tmp/e1" 2>"$tmp/e1.err" ||
+    fail "--ema run failed: $(cat "$tmp/e1.err")"
+  "$tvc" train --seed 7 --max-batches 25 --threads 2 --ema 0.99 --data-dir "$data" >"$tmp/e2" 2>"$tmp/e2.err" ||
+    fail "--ema run failed: $(cat "$tmp/e2.err")"
+  cat "$tmp/e1"
+  cmp -s "$tmp/e1" "$tmp/e2" || fail "--ema: same seed, different results: $(diff "$tmp/e1" "$tmp/e2")"
+  grep -v '^EMA test accuracy' "$tmp/e1" | cmp -s - "$tmp/a" || fail "--ema changed the training: $(diff "$tmp/e1" "$tmp/a")"
+  tail -n 2 "$tmp/e1" | head -n 1 | grep -Eq '^EMA test accuracy: [0-9]+\.[0-9][0-9]%$' ||
+    fail "the line before the last is not 'EMA test accuracy: NN.NN%': $(cat "$tmp/e1")"
   ;;
 train)
   start=$(date +%s)

@@ -2,7 +2,8 @@
 //
 // Model (N,1,28,28) -> Conv(1->32,3x3,pad 1)-BN-ReLU-MaxPool(2) -> (N,32,14,14)
 //   -> Conv(32->64,3x3,pad 1)-BN-ReLU-MaxPool(2) -> (N,64,7,7) -> Flatten -> Linear(3136->10).
-// Adam with a cosine learning-rate decay from --lr to 0 over all steps; cross-entropy loss.
+// Adam with a cosine learning-rate decay from --lr to 0 over all steps; cross-entropy loss;
+// optionally an EMA of the weights (--ema).
 // Images are scaled to [0,1] and standardised with the training set's mean and std.
 #include "train.h"
 
@@ -20,6 +21,7 @@
 #include "tvc/ops.h"
 #include "tvc/lr_scheduler.h"
 #include "tvc/optim.h"
+#include "tvc/swa/averaged_model.h"
 
 namespace tvc::tools {
 
@@ -140,6 +142,13 @@ void train_fashion_mnist(const TrainOptions& o) {
   manual_seed(o.seed);  // initial weights and the shuffling both draw from the default generator
   std::shared_ptr<nn::Sequential> net = make_model();
   optim::Adam opt(net->parameters(), {.lr = o.lr});
+  // The EMA averages the BatchNorm statistics too (use_buffers), as timm's ModelEma does.
+  std::shared_ptr<swa::AveragedModel> ema;
+  if (o.ema_decay)
+    ema = std::make_shared<swa::AveragedModel>(
+        *net, swa::AveragedModelOptions{
+                  .multi_avg_fn = swa::get_ema_multi_avg_fn(*o.ema_decay, {.kind = swa::EmaWarmup::Kind::timm}),
+                  .use_buffers = true});
 
   const int64_t n = train.images.size(0);
   int64_t batches = (n + o.batch_size - 1) / o.batch_size;
@@ -158,6 +167,7 @@ void train_fashion_mnist(const TrainOptions& o) {
       loss.backward();
       opt.step();
       schedule.step();
+      if (ema) ema->update_parameters(*net);
       loss_sum += loss.item<double>();
       progress.update(b + 1, batch.images.size(0), loss_sum / static_cast<double>(b + 1));
     }
@@ -168,6 +178,7 @@ void train_fashion_mnist(const TrainOptions& o) {
   std::vector<Tensor> state = net->parameters();
   for (const Tensor& b : net->buffers()) state.push_back(b);
   std::printf("weights fnv1a: %016llx\n", static_cast<unsigned long long>(fnv1a(state)));
+  if (ema) std::printf("EMA test accuracy: %.2f%%\n", 100.0 * accuracy(*ema, test));
   std::printf("test accuracy: %.2f%%\n", 100.0 * accuracy(*net, test));
 }
 

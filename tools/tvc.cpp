@@ -1,12 +1,13 @@
 // The tvc command-line program.
 //
-//   tvc train [--epochs N] [--seed S] [--batch-size B] [--lr LR] [--threads T] [--data-dir D]
+//   tvc train [--epochs N] [--seed S] [--batch-size B] [--lr LR] [--threads T] [--data-dir D] [--ema DECAY]
 //   tvc list
 //   tvc run MODEL --weights W --input X.safetensors --output Y.safetensors [--num-classes N]
 //           [--train-mode] [--features]
 //   tvc predict MODEL --weights W [--preprocess-tag TAG] IMAGE...
 //   tvc inspect FILE [--widen]
 //   tvc convert IN OUT [--dtype float16|bfloat16|float32] [--widen] [--unwrap]
+//   tvc average --out OUT [--swa | --ema DECAY] [--use-buffers] [--plain] FILE...
 //
 // Exit status: 0 on success, 1 on an error (printed as `error: <message>` on stderr), 2 on a
 // usage error (unknown option, bad value).
@@ -17,6 +18,7 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <stdexcept>
 
 #include "fashion_mnist.h"
@@ -58,6 +60,9 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--data-dir", train.data_dir,
                         "Folder of the gzipped IDX files {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz")
       ->capture_default_str();
+  train_cmd->add_option("--ema", train.ema_decay,
+                        "Also keep an EMA of the weights with this decay (timm warm-up) and print its accuracy")
+      ->check(CLI::Range(0.0, 1.0));
   train_cmd->add_option("--max-batches", train.max_batches,
                         "Stop each epoch after this many batches (0: all), for quick checks")
       ->capture_default_str()
@@ -85,6 +90,27 @@ int run(int argc, char** argv) {
                         "Load element types tvc lacks (uint16/32/64, float8) widened (int32/int64/float32)");
   convert_cmd->add_flag("--unwrap", convert.unwrap,
                         "Keep only the weights of a training checkpoint (state_dict/model, no module. prefix)");
+
+  std::vector<std::string> average_files;
+  std::string average_out;
+  std::optional<double> average_ema;
+  tvc::swa::AverageFilesOptions average;
+  CLI::App* average_cmd = app.add_subcommand(
+      "average", "Average weight files (SWA: equal weights; or an EMA in file order) as AveragedModel would");
+  average_cmd->add_option("--out", average_out, "The file to write: NAME.safetensors, NAME.pth or NAME.pt")
+      ->required();
+  bool average_swa = false;
+  CLI::Option* swa_flag = average_cmd->add_flag("--swa", average_swa, "Equal-weight average of all files (the default)");
+  average_cmd->add_option("--ema", average_ema, "Exponential moving average in file order with this decay")
+      ->check(CLI::Range(0.0, 1.0))
+      ->excludes(swa_flag);
+  average_cmd->add_flag("--use-buffers", average.use_buffers,
+                        "Average floating buffers (BatchNorm statistics) too; else they are the last file's");
+  average_cmd->add_flag("--plain", average.plain,
+                        "Write the averaged model's own state_dict (loads into torchvision) instead of "
+                        "AveragedModel's (module.*, n_averaged)");
+  average_cmd->add_option("FILE", average_files, "Weight files (.pth or .safetensors, any mix), in order")
+      ->required();
 
   CLI::App* list_cmd = app.add_subcommand("list", "Print every model name, one per line");
 
@@ -120,6 +146,13 @@ int run(int argc, char** argv) {
   }
 
   if (train_cmd->parsed()) tvc::tools::train_fashion_mnist(train);
+  if (average_cmd->parsed()) {
+    if (average_ema) {
+      average.method = tvc::swa::AverageFilesOptions::Method::ema;
+      average.ema_decay = *average_ema;
+    }
+    tvc::tools::average_weights(average_files, average_out, average);
+  }
   if (list_cmd->parsed()) tvc::tools::list_models();
   if (run_cmd->parsed()) tvc::tools::run_model(run);
   if (predict_cmd->parsed()) tvc::tools::predict(predict);

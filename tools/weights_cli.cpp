@@ -1,7 +1,6 @@
 #include "weights_cli.h"
 
 #include <cstdio>
-#include <filesystem>
 #include <sstream>
 
 #include "tvc/error.h"
@@ -89,14 +88,6 @@ void inspect_pth(const std::string& path, io::WeightFormat format, const Inspect
   for (const auto& [k, v] : others) std::printf("  %s: %s\n", k.c_str(), v.c_str());
 }
 
-io::WeightFormat output_format(const std::string& path) {
-  std::string ext = std::filesystem::path(path).extension().string();
-  if (ext == ".safetensors") return io::WeightFormat::Safetensors;
-  if (ext == ".pth" || ext == ".pt") return io::WeightFormat::PthZip;
-  throw Error(cat_str("'", path, "': unknown output format '", ext,
-                      "' (use .safetensors, or .pth / .pt for torch.save's zip format)"));
-}
-
 // The value with its floating tensors converted to dtype (each to its own storage).
 io::Value cast_floating(const io::Value& v, DType dtype) {
   switch (v.kind()) {
@@ -128,7 +119,7 @@ void inspect_weights(const std::string& path, const InspectOptions& options) {
 }
 
 void convert_weights(const std::string& in, const std::string& out, const ConvertOptions& options) {
-  io::WeightFormat to = output_format(out);
+  io::WeightFormat to = io::format_for_extension(out);
   io::WeightFormat from = io::detect_format(in);
   if (from == io::WeightFormat::Safetensors && to == io::WeightFormat::Safetensors && !options.dtype) {
     io::SafetensorsFile file = io::SafetensorsFile::open(in);
@@ -160,6 +151,16 @@ void convert_weights(const std::string& in, const std::string& out, const Conver
     io::save_pth(out, value);
     std::printf("wrote %s: %zu tensors, pth (zip)\n", out.c_str(), io::flatten_tensors(value).size());
   }
+}
+
+void average_weights(const std::vector<std::string>& files, const std::string& out,
+                     const swa::AverageFilesOptions& options) {
+  swa::AverageFilesReport r = swa::average_weight_files(files, out, options);
+  const bool ema = options.method == swa::AverageFilesOptions::Method::ema;
+  std::printf("wrote %s: %s of %lld files, %lld tensors averaged, %lld buffers from the last file, %s\n", out.c_str(),
+              ema ? cat_str("EMA (decay ", options.ema_decay, ")").c_str() : "SWA", static_cast<long long>(r.files),
+              static_cast<long long>(r.averaged), static_cast<long long>(r.copied),
+              options.plain ? "the model's own state_dict" : "AveragedModel state_dict (module.*, n_averaged)");
 }
 
 }  // namespace tvc::tools

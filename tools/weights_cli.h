@@ -3,8 +3,10 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tvc/dtype.h"
+#include "tvc/swa/average_files.h"
 
 namespace tvc::tools {
 
@@ -27,5 +29,10 @@ struct ConvertOptions {
 // .pth / .pt. safetensors to safetensors without --dtype copies every tensor's bytes, whatever
 // its element type, and the metadata. Prints one summary line.
 void convert_weights(const std::string& in, const std::string& out, const ConvertOptions& options);
+
+// `tvc average`: averages weight files into out (tvc::swa::average_weight_files) and prints
+// one summary line.
+void average_weights(const std::vector<std::string>& files, const std::string& out,
+                     const swa::AverageFilesOptions& options);
 
 }  // namespace tvc::tools

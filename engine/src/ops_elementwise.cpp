@@ -565,6 +565,58 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
+// ---------------------------------------------------------------- lerp
+
+Tensor lerp(const Tensor& start, const Tensor& end, double weight) {
+  TVC_CHECK(start.defined() && end.defined(), "lerp: undefined input tensor");
+  DType dt = result_type(start, end);
+  TVC_CHECK(is_floating(dt), "lerp: needs floating tensors, got ", dtype_name(start.dtype()), " and ",
+            dtype_name(end.dtype()));
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    Shape shape = broadcast_shapes(start.shape(), end.shape(), "lerp");
+    out = detail::empty_with_format(shape, dt, detail::result_format({start, end}));
+    LerpParams p{weight};
+    detail::run(Op::lerp, {start.to(dt).expand(shape), end.to(dt).expand(shape)}, {out}, &p);
+  }
+  Shape s_start = start.shape(), s_end = end.shape();
+  autograd::record("LerpBackward0", {start, end}, {out}, [=](const GradList& g) -> GradList {
+    DType gd = g[0].dtype();
+    return {sum_to(mul(g[0], scalar_like(1 - weight, gd)), s_start), sum_to(mul(g[0], scalar_like(weight, gd)), s_end)};
+  });
+  return out;
+}
+
+void foreach_lerp_(const std::vector<Tensor>& selves, const std::vector<Tensor>& ends, double weight) {
+  TVC_CHECK(selves.size() == ends.size(), "foreach_lerp_: ", selves.size(), " tensors to update but ",
+            ends.size(), " end tensors");
+  if (selves.empty()) return;
+  const DType dt = selves[0].dtype();
+  const Device dev = selves[0].device();
+  TVC_CHECK(is_floating(dt), "foreach_lerp_: needs floating tensors, got ", dtype_name(dt));
+  std::vector<Tensor> in(2 * selves.size());
+  for (size_t i = 0; i < selves.size(); ++i) {
+    const Tensor& s = selves[i];
+    TVC_CHECK(s.dtype() == dt && s.device() == dev, "foreach_lerp_: tensor ", i, " is ", dtype_name(s.dtype()),
+              " on ", device_name(s.device()), ", tensor 0 is ", dtype_name(dt), " on ", device_name(dev),
+              " (one call takes tensors of one dtype and device)");
+    TVC_CHECK(ends[i].shape() == s.shape(), "foreach_lerp_: tensor ", i, " has shape ", s.shape(),
+              ", its end tensor ", ends[i].shape());
+    autograd::check_inplace(s, "foreach_lerp_");
+    check_writable(s, "foreach_lerp_");
+    in[i] = s;
+    Tensor e = ends[i].to(dt);
+    in[selves.size() + i] = e.storage() == s.storage() && !e.is_same(s) ? e.clone() : e;
+  }
+  {
+    NoGradGuard no_grad;
+    LerpParams p{weight};
+    detail::run(Op::lerp, in, selves, &p);
+  }
+  for (const Tensor& s : selves) s.storage()->bump_version();
+}
+
 // ---------------------------------------------------------------- methods
 
 Tensor Tensor::pow(Scalar e) const { return tvc::pow(*this, e); }

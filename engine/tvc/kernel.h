@@ -126,6 +126,13 @@ struct Pool2dParams {
   int64_t divisor_override = 0;  // 0: none
 };
 
+// lerp: in = (start_0..start_{n-1}, end_0..end_{n-1}) -> out (out_0..out_{n-1}), n >= 1 pairs of
+// one floating dtype; out_i has the shape of start_i and end_i and may be start_i itself (in
+// place); out_i = lerp(start_i, end_i, weight).
+struct LerpParams {
+  double weight;
+};
+
 // index_select: in = (input, int64 index) -> out; gather: in = (input, int64 index) -> out.
 // index_add / scatter_add: in = (grad, index) -> out (zero-filled by the caller, accumulated).
 struct IndexParams {

@@ -73,6 +73,7 @@
   X(gt, KERNEL)                           \
   X(ge, KERNEL)                           \
   X(where, KERNEL)                        \
+  X(lerp, KERNEL)                         \
   X(masked_fill, COMPOSED)                \
   /* reductions */                        \
   X(sum, KERNEL)                          \

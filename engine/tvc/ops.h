@@ -68,6 +68,15 @@ Tensor gt(const Tensor& a, const Tensor& b);
 Tensor ge(const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
 Tensor masked_fill(const Tensor& t, const Tensor& mask, Scalar value);
+// start + weight * (end - start) with PyTorch's formula (for |weight| >= 0.5 it computes
+// end - (end - start) * (1 - weight), exact at weight 1); start and end broadcast.
+Tensor lerp(const Tensor& start, const Tensor& end, double weight);
+// The multi-tensor form (torch._foreach_lerp_): selves[i] = lerp(selves[i], ends[i], weight) in
+// place for every i, in one kernel call over all the tensors (one pass, not one op per tensor).
+// selves share one floating dtype and device; ends[i] has the shape of selves[i] and is
+// converted to the selves' dtype. Records no autograd: with grad mode on, no self may require
+// grad (pass detached aliases, as PyTorch's swa_utils does).
+void foreach_lerp_(const std::vector<Tensor>& selves, const std::vector<Tensor>& ends, double weight);
 
 Tensor neg(const Tensor& t);
 Tensor abs(const Tensor& t);

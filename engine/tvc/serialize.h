@@ -147,6 +147,9 @@ const char* format_name(WeightFormat format);  // "safetensors", "pth (zip)", "p
 // From the content: zip signature, pickle protocol 2 magic number, else safetensors (which the
 // reader then validates). Throws naming the file when it cannot be opened.
 WeightFormat detect_format(const std::string& path);
+// The format a file to write asks for by its extension: .safetensors (Safetensors), .pth or .pt
+// (PthZip); another extension throws naming the path.
+WeightFormat format_for_extension(const std::string& path);
 
 // ---------------------------------------------------------------- safetensors
 
@@ -236,6 +239,9 @@ struct StateDictOptions {
   bool unwrap = false;
 };
 nn::StateDict load_state_dict(const std::string& path, const StateDictOptions& options = {});
+// Writes a state_dict in the format of path's extension (format_for_extension): safetensors
+// (names sorted) or torch.save's zip format (an OrderedDict in the dict's order).
+void save_state_dict(const std::string& path, const nn::StateDict& state_dict);
 
 // The module loads a state_dict file of any format: module.load_state_dict(load_state_dict(
 // path, options), strict, assign), except that tensors whose dtype differs from the module's

@@ -1,4 +1,4 @@
-// CPU kernels: copy/cast, fill, arange, unary and binary elementwise ops, where.
+// CPU kernels: copy/cast, fill, arange, unary and binary elementwise ops, where, lerp.
 // Shape legend: all operands have the output's shape (inputs pre-broadcast by the op).
 #include <cmath>
 #include <cstring>
@@ -256,6 +256,65 @@ void where_kernel(const KernelArgs& args) {
   });
 }
 
+// ---------------------------------------------------------------- lerp
+
+// PyTorch's lerp formula: start + w * (end - start) for |w| < 0.5, else
+// end - (end - start) * (1 - w), so that w = 0 gives start and w = 1 gives end exactly.
+template <typename C>
+C lerp_value(C start, C end, C w, bool small_weight) {
+  return small_weight ? start + w * (end - start) : end - (end - start) * (C(1) - w);
+}
+
+// Elements per piece of work of the multi-tensor lerp.
+constexpr int64_t kLerpChunk = 16384;
+
+// n pairs in one call (see LerpParams). Pairs whose output and operands share strides and cover
+// their span without gaps (contiguous or channels-last) are cut into pieces of kLerpChunk
+// elements, and the pieces of all pairs are split over the threads in one parallel loop; other
+// pairs go through the strided loop one after another.
+void lerp_kernel(const KernelArgs& args) {
+  const size_t n = args.out.size();
+  const double weight = args.p<LerpParams>().weight;
+  const DType dt = args.out[0].dtype();
+  dispatch_floating(dt, Op::lerp, [&]<typename T>() {
+    using C = compute_t<T>;
+    const C w = static_cast<C>(weight);
+    const bool small_weight = std::abs(w) < C(0.5);
+    struct Piece {
+      T* out;
+      const T* start;
+      const T* end;
+      int64_t count;
+    };
+    std::vector<Piece> pieces;
+    for (size_t i = 0; i < n; ++i) {
+      const Tensor& out = args.out[i];
+      const Tensor& a = args.in[i];
+      const Tensor& b = args.in[n + i];
+      if (a.dtype() != dt || b.dtype() != dt || out.dtype() != dt) unsupported_dtype(Op::lerp, a.dtype(), Device::CPU);
+      const int64_t count = out.numel();
+      if (count == 0) continue;
+      bool dense = out.is_contiguous() || out.is_contiguous(MemoryFormat::ChannelsLast);
+      if (dense && a.strides() == out.strides() && b.strides() == out.strides()) {
+        for (int64_t begin = 0; begin < count; begin += kLerpChunk)
+          pieces.push_back({static_cast<T*>(out.raw_data()) + begin, static_cast<const T*>(a.raw_data()) + begin,
+                            static_cast<const T*>(b.raw_data()) + begin, std::min(kLerpChunk, count - begin)});
+      } else {
+        map_elements<T, T, C, 3>({&out, &a, &b},
+                                 [w, small_weight](C x, C y) { return lerp_value(x, y, w, small_weight); });
+      }
+    }
+    parallel_for(static_cast<int64_t>(pieces.size()), kLerpChunk, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const Piece& piece = pieces[k];
+        for (int64_t j = 0; j < piece.count; ++j)
+          piece.out[j] = static_cast<T>(
+              lerp_value(static_cast<C>(piece.start[j]), static_cast<C>(piece.end[j]), w, small_weight));
+      }
+    });
+  });
+}
+
 }  // namespace
 
 void register_elementwise_kernels(KernelRegistry& r) {
@@ -296,6 +355,7 @@ void register_elementwise_kernels(KernelRegistry& r) {
   r.set(Op::gt, cpu, gt_kernel);
   r.set(Op::ge, cpu, ge_kernel);
   r.set(Op::where, cpu, where_kernel);
+  r.set(Op::lerp, cpu, lerp_kernel);
 }
 
 }  // namespace tvc::cpu

@@ -1,6 +1,7 @@
 // Any weight format: detection, whole-file loading, state_dicts and loading into modules.
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 #include "io/file.h"
 #include "tvc/error.h"
@@ -34,6 +35,19 @@ WeightFormat detect_format(const std::string& path) {
   throw Error(cat_str("'", path, "': not a weight file tvc reads: it starts neither with a zip signature "
                       "(torch.save), nor a pickle (legacy torch.save), nor a safetensors header "
                       "length followed by '{'"));
+}
+
+WeightFormat format_for_extension(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  if (ext == ".safetensors") return WeightFormat::Safetensors;
+  if (ext == ".pth" || ext == ".pt") return WeightFormat::PthZip;
+  throw Error(cat_str("'", path, "': unknown output format '", ext,
+                      "' (use .safetensors, or .pth / .pt for torch.save's zip format)"));
+}
+
+void save_state_dict(const std::string& path, const nn::StateDict& state_dict) {
+  if (format_for_extension(path) == WeightFormat::Safetensors) save_safetensors(path, state_dict);
+  else save_pth(path, Value(state_dict));
 }
 
 Value load(const std::string& path, const ReadOptions& options) {

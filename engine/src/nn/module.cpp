@@ -635,6 +635,11 @@ Module& Module::type(DType dtype) {
   return *this;
 }
 
+Module& Module::convert_tensors(const std::function<Tensor(const Tensor&)>& fn) {
+  apply_to_tensors(fn, any_tensor, true, true);
+  return *this;
+}
+
 // ---------------------------------------------------------------- hooks
 
 RemovableHandle Module::register_forward_pre_hook(ForwardPreHook hook, bool prepend) {

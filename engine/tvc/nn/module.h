@@ -282,6 +282,9 @@ class Module : public std::enable_shared_from_this<Module> {
   Module& bfloat16() { return to(DType::BFloat16); }
   // Casts ALL parameters and buffers (integer ones too) to dtype.
   Module& type(DType dtype);
+  // Replaces every parameter and buffer t (and its grad) by fn(t) IN PLACE, keeping each handle's
+  // identity, as the conversions above do (PyTorch's _apply); fn returns t itself to leave it.
+  Module& convert_tensors(const std::function<Tensor(const Tensor&)>& fn);
 
   // ---- hooks ----
   RemovableHandle register_forward_pre_hook(ForwardPreHook hook, bool prepend = false);
