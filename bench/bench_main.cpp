@@ -1,6 +1,6 @@
 // tvc_bench: the machine's FMA peak, tvc's SGEMM against it (per instruction-set path, and
 // oneDNN's dnnl_sgemm beside it when built with oneDNN), ResNet-50's convolutions through
-// tvc::conv2d, and whole models (images/s). Every other rate is a GFLOP/s counter ("G/s" below means 1e9 FLOP/s); SGEMM also gets
+// tvc::conv2d, whole models (images/s) and EMA updates of a model's weights (GB/s). Every other rate is a GFLOP/s counter ("G/s" below means 1e9 FLOP/s); SGEMM also gets
 // "peak%", its rate as a share of the measured FMA peak on the same number of threads.
 // Benchmarks are named kind/variant/size/threads:T; pick them with --benchmark_filter.
 // See bench/README.md.
@@ -18,6 +18,7 @@
 #include "tvc/autograd.h"
 #include "tvc/models/models.h"
 #include "tvc/ops.h"
+#include "tvc/swa/averaged_model.h"
 
 #ifdef TVC_HAVE_DNNL
 #include <dnnl.h>
@@ -188,6 +189,24 @@ void model_tvc(benchmark::State& state, std::string name, bool train, int64_t ba
   state.counters["img/s"] = calls * static_cast<double>(batch);
 }
 
+// (f) One EMA update of a backbone's weights (AveragedModel with decay 0.999, after the copying
+// first update): "multi" is the fused multi-tensor form (one foreach_lerp_ pass over every
+// parameter), "per_tensor" the per-tensor avg_fn (ops per parameter). Reports "GB/s" of the
+// 12 bytes each float32 element moves (average and model read, average written).
+void ema_update_tvc(benchmark::State& state, std::string name, bool multi, int threads) {
+  tvc::set_num_threads(threads);
+  tvc::models::BackbonePtr model = tvc::models::create(name);
+  tvc::swa::AveragedModelOptions options;
+  if (multi) options.multi_avg_fn = tvc::swa::get_ema_multi_avg_fn(0.999);
+  else options.avg_fn = tvc::swa::get_ema_avg_fn(0.999);
+  tvc::swa::AveragedModel ema(*model, options);
+  ema.update_parameters(*model);
+  int64_t elements = 0;
+  for (const tvc::Tensor& p : model->parameters()) elements += p.numel();
+  double calls = timed_calls(state, [&] { ema.update_parameters(*model); });
+  state.counters["GB/s"] = calls * 12.0 * static_cast<double>(elements) / 1e9;
+}
+
 // "kind/variant/.../key:value" names.
 std::string bench_name(std::initializer_list<std::string> parts) {
   std::string name;
@@ -242,6 +261,14 @@ void register_all() {
               model_tvc, model, train, batch, t)
               ->UseManualTime()
               ->Unit(benchmark::kMillisecond);
+  for (const char* model : {"resnet50", "mobilenet_v2"})
+    for (bool multi : {true, false})
+      for (int t : threads)
+        benchmark::RegisterBenchmark(
+            bench_name({"ema_update", model, multi ? "multi" : "per_tensor", keyed("threads", t)}).c_str(),
+            ema_update_tvc, model, multi, t)
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace

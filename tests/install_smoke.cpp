@@ -1,10 +1,12 @@
 // Built out of tree against an installed tvc (tests/test_install.sh): creates tensors, runs ops
 // with autograd and prints the gradient (d/dx sum(x*x + 3x) = 2x + 3), then takes one SGD step
-// on an nn::Linear layer, which must lower its loss.
+// on an nn::Linear layer, which must lower its loss, and keeps its SWA average (the swa/ headers
+// installed under tvc/swa): the mean of the weights before and after the step.
 #include <tvc/autograd.h>
 #include <tvc/nn/layers.h>
 #include <tvc/ops.h>
 #include <tvc/optim.h>
+#include <tvc/swa/averaged_model.h>
 
 #include <memory>
 
@@ -20,6 +22,9 @@ int main() {
 
     auto layer = std::make_shared<tvc::nn::Linear>(4, 2);
     tvc::optim::SGD sgd(layer->parameters(), {.lr = 0.1});
+    tvc::swa::AveragedModel average(*layer);
+    average.update_parameters(*layer);
+    tvc::Tensor w0 = layer->weight().clone();
     tvc::Tensor input = tvc::randn({8, 4}), target = tvc::randn({8, 2});
     double before = tvc::mse_loss((*layer)(input), target).item<double>();
     tvc::Tensor loss = tvc::mse_loss((*layer)(input), target);
@@ -28,7 +33,10 @@ int main() {
     sgd.step();
     double after = tvc::mse_loss((*layer)(input), target).item<double>();
     std::printf("linear layer loss %g -> %g after one SGD step\n", before, after);
-    return ok && after < before ? 0 : 1;
+    average.update_parameters(*layer);
+    bool averaged = tvc::allclose(average.module().get_parameter("weight"), (w0 + layer->weight()) / 2.0);
+    std::printf("SWA of the two weights: %s\n", averaged ? "ok" : "wrong");
+    return ok && after < before && averaged ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
