@@ -5,13 +5,16 @@
 
 Writes into OUT_DIR:
   weights.pth           the model's state_dict (torch.save), with random weights in which every
-                        BatchNorm buffer and affine parameter and every bias is randomised too
-                        (zero biases and unit statistics hide bugs)
+                        BatchNorm buffer and affine parameter, every LayerNorm weight, every
+                        bias, layer scale, class token, position embedding, relative-position
+                        table and zero-initialised head is randomised too (zero biases, unit
+                        statistics and 1e-6 layer scales hide bugs)
   goldens.safetensors   eval.K.input / eval.K.output   eval mode, for each N x S of EVAL_SHAPES
                         stage.NODE                     eval mode, for eval.0.input, the output of
                                                        each node of NODES ("layer1,layer2", as
                                                        create_feature_extractor names them)
-                        train.input / train.output     train mode (batch statistics, dropout off)
+                        train.input / train.output     train mode (batch statistics, dropout and
+                                                       stochastic depth off)
                         train.running.NAME             every BatchNorm buffer after that step
                         train64.running.NAME           the same step in float64 from the same
                                                        (float32) weights, buffers and input
@@ -40,8 +43,21 @@ def randomise(model, gen):
                 m.weight.uniform_(0.5, 1.5, generator=gen)
                 m.bias.normal_(0, 0.2, generator=gen)
                 m.num_batches_tracked.fill_(int(torch.randint(1, 1000, (1,), generator=gen)))
-            elif getattr(m, "bias", None) is not None and isinstance(m.bias, torch.nn.Parameter):
+                continue
+            if isinstance(m, (torch.nn.LayerNorm, torch.nn.GroupNorm)) and m.weight is not None:
+                m.weight.uniform_(0.5, 1.5, generator=gen)
+            if getattr(m, "bias", None) is not None and isinstance(m.bias, torch.nn.Parameter):
                 m.bias.normal_(0, 0.1, generator=gen)
+            if isinstance(m, torch.nn.Linear) and not m.weight.any():  # ViT's zero-initialised head
+                m.weight.normal_(0, m.in_features ** -0.5, generator=gen)
+        # What torchvision starts at constants or near zero: ConvNeXt's layer scale (1e-6), ViT's
+        # class token (zeros) and position embedding, Swin's relative-position bias table.
+        for name, p in model.named_parameters():
+            leaf = name.split(".")[-1]
+            if leaf == "layer_scale":
+                p.uniform_(0.5, 1.5, generator=gen)
+            elif leaf in ("class_token", "pos_embedding", "relative_position_bias_table"):
+                p.normal_(0, 1.0, generator=gen)
 
 
 def main():
@@ -78,8 +94,8 @@ def main():
         train = torchvision.models.__dict__[name](num_classes=num_classes)
         train.load_state_dict(model.state_dict())
         train.train().to(dtype)
-        for m in train.modules():
-            if isinstance(m, torch.nn.Dropout):
+        for m in train.modules():  # dropout and stochastic depth off (checked separately)
+            if isinstance(m, (torch.nn.Dropout, torchvision.ops.StochasticDepth)):
                 m.p = 0.0
         with torch.no_grad():
             out_ = train(x.to(dtype))

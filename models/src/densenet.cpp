@@ -38,12 +38,19 @@ class DenseLayer : public nn::Cloneable<DenseLayer> {
                                                       nn::ConvOptions{.stride = 1, .padding = 1, .bias = false}));
   }
 
-  // The new features (N, k, H, W) from the block's earlier ones, each (N, *, H, W).
-  Tensor forward(const std::vector<Tensor>& prev_features) const {
-    Tensor bottleneck = child("conv1").forward(relu(child("norm1").forward(cat(prev_features, 1))));
-    return child("conv2").forward(relu(child("norm2").forward(bottleneck)));
+  using Module::operator();
+  // The new features (N, k, H, W) from the block's earlier ones, each (N, *, H, W), through the
+  // module call (hooks see the list, as torchvision's layer(features) does).
+  Tensor operator()(const std::vector<Tensor>& prev_features) {
+    return call(prev_features, [this](const nn::TensorList& features) { return nn::TensorList{features_of(features)}; })[0];
   }
-  Tensor forward(const Tensor& x) override { return forward(std::vector<Tensor>{x}); }
+  Tensor forward(const Tensor& x) override { return features_of({x}); }
+
+ private:
+  Tensor features_of(const std::vector<Tensor>& prev_features) const {
+    Tensor bottleneck = child("conv1")(child("relu1")(child("norm1")(cat(prev_features, 1))));
+    return child("conv2")(child("relu2")(child("norm2")(bottleneck)));
+  }
 };
 
 class DenseBlock : public nn::Cloneable<DenseBlock> {
@@ -57,7 +64,7 @@ class DenseBlock : public nn::Cloneable<DenseBlock> {
   // (N, Cin, H, W) -> (N, Cin + L*k, H, W).
   Tensor forward(const Tensor& init_features) override {
     std::vector<Tensor> features = {init_features};
-    for (const auto& [name, layer] : named_children()) features.push_back(child_as<DenseLayer>(name).forward(features));
+    for (const auto& [name, layer] : named_children()) features.push_back(child_as<DenseLayer>(name)(features));
     return cat(features, 1);
   }
 };
@@ -137,17 +144,17 @@ class DenseNet : public nn::Cloneable<DenseNet, Backbone> {
     });
   }
 
+  // torchvision applies this ReLU and the pooling as functions (DenseNet has no modules for them).
   Tensor forward(const Tensor& x) override {
-    Tensor out = relu(child("features").forward(x));
+    Tensor out = relu(child("features")(x));
     out = adaptive_avg_pool2d(out, {1, 1}).flatten(1);
-    return child("classifier").forward(out);
+    return child("classifier")(out);
   }
 
   // The child of features before each stride-2 change and the last one: features.relu0 (H/2),
   // features.denseblock1 (H/4), .denseblock2 (H/8), .denseblock3 (H/16), .norm5 (H/32).
-  std::vector<std::pair<std::string, Tensor>> forward_stages(const Tensor& x) override {
-    return detail::sequential_stages(child("features"), "features", x,
-                                     {"relu0", "denseblock1", "denseblock2", "denseblock3", "norm5"});
+  std::vector<std::string> stage_nodes() const override {
+    return {"features.relu0", "features.denseblock1", "features.denseblock2", "features.denseblock3", "features.norm5"};
   }
 };
 

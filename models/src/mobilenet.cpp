@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "registry.h"
+#include "torchvision_ops.h"
 #include "tvc/nn/containers.h"
 #include "tvc/nn/init.h"
 #include "tvc/nn/layers.h"
@@ -35,49 +36,8 @@ using nn::BatchNorm2d;
 using nn::BatchNormOptions;
 using nn::Conv2d;
 
-// torchvision's _make_divisible(v, divisor): v rounded to the nearest multiple of divisor (at
-// least divisor), one multiple up when that rounds v down by more than 10%.
-int64_t make_divisible(double v, int64_t divisor) {
-  int64_t rounded = std::max(divisor, static_cast<int64_t>(v + static_cast<double>(divisor) / 2) / divisor * divisor);
-  return static_cast<double>(rounded) < 0.9 * v ? rounded + divisor : rounded;
-}
-
-// torchvision.ops.Conv2dNormActivation: "0" Conv2d (kernel k, padding (k - 1) / 2, no bias),
-// "1" BatchNorm2d, "2" the activation when there is one. (N, in, H, W) -> (N, out, H/s, W/s).
-class Conv2dNormActivation : public nn::Cloneable<Conv2dNormActivation, nn::Sequential> {
- public:
-  struct Conv {
-    int64_t kernel = 3;
-    int64_t stride = 1;
-    int64_t groups = 1;
-  };
-  Conv2dNormActivation(int64_t in, int64_t out, Conv conv, const BatchNormOptions& norm, nn::ModulePtr activation) {
-    append(std::make_shared<Conv2d>(in, out, conv.kernel,
-                                    nn::ConvOptions{.stride = conv.stride, .padding = (conv.kernel - 1) / 2,
-                                                    .groups = conv.groups, .bias = false}));
-    append(std::make_shared<BatchNorm2d>(out, norm));
-    if (activation) append(std::move(activation));
-  }
-};
-
-// torchvision.ops.SqueezeExcitation with v3's Hardsigmoid scale: x * hardsigmoid(fc2(relu(fc1(
-// avgpool(x))))), fc1 and fc2 1x1 convolutions with bias. (N, C, H, W) -> (N, C, H, W).
-class SqueezeExcitation : public nn::Cloneable<SqueezeExcitation> {
- public:
-  SqueezeExcitation(int64_t input_channels, int64_t squeeze_channels) {
-    register_module("avgpool", std::make_shared<nn::AdaptiveAvgPool2d>(1));
-    register_module("fc1", std::make_shared<Conv2d>(input_channels, squeeze_channels, 1));
-    register_module("fc2", std::make_shared<Conv2d>(squeeze_channels, input_channels, 1));
-    register_module("activation", std::make_shared<nn::ReLU>());
-    register_module("scale_activation", std::make_shared<nn::Hardsigmoid>());
-  }
-  Tensor forward(const Tensor& x) override {
-    Tensor scale = child("avgpool").forward(x);                                // (N, C, 1, 1)
-    scale = child("activation").forward(child("fc1").forward(scale));          // (N, S, 1, 1)
-    scale = child("scale_activation").forward(child("fc2").forward(scale));    // (N, C, 1, 1)
-    return scale * x;
-  }
-};
+using detail::Conv2dNormActivation;
+using detail::make_divisible;
 
 // Both versions' InvertedResidual: the layers under body_name ("conv" in v2, "block" in v3),
 // plus the input when the block keeps the shape (stride 1, in == out).
@@ -88,7 +48,7 @@ class InvertedResidual : public nn::Cloneable<InvertedResidual> {
     register_module(body_name_, std::move(body));
   }
   Tensor forward(const Tensor& x) override {
-    Tensor out = child(body_name_).forward(x);
+    Tensor out = child(body_name_)(x);
     return use_res_connect_ ? out + x : out;
   }
 
@@ -102,19 +62,17 @@ class InvertedResidual : public nn::Cloneable<InvertedResidual> {
 class MobileNet : public Backbone {
  public:
   Tensor forward(const Tensor& x) override {
-    Tensor out = child("features").forward(x);  // (N, C, H/32, W/32)
+    Tensor out = child("features")(x);  // (N, C, H/32, W/32)
     // v2 pools with adaptive_avg_pool2d(x, (1, 1)), v3 with its `avgpool` module.
-    out = has_child("avgpool") ? child("avgpool").forward(out) : adaptive_avg_pool2d(out, {1, 1});
-    return child("classifier").forward(out.flatten(1));  // (N, C) -> (N, num_classes)
+    out = has_child("avgpool") ? child("avgpool")(out) : adaptive_avg_pool2d(out, {1, 1});
+    return child("classifier")(out.flatten(1));  // (N, C) -> (N, num_classes)
   }
 
   // The children of `features` before each child of stride 2 (but the stem) and the last one:
   // features.1, .3, .6, .13, .18 (v2), .0, .1, .3, .8, .12 (v3 small), .1, .3, .6, .12, .16
   // (v3 large), at H/2, H/4, H/8, H/16, H/32 -- torchvision's own stage split (blocks marked
   // _is_cn start a stage) named as create_feature_extractor names the blocks' outputs.
-  std::vector<std::pair<std::string, Tensor>> forward_stages(const Tensor& x) override {
-    return detail::sequential_stages(child("features"), "features", x, stages_);
-  }
+  std::vector<std::string> stage_nodes() const override { return stages_; }
 
 
  protected:
@@ -123,8 +81,8 @@ class MobileNet : public Backbone {
   // strides: of each child of `features`, in order.
   void finish(const std::vector<int64_t>& strides) {
     for (size_t i = 1; i < strides.size(); ++i)
-      if (strides[i] == 2) stages_.push_back(std::to_string(i - 1));
-    stages_.push_back(std::to_string(strides.size() - 1));
+      if (strides[i] == 2) stages_.push_back("features." + std::to_string(i - 1));
+    stages_.push_back("features." + std::to_string(strides.size() - 1));
     // torchvision (both versions): kaiming_normal_(fan_out) for convolutions and zero biases,
     // BatchNorm weight 1 and bias 0, Linear weight N(0, 0.01) and bias 0.
     for (const auto& m : modules()) {
@@ -142,7 +100,7 @@ class MobileNet : public Backbone {
   }
 
  private:
-  std::vector<std::string> stages_;  // child names in `features`
+  std::vector<std::string> stages_;  // stage node names, "features.K"
 };
 
 // ---------------------------------------------------------------- v2
@@ -257,7 +215,10 @@ class MobileNetV3 : public nn::Cloneable<MobileNetV3, MobileNet> {
     block->append(std::make_shared<Conv2dNormActivation>(
         expanded, expanded, Conv2dNormActivation::Conv{.kernel = cnf.kernel, .stride = cnf.stride, .groups = expanded},
         norm, activation()));
-    if (cnf.use_se) block->append(std::make_shared<SqueezeExcitation>(expanded, make_divisible(expanded / 4, 8)));
+    if (cnf.use_se)
+      block->append(std::make_shared<detail::SqueezeExcitation>(expanded, make_divisible(expanded / 4, 8),
+                                                                std::make_shared<nn::ReLU>(),
+                                                                std::make_shared<nn::Hardsigmoid>()));
     block->append(std::make_shared<Conv2dNormActivation>(expanded, cnf.out_channels,
                                                          Conv2dNormActivation::Conv{.kernel = 1}, norm, nullptr));
     return std::make_shared<InvertedResidual>(

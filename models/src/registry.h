@@ -34,9 +34,4 @@ const ModelSpec& spec(const std::string& name);
 // torchvision's weight tags of every model (models/src/weight_tags.cpp, generated).
 const std::vector<WeightsTag>& weight_tags();
 
-// "features.3" style names for forward_stages of Sequential-based models: runs `features`
-// child by child and keeps the outputs of the children named in `stages` (in order).
-std::vector<std::pair<std::string, Tensor>> sequential_stages(nn::Module& features, const std::string& prefix,
-                                                              const Tensor& x, const std::vector<std::string>& stages);
-
 }  // namespace tvc::models::detail

@@ -29,10 +29,10 @@ std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride = 1) {
   return std::make_shared<Conv2d>(in, out, 1, nn::ConvOptions{.stride = stride, .bias = false});
 }
 
-// The residual connection and final ReLU shared by both blocks.
-Tensor add_identity(const nn::Module& block, const Tensor& x, Tensor out) {
-  Tensor identity = block.has_child("downsample") ? block.child("downsample").forward(x) : x;
-  return relu(out + identity);
+// The residual connection and final ReLU (the block's `relu` child) shared by both blocks.
+Tensor add_identity(const nn::Module& block, const Tensor& x, const Tensor& out) {
+  Tensor identity = block.has_child("downsample") ? block.child("downsample")(x) : x;
+  return block.child("relu")(out + identity);
 }
 
 class BasicBlock : public nn::Cloneable<BasicBlock> {
@@ -49,8 +49,8 @@ class BasicBlock : public nn::Cloneable<BasicBlock> {
     if (downsample) register_module("downsample", downsample);
   }
   Tensor forward(const Tensor& x) override {
-    Tensor out = relu(child("bn1").forward(child("conv1").forward(x)));
-    out = child("bn2").forward(child("conv2").forward(out));
+    Tensor out = child("relu")(child("bn1")(child("conv1")(x)));
+    out = child("bn2")(child("conv2")(out));
     return add_identity(*this, x, out);
   }
 };
@@ -71,9 +71,9 @@ class Bottleneck : public nn::Cloneable<Bottleneck> {
     if (downsample) register_module("downsample", downsample);
   }
   Tensor forward(const Tensor& x) override {
-    Tensor out = relu(child("bn1").forward(child("conv1").forward(x)));
-    out = relu(child("bn2").forward(child("conv2").forward(out)));
-    out = child("bn3").forward(child("conv3").forward(out));
+    Tensor out = child("relu")(child("bn1")(child("conv1")(x)));
+    out = child("relu")(child("bn2")(child("conv2")(out)));
+    out = child("bn3")(child("conv3")(out));
     return add_identity(*this, x, out);
   }
 };
@@ -122,28 +122,13 @@ class ResNet : public nn::Cloneable<ResNet, Backbone> {
   }
 
   Tensor forward(const Tensor& x) override {
-    Tensor out = stem(x);
-    for (const char* layer : {"layer1", "layer2", "layer3", "layer4"}) out = child(layer).forward(out);
-    out = child("avgpool").forward(out).flatten(1);
-    return child("fc").forward(out);
+    Tensor out = child("maxpool")(child("relu")(child("bn1")(child("conv1")(x))));
+    for (const char* layer : {"layer1", "layer2", "layer3", "layer4"}) out = child(layer)(out);
+    out = child("avgpool")(out).flatten(1);
+    return child("fc")(out);
   }
 
-  std::vector<std::pair<std::string, Tensor>> forward_stages(const Tensor& x) override {
-    std::vector<std::pair<std::string, Tensor>> stages;
-    Tensor out = relu(child("bn1").forward(child("conv1").forward(x)));
-    stages.emplace_back("relu", out);
-    out = child("maxpool").forward(out);
-    for (const char* layer : {"layer1", "layer2", "layer3", "layer4"}) {
-      out = child(layer).forward(out);
-      stages.emplace_back(layer, out);
-    }
-    return stages;
-  }
-
- private:
-  Tensor stem(const Tensor& x) const {
-    return child("maxpool").forward(relu(child("bn1").forward(child("conv1").forward(x))));
-  }
+  std::vector<std::string> stage_nodes() const override { return {"relu", "layer1", "layer2", "layer3", "layer4"}; }
 };
 
 detail::ModelSpec resnet(const std::string& name, const ResNetConfig& config) {

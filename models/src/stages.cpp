@@ -1,19 +1,34 @@
+// Backbone::forward_stages, derived from each model's stage_nodes() (see tvc/models/models.h).
 #include "registry.h"
 
-namespace tvc::models::detail {
+namespace tvc::models {
 
-std::vector<std::pair<std::string, Tensor>> sequential_stages(nn::Module& features, const std::string& prefix,
-                                                              const Tensor& x, const std::vector<std::string>& stages) {
-  std::vector<std::pair<std::string, Tensor>> out;
-  Tensor y = x;
-  size_t next = 0;
-  for (const auto& [name, child] : features.named_children()) {
-    if (next == stages.size()) break;
-    y = child->forward(y);
-    if (name == stages[next]) out.emplace_back(prefix + "." + name, y), ++next;
+std::vector<std::pair<std::string, Tensor>> Backbone::forward_stages(const Tensor& x) {
+  const std::vector<std::string> nodes = stage_nodes();
+  std::vector<Tensor> outputs(nodes.size());
+  std::vector<nn::RemovableHandle> handles;
+  // Removes the hooks however the forward pass ends.
+  struct RemoveHooks {
+    std::vector<nn::RemovableHandle>& handles;
+    ~RemoveHooks() {
+      for (nn::RemovableHandle& h : handles) h.remove();
+    }
+  } remove_hooks{handles};
+  for (size_t i = 0; i < nodes.size(); ++i)
+    handles.push_back(get_submodule(nodes[i])->register_forward_hook(
+        [&outputs, i](nn::Module&, const nn::TensorList&, const nn::TensorList& output) -> std::optional<nn::TensorList> {
+          // The first call's output, copied: a later in-place op (ReLU(inplace)) must not change it.
+          if (!outputs[i].defined() && !output.empty()) outputs[i] = output[0].clone();
+          return std::nullopt;
+        }));
+  (*this)(x);
+  std::vector<std::pair<std::string, Tensor>> stages;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    TVC_CHECK(outputs[i].defined(), model_name(), ".forward_stages: the stage node '", nodes[i],
+              "' (", get_submodule(nodes[i])->type_name(), ") did not run in forward");
+    stages.emplace_back(nodes[i], outputs[i]);
   }
-  TVC_CHECK(next == stages.size(), "forward_stages: ", prefix, " has no child '", stages[next], "'");
-  return out;
+  return stages;
 }
 
-}  // namespace tvc::models::detail
+}  // namespace tvc::models

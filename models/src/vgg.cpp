@@ -30,7 +30,7 @@ class VGG : public nn::Cloneable<VGG, Backbone> {
     for (int64_t v : config) {
       if (v == M) {
         // forward_stages: the child before each pooling, which halves the resolution.
-        stages_.push_back(std::to_string(layers.size() - 1));
+        stages_.push_back("features." + std::to_string(layers.size() - 1));
         layers.push_back(std::make_shared<nn::MaxPool2d>(2, nn::MaxPool2dOptions{.stride = 2}));
         continue;
       }
@@ -40,7 +40,7 @@ class VGG : public nn::Cloneable<VGG, Backbone> {
       in_channels = v;
     }
     // ... and the last child (the final pooling, at H/32).
-    stages_.push_back(std::to_string(layers.size() - 1));
+    stages_.push_back("features." + std::to_string(layers.size() - 1));
     register_module("features", std::make_shared<nn::Sequential>(layers));
     register_module("avgpool", std::make_shared<nn::AdaptiveAvgPool2d>(7));
     register_module("classifier", std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
@@ -69,15 +69,13 @@ class VGG : public nn::Cloneable<VGG, Backbone> {
   }
 
   Tensor forward(const Tensor& x) override {
-    Tensor out = child("avgpool").forward(child("features").forward(x)).flatten(1);
-    return child("classifier").forward(out);
+    Tensor out = child("avgpool")(child("features")(x)).flatten(1);
+    return child("classifier")(out);
   }
 
   // "features.K" for the child before each max pooling (H, H/2, ..., H/16) and the last pooling
   // (H/32); vgg11: features.1, .4, .9, .14, .19, .20.
-  std::vector<std::pair<std::string, Tensor>> forward_stages(const Tensor& x) override {
-    return detail::sequential_stages(child("features"), "features", x, stages_);
-  }
+  std::vector<std::string> stage_nodes() const override { return stages_; }
 
  private:
   std::vector<std::string> stages_;

@@ -34,10 +34,14 @@ struct Options {
 // A classification backbone: forward maps images (N, 3, H, W) to logits (N, num_classes).
 class Backbone : public nn::Module {
  public:
-  // The output of each resolution stage, in order, under torchvision's feature-extraction node
-  // names (resnet: "relu", "layer1", ..., "layer4"; the others: the last block before each
-  // stride-2 change and the last block, e.g. "features.3").
-  virtual std::vector<std::pair<std::string, Tensor>> forward_stages(const Tensor& x) = 0;
+  // torchvision's feature-extraction node names of each resolution stage's output, in order
+  // (resnet: "relu", "layer1", ..., "layer4"; the others: the last block before each stride-2
+  // change and the last block, e.g. "features.3"). Each is the dotted path of a submodule.
+  virtual std::vector<std::string> stage_nodes() const = 0;
+  // The output of each stage node for x (N, 3, H, W), in order: one forward pass with a forward
+  // hook on each node's submodule, so a stage is what that submodule returns in the model's own
+  // forward, replaced or wrapped submodules included. Throws naming a node that did not run.
+  std::vector<std::pair<std::string, Tensor>> forward_stages(const Tensor& x);
   // The registry name ("resnet50").
   const std::string& model_name() const { return name_; }
 

@@ -1,0 +1,74 @@
+// torchvision.ops building blocks (see torchvision_ops.h).
+#include "torchvision_ops.h"
+
+#include <algorithm>
+
+#include "tvc/ops.h"
+
+namespace tvc::models::detail {
+
+int64_t make_divisible(double v, int64_t divisor) {
+  int64_t rounded = std::max(divisor, static_cast<int64_t>(v + static_cast<double>(divisor) / 2) / divisor * divisor);
+  return static_cast<double>(rounded) < 0.9 * v ? rounded + divisor : rounded;
+}
+
+Conv2dNormActivation::Conv2dNormActivation(int64_t in, int64_t out, Conv conv, const nn::BatchNormOptions& norm,
+                                           nn::ModulePtr activation) {
+  append(std::make_shared<nn::Conv2d>(in, out, conv.kernel,
+                                      nn::ConvOptions{.stride = conv.stride, .padding = (conv.kernel - 1) / 2,
+                                                      .groups = conv.groups, .bias = false}));
+  append(std::make_shared<nn::BatchNorm2d>(out, norm));
+  if (activation) append(std::move(activation));
+}
+
+SqueezeExcitation::SqueezeExcitation(int64_t input_channels, int64_t squeeze_channels, nn::ModulePtr activation,
+                                     nn::ModulePtr scale_activation) {
+  register_module("avgpool", std::make_shared<nn::AdaptiveAvgPool2d>(1));
+  register_module("fc1", std::make_shared<nn::Conv2d>(input_channels, squeeze_channels, 1));
+  register_module("fc2", std::make_shared<nn::Conv2d>(squeeze_channels, input_channels, 1));
+  register_module("activation", std::move(activation));
+  register_module("scale_activation", std::move(scale_activation));
+}
+
+Tensor SqueezeExcitation::forward(const Tensor& x) {
+  Tensor scale = child("avgpool")(x);                      // (N, C, 1, 1)
+  scale = child("activation")(child("fc1")(scale));        // (N, S, 1, 1)
+  scale = child("scale_activation")(child("fc2")(scale));  // (N, C, 1, 1)
+  return scale * x;
+}
+
+StochasticDepth::StochasticDepth(double p, std::string mode) : p(p), mode(std::move(mode)) {
+  TVC_CHECK(p >= 0 && p <= 1, "StochasticDepth: drop probability has to be between 0 and 1, but got ", p);
+  TVC_CHECK(this->mode == "row" || this->mode == "batch", "StochasticDepth: mode has to be either 'batch' or 'row', but got ",
+            this->mode);
+}
+
+Tensor StochasticDepth::forward(const Tensor& x) {
+  if (!is_training() || p == 0) return x;
+  const double survival = 1 - p;
+  Shape size(static_cast<size_t>(x.dim()), 1);
+  if (mode == "row") size[0] = x.size(0);
+  Tensor noise = bernoulli(full(size, survival, {.dtype = x.dtype(), .device = x.device()}));
+  if (survival > 0) noise = noise / survival;
+  return x * noise;
+}
+
+std::string StochasticDepth::extra_repr() const {
+  return "p=" + nn::py_float_repr(p) + ", mode=" + mode;
+}
+
+std::shared_ptr<nn::Sequential> gelu_mlp(int64_t in_channels, const std::vector<int64_t>& hidden_channels, double dropout) {
+  auto mlp = std::make_shared<nn::Sequential>();
+  int64_t in = in_channels;
+  for (size_t i = 0; i + 1 < hidden_channels.size(); ++i) {
+    mlp->append(std::make_shared<nn::Linear>(in, hidden_channels[i]));
+    mlp->append(std::make_shared<nn::GELU>());
+    mlp->append(std::make_shared<nn::Dropout>(dropout));
+    in = hidden_channels[i];
+  }
+  mlp->append(std::make_shared<nn::Linear>(in, hidden_channels.back()));
+  mlp->append(std::make_shared<nn::Dropout>(dropout));
+  return mlp;
+}
+
+}  // namespace tvc::models::detail

@@ -1,0 +1,65 @@
+// Building blocks of torchvision.ops (misc.py, stochastic_depth.py) shared by the model families,
+// with torchvision's child names so that state_dict keys match.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tvc/nn/containers.h"
+#include "tvc/nn/layers.h"
+
+namespace tvc::models::detail {
+
+// torchvision's _make_divisible(v, divisor): v rounded to the nearest multiple of divisor (at
+// least divisor), one multiple up when that rounds v down by more than 10%.
+int64_t make_divisible(double v, int64_t divisor);
+
+// torchvision.ops.Conv2dNormActivation: "0" Conv2d (kernel k, padding (k - 1) / 2, no bias),
+// "1" BatchNorm2d, "2" the activation when there is one. (N, in, H, W) -> (N, out, H/s, W/s).
+class Conv2dNormActivation : public nn::Cloneable<Conv2dNormActivation, nn::Sequential> {
+ public:
+  struct Conv {
+    int64_t kernel = 3;
+    int64_t stride = 1;
+    int64_t groups = 1;
+  };
+  Conv2dNormActivation(int64_t in, int64_t out, Conv conv, const nn::BatchNormOptions& norm, nn::ModulePtr activation);
+};
+
+// torchvision.ops.SqueezeExcitation: x * scale_activation(fc2(activation(fc1(avgpool(x))))),
+// fc1 and fc2 1x1 convolutions with bias (children avgpool, fc1, fc2, activation,
+// scale_activation). (N, C, H, W) -> (N, C, H, W).
+class SqueezeExcitation : public nn::Cloneable<SqueezeExcitation> {
+ public:
+  SqueezeExcitation(int64_t input_channels, int64_t squeeze_channels, nn::ModulePtr activation,
+                    nn::ModulePtr scale_activation);
+  Tensor forward(const Tensor& x) override;
+};
+
+// torchvision.ops.StochasticDepth: in training mode with p > 0, x times a Bernoulli(1 - p) mask
+// divided by 1 - p, one draw per sample (mode "row", shape (N, 1, ...)) or one for the batch
+// ("batch"); the identity otherwise. p in [0, 1].
+class StochasticDepth : public nn::Cloneable<StochasticDepth> {
+ public:
+  StochasticDepth(double p, std::string mode);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  double p;
+  std::string mode;
+};
+
+// torchvision.ops.Permute: x.permute(dims).
+class Permute : public nn::Cloneable<Permute> {
+ public:
+  explicit Permute(std::vector<int64_t> dims) : dims(std::move(dims)) {}
+  Tensor forward(const Tensor& x) override { return x.permute(dims); }
+  std::vector<int64_t> dims;
+};
+
+// torchvision.ops.MLP with GELU and no norm: for each hidden size but the last, Linear,
+// activation, Dropout(dropout); then Linear to the last size and Dropout(dropout). ViT's
+// MLPBlock and Swin's MLP: keys "0.weight", "3.weight". (*, in) -> (*, hidden.back()).
+std::shared_ptr<nn::Sequential> gelu_mlp(int64_t in_channels, const std::vector<int64_t>& hidden_channels, double dropout);
+
+}  // namespace tvc::models::detail
