@@ -77,12 +77,13 @@ ModelErrors check_model(const ModelCheck& check) {
     }
   }
 
-  // Train mode: batch statistics, dropout off, running statistics updated once.
+  // Train mode: batch statistics, dropout and stochastic depth off (their drop rates are tested
+  // on their own), running statistics updated once.
   {
     models::BackbonePtr train = load_model(check, weights);
     train->train();
     for (const auto& m : train->modules())
-      if (dynamic_cast<nn::Dropout*>(m.get())) m->eval();
+      if (dynamic_cast<nn::Dropout*>(m.get()) || m->type_name() == "StochasticDepth") m->eval();
     NoGradGuard no_grad;
     Tensor out = train->forward(golden("train.input"));
     errors.train = relative_error(out, golden("train.output"));

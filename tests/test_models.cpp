@@ -180,7 +180,8 @@ std::vector<std::string> state_entries(const nn::StateDict& state) {
 // (torchvision's side is one cached Python call for every model with 1000 and 10 classes).
 void expect_torchvision_state_dicts(const std::vector<std::pair<std::string, int64_t>>& cases) {
   std::string names;
-  for (const auto& n : models::list()) names += n + " ";
+  for (const auto& [name, classes] : cases)
+    if (names.find(" " + name + " ") == std::string::npos) names += " " + name + " ";
   nlohmann::json want = test::torch_json(R"(
 import json, torchvision
 out = {}
@@ -205,7 +206,8 @@ TEST(ModelZoo, StateDictsAreTorchvisions) {
                                   {"wide_resnet50_2", 1000}, {"vgg11", 1000},         {"vgg11_bn", 10},
                                   {"densenet121", 1000},     {"densenet121", 10},     {"densenet161", 1000},
                                   {"mobilenet_v2", 1000},    {"mobilenet_v2", 10},    {"mobilenet_v3_small", 1000},
-                                  {"mobilenet_v3_large", 10}});
+                                  {"mobilenet_v3_large", 10}, {"efficientnet_b0", 1000}, {"efficientnet_b3", 10},
+                                  {"efficientnet_v2_s", 1000}, {"convnext_tiny", 1000}, {"convnext_tiny", 10}});
 }
 // ... and this every model with both.
 TEST(ModelConformanceFull, StateDictsAreTorchvisions) {
@@ -224,13 +226,20 @@ std::vector<double> dropout_probabilities(const models::BackbonePtr& model) {
 }
 
 // torchvision's initialisation rules of a family.
+enum class ConvInit { kaiming_fan_out, kaiming_fan_in, trunc_normal_002 };
+enum class LinearInit {
+  normal_001,      // N(0, 0.01^2), bias 0
+  uniform_in,      // Linear's own U(-1/sqrt(in), 1/sqrt(in))
+  uniform_out,     // U(-1/sqrt(out), 1/sqrt(out)), bias 0 (EfficientNet)
+  trunc_normal_002 // trunc_normal(std 0.02), bias 0 (ConvNeXt)
+};
 struct InitRules {
-  bool conv_fan_out;    // convolutions N(0, 2 / fan) with fan = fan_out (else fan_in), bias 0
-  bool linear_normal;   // Linear weight N(0, 0.01^2) (else Linear's U(-1/sqrt(in), 1/sqrt(in))), bias 0
+  ConvInit conv;  // kaiming: N(0, 2 / fan) with fan = fan_out or fan_in; bias 0 in every rule
+  LinearInit linear;
 };
 
-// Every layer's initial values against the family's rules (BatchNorm: weight 1, bias 0); the
-// spread of a weight within 30% of the rule's (loose enough for layers of a few elements).
+// Every layer's initial values against the family's rules (BatchNorm and LayerNorm: weight 1,
+// bias 0); the spread of a weight within 30% of the rule's (loose enough for small layers).
 void expect_torchvision_init(const std::string& name, InitRules rules) {
   auto rms = [](const Tensor& t) { return std::sqrt(t.to(DType::Float64).pow(2).mean().item<double>()); };
   auto max_abs = [](const Tensor& t) { return max(t.to(DType::Float64).abs()).item<double>(); };
@@ -238,19 +247,28 @@ void expect_torchvision_init(const std::string& name, InitRules rules) {
   for (const auto& [path, m] : model->named_modules()) {
     SCOPED_TRACE(name + " " + path);
     if (auto* conv = dynamic_cast<nn::Conv2d*>(m.get())) {
-      int64_t channels = rules.conv_fan_out ? conv->out_channels : conv->in_channels / conv->groups;
+      int64_t channels = rules.conv == ConvInit::kaiming_fan_out ? conv->out_channels : conv->in_channels / conv->groups;
       double fan = static_cast<double>(channels * conv->kernel_size[0] * conv->kernel_size[1]);
-      EXPECT_NEAR(rms(conv->weight()) / std::sqrt(2 / fan), 1, 0.3);
+      // trunc_normal(0, 0.02) on [-2, 2] is N(0, 0.02^2) to 1e-300.
+      double want = rules.conv == ConvInit::trunc_normal_002 ? 0.02 : std::sqrt(2 / fan);
+      EXPECT_NEAR(rms(conv->weight()) / want, 1, 0.3);
       if (conv->bias().defined()) {
         EXPECT_EQ(max_abs(conv->bias()), 0);
       }
     } else if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(m.get())) {
       EXPECT_EQ(max_abs(bn->weight() - 1), 0);
       EXPECT_EQ(max_abs(bn->bias()), 0);
+    } else if (auto* ln = dynamic_cast<nn::LayerNorm*>(m.get())) {
+      EXPECT_EQ(max_abs(ln->weight() - 1), 0);
+      EXPECT_EQ(max_abs(ln->bias()), 0);
     } else if (auto* linear = dynamic_cast<nn::Linear*>(m.get())) {
-      double want = rules.linear_normal ? 0.01 : 1 / std::sqrt(3.0 * static_cast<double>(linear->in_features));
+      const double in = static_cast<double>(linear->in_features), out = static_cast<double>(linear->out_features);
+      double want = rules.linear == LinearInit::normal_001    ? 0.01
+                    : rules.linear == LinearInit::uniform_in  ? 1 / std::sqrt(3.0 * in)
+                    : rules.linear == LinearInit::uniform_out ? 1 / std::sqrt(3.0 * out)
+                                                              : 0.02;
       EXPECT_NEAR(rms(linear->weight()) / want, 1, 0.3);
-      if (rules.linear_normal) {
+      if (rules.linear != LinearInit::uniform_in) {
         EXPECT_EQ(max_abs(linear->bias()), 0);
       }
     }
@@ -259,11 +277,14 @@ void expect_torchvision_init(const std::string& name, InitRules rules) {
 
 TEST(ModelZoo, InitialisationIsTorchvisions) {
   manual_seed(11);
-  expect_torchvision_init("resnet50", {.conv_fan_out = true, .linear_normal = false});
-  expect_torchvision_init("vgg11_bn", {.conv_fan_out = true, .linear_normal = true});
-  expect_torchvision_init("densenet121", {.conv_fan_out = false, .linear_normal = false});
+  expect_torchvision_init("resnet50", {ConvInit::kaiming_fan_out, LinearInit::uniform_in});
+  expect_torchvision_init("vgg11_bn", {ConvInit::kaiming_fan_out, LinearInit::normal_001});
+  expect_torchvision_init("densenet121", {ConvInit::kaiming_fan_in, LinearInit::uniform_in});
   for (const char* name : {"mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large"})
-    expect_torchvision_init(name, {.conv_fan_out = true, .linear_normal = true});
+    expect_torchvision_init(name, {ConvInit::kaiming_fan_out, LinearInit::normal_001});
+  for (const char* name : {"efficientnet_b0", "efficientnet_v2_s"})
+    expect_torchvision_init(name, {ConvInit::kaiming_fan_out, LinearInit::uniform_out});
+  expect_torchvision_init("convnext_tiny", {ConvInit::trunc_normal_002, LinearInit::trunc_normal_002});
 }
 
 TEST(ModelConformance, Resnet50) { test::check_model({.model = "resnet50"}); }
@@ -354,6 +375,87 @@ TEST(ModelStagesFull, AllOtherModels) {
                                          {"vgg13_bn", b, true}, {"vgg16_bn", d, true}, {"vgg19_bn", e, true}})
     test::check_stages(name, vgg_nodes(config, bn));
   for (const char* name : {"densenet161", "densenet169", "densenet201"}) test::check_stages(name, kDenseNetNodes);
+}
+
+// ---------------------------------------------------------------- EfficientNet and ConvNeXt (efficientnet.cpp, convnext.cpp)
+
+TEST(ModelConformance, EfficientnetB0) { test::check_model({.model = "efficientnet_b0"}); }
+TEST(ModelConformance, EfficientnetV2S) { test::check_model({.model = "efficientnet_v2_s"}); }
+TEST(ModelConformance, ConvnextTiny) { test::check_model({.model = "convnext_tiny"}); }
+TEST(ModelConformanceFull, EfficientNet) {
+  for (const char* name : {"efficientnet_b1", "efficientnet_b2", "efficientnet_b3", "efficientnet_b4", "efficientnet_b5",
+                           "efficientnet_b6", "efficientnet_b7", "efficientnet_v2_m", "efficientnet_v2_l"})
+    test::check_model({.model = name});
+}
+TEST(ModelConformanceFull, ConvNeXt) {
+  for (const char* name : {"convnext_small", "convnext_base", "convnext_large"}) test::check_model({.model = name});
+}
+
+const std::vector<std::string> kConvNeXtNodes = {"features.1", "features.3", "features.5", "features.7"};
+
+TEST(ModelStages, EfficientNetAndConvNeXt) {
+  test::check_stages("efficientnet_b0", {"features.1", "features.2", "features.3", "features.5", "features.8"});
+  test::check_stages("efficientnet_v2_s", {"features.1", "features.2", "features.3", "features.5", "features.7"});
+  test::check_stages("convnext_tiny", kConvNeXtNodes);
+}
+TEST(ModelStagesFull, EfficientNetAndConvNeXt) {
+  for (const char* name : {"efficientnet_b1", "efficientnet_b2", "efficientnet_b3", "efficientnet_b4", "efficientnet_b5",
+                           "efficientnet_b6", "efficientnet_b7"})
+    test::check_stages(name, {"features.1", "features.2", "features.3", "features.5", "features.8"});
+  test::check_stages("efficientnet_v2_m", {"features.1", "features.2", "features.3", "features.5", "features.8"});
+  test::check_stages("efficientnet_v2_l", {"features.1", "features.2", "features.3", "features.5", "features.8"});
+  for (const char* name : {"convnext_small", "convnext_base", "convnext_large"}) test::check_stages(name, kConvNeXtNodes);
+}
+
+// Each model's stochastic-depth rates (torchvision's StochasticDepth modules, in order) and
+// classifier dropout against torchvision's.
+TEST(ModelZoo, StochasticDepthRatesAndDropoutAreTorchvisions) {
+  const std::vector<std::string> names = {"efficientnet_b0", "efficientnet_b4", "efficientnet_v2_s", "convnext_tiny",
+                                          "convnext_small"};
+  std::string joined;
+  for (const auto& n : names) joined += n + " ";
+  nlohmann::json want = test::torch_json(R"(
+import json, torchvision
+out = {}
+for name in ")" + joined + R"(".split():
+    m = torchvision.models.__dict__[name]()
+    out[name] = {"sd": [x.p for x in m.modules() if isinstance(x, torchvision.ops.StochasticDepth)],
+                 "dropout": [x.p for x in m.modules() if isinstance(x, torch.nn.Dropout)]}
+print(json.dumps(out))
+)");
+  if (want.is_null()) return;
+  for (const auto& name : names) {
+    models::BackbonePtr model = models::create(name);
+    std::vector<double> sd;
+    for (const auto& m : model->modules())
+      if (m->type_name() == "StochasticDepth") sd.push_back(std::stod(m->extra_repr().substr(2)));
+    std::vector<double> want_sd = want[name]["sd"].get<std::vector<double>>();
+    ASSERT_EQ(sd.size(), want_sd.size()) << name;
+    for (size_t i = 0; i < sd.size(); ++i) EXPECT_NEAR(sd[i], want_sd[i], 1e-15) << name << " block " << i;
+    EXPECT_EQ(dropout_probabilities(model), want[name]["dropout"].get<std::vector<double>>()) << name;
+  }
+  EXPECT_EQ(dropout_probabilities(models::create("efficientnet_b0", {.dropout = 0.1})), std::vector<double>{0.1});
+}
+
+// Stochastic depth drops whole samples in training with the block's rate, scaling the kept ones
+// by 1 / (1 - p), and is the identity in eval mode.
+TEST(ModelZoo, StochasticDepthDropsWholeSamples) {
+  models::BackbonePtr model = models::create("convnext_tiny");
+  nn::ModulePtr last = model->get_submodule("features.7.2.stochastic_depth");
+  const double p = 0.1;  // the last of convnext_tiny's 18 blocks: 0.1 * 17 / 17
+  EXPECT_EQ(last->extra_repr(), "p=0.1, mode=row");
+  manual_seed(5);
+  Tensor x = rand({4000, 3, 2, 2}) + 1.0;
+  last->train();
+  Tensor y = (*last)(x);
+  Tensor ratio = (y / x).flatten(1);  // each row: all 0 or all 1 / (1 - p)
+  Tensor dropped = eq(amax(ratio, {1}), scalar_like(0.0, DType::Float32));
+  EXPECT_TRUE(allclose(amin(ratio, {1}), amax(ratio, {1})));
+  double rate = mean(dropped.to(DType::Float64)).item<double>();
+  EXPECT_NEAR(rate, p, 0.015);  // 4000 samples: 3 standard deviations
+  EXPECT_NEAR(max(ratio).item<double>(), 1 / (1 - p), 1e-6);
+  last->eval();
+  EXPECT_TRUE((*last)(x).is_same(x));
 }
 
 // VGG's classifier has two Dropouts: p = 0.5 by default (torchvision's), or Options::dropout.

@@ -80,9 +80,7 @@ class MobileNet : public Backbone {
 
   // strides: of each child of `features`, in order.
   void finish(const std::vector<int64_t>& strides) {
-    for (size_t i = 1; i < strides.size(); ++i)
-      if (strides[i] == 2) stages_.push_back("features." + std::to_string(i - 1));
-    stages_.push_back("features." + std::to_string(strides.size() - 1));
+    stages_ = detail::stride_stage_nodes(strides);
     // torchvision (both versions): kaiming_normal_(fan_out) for convolutions and zero biases,
     // BatchNorm weight 1 and bias 0, Linear weight N(0, 0.01) and bias 0.
     for (const auto& m : modules()) {

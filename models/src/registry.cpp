@@ -13,7 +13,7 @@ const std::vector<detail::ModelSpec>& specs() {
   static const std::vector<detail::ModelSpec> all = [] {
     std::vector<detail::ModelSpec> out;
     for (auto family : {detail::resnet_models, detail::vgg_models, detail::densenet_models,
-                        detail::mobilenet_models})
+                        detail::mobilenet_models, detail::efficientnet_models, detail::convnext_models})
       for (auto& spec : family()) out.push_back(std::move(spec));
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
     return out;

@@ -27,6 +27,8 @@ std::vector<ModelSpec> resnet_models();     // resnet.cpp: ResNet, ResNeXt, Wide
 std::vector<ModelSpec> vgg_models();        // vgg.cpp
 std::vector<ModelSpec> densenet_models();   // densenet.cpp
 std::vector<ModelSpec> mobilenet_models();  // mobilenet.cpp: MobileNet v2 and v3
+std::vector<ModelSpec> efficientnet_models();  // efficientnet.cpp: EfficientNet B0-B7, V2 S/M/L
+std::vector<ModelSpec> convnext_models();   // convnext.cpp
 
 // The registered model called name; throws naming the closest one when there is none.
 const ModelSpec& spec(const std::string& name);

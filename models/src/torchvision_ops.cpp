@@ -13,12 +13,25 @@ int64_t make_divisible(double v, int64_t divisor) {
 }
 
 Conv2dNormActivation::Conv2dNormActivation(int64_t in, int64_t out, Conv conv, const nn::BatchNormOptions& norm,
+                                           nn::ModulePtr activation)
+    : Conv2dNormActivation(in, out, conv, std::make_shared<nn::BatchNorm2d>(out, norm), std::move(activation)) {}
+
+Conv2dNormActivation::Conv2dNormActivation(int64_t in, int64_t out, Conv conv, nn::ModulePtr norm,
                                            nn::ModulePtr activation) {
   append(std::make_shared<nn::Conv2d>(in, out, conv.kernel,
-                                      nn::ConvOptions{.stride = conv.stride, .padding = (conv.kernel - 1) / 2,
-                                                      .groups = conv.groups, .bias = false}));
-  append(std::make_shared<nn::BatchNorm2d>(out, norm));
+                                      nn::ConvOptions{.stride = conv.stride,
+                                                      .padding = conv.padding.value_or((conv.kernel - 1) / 2),
+                                                      .groups = conv.groups, .bias = conv.bias}));
+  append(std::move(norm));
   if (activation) append(std::move(activation));
+}
+
+std::vector<std::string> stride_stage_nodes(const std::vector<int64_t>& strides) {
+  std::vector<std::string> nodes;
+  for (size_t i = 1; i < strides.size(); ++i)
+    if (strides[i] > 1) nodes.push_back("features." + std::to_string(i - 1));
+  nodes.push_back("features." + std::to_string(strides.size() - 1));
+  return nodes;
 }
 
 SqueezeExcitation::SqueezeExcitation(int64_t input_channels, int64_t squeeze_channels, nn::ModulePtr activation,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,17 +16,26 @@ namespace tvc::models::detail {
 // least divisor), one multiple up when that rounds v down by more than 10%.
 int64_t make_divisible(double v, int64_t divisor);
 
-// torchvision.ops.Conv2dNormActivation: "0" Conv2d (kernel k, padding (k - 1) / 2, no bias),
-// "1" BatchNorm2d, "2" the activation when there is one. (N, in, H, W) -> (N, out, H/s, W/s).
+// torchvision.ops.Conv2dNormActivation: "0" Conv2d (kernel k, padding (k - 1) / 2 unless given,
+// no bias unless asked), "1" the norm (BatchNorm2d with the given options, or a norm module),
+// "2" the activation when there is one. (N, in, H, W) -> (N, out, H/s, W/s).
 class Conv2dNormActivation : public nn::Cloneable<Conv2dNormActivation, nn::Sequential> {
  public:
   struct Conv {
     int64_t kernel = 3;
     int64_t stride = 1;
     int64_t groups = 1;
+    std::optional<int64_t> padding;  // default (kernel - 1) / 2
+    bool bias = false;
   };
   Conv2dNormActivation(int64_t in, int64_t out, Conv conv, const nn::BatchNormOptions& norm, nn::ModulePtr activation);
+  Conv2dNormActivation(int64_t in, int64_t out, Conv conv, nn::ModulePtr norm, nn::ModulePtr activation);
 };
+
+// The stage nodes of a `features` Sequential from the stride of each child: the child before
+// each later child that downsamples (stride > 1; the stem, child 0, is not counted) and the last
+// child, as "features.K" -- the last block of each resolution stage.
+std::vector<std::string> stride_stage_nodes(const std::vector<int64_t>& strides);
 
 // torchvision.ops.SqueezeExcitation: x * scale_activation(fc2(activation(fc1(avgpool(x))))),
 // fc1 and fc2 1x1 convolutions with bias (children avgpool, fc1, fc2, activation,
