@@ -180,9 +180,8 @@ detail::ModelSpec efficientnet(const std::string& name, const EfficientNetConfig
           .classifier = "classifier.1"};
 }
 
-detail::ModelSpec efficientnet_v1(const std::string& name, double width_mult, double depth_mult, double dropout) {
-  nn::BatchNormOptions norm;
-  if (name >= "efficientnet_b5") norm = {.eps = 1e-3, .momentum = 0.01};
+detail::ModelSpec efficientnet_v1(const std::string& name, double width_mult, double depth_mult, double dropout,
+                                   nn::BatchNormOptions norm = {}) {
   return efficientnet(name, {v1_stages(width_mult, depth_mult), dropout, std::nullopt, norm});
 }
 
@@ -195,6 +194,7 @@ detail::ModelSpec efficientnet_v2(const std::string& name, std::vector<StageConf
 namespace detail {
 
 std::vector<ModelSpec> efficientnet_models() {
+  const nn::BatchNormOptions b5_to_b7_norm{.eps = 1e-3, .momentum = 0.01};
   // V2 rows: expansion, kernel, stride, in, out, blocks, fused.
   return {
       efficientnet_v1("efficientnet_b0", 1.0, 1.0, 0.2),
@@ -202,9 +202,9 @@ std::vector<ModelSpec> efficientnet_models() {
       efficientnet_v1("efficientnet_b2", 1.1, 1.2, 0.3),
       efficientnet_v1("efficientnet_b3", 1.2, 1.4, 0.3),
       efficientnet_v1("efficientnet_b4", 1.4, 1.8, 0.4),
-      efficientnet_v1("efficientnet_b5", 1.6, 2.2, 0.4),
-      efficientnet_v1("efficientnet_b6", 1.8, 2.6, 0.5),
-      efficientnet_v1("efficientnet_b7", 2.0, 3.1, 0.5),
+      efficientnet_v1("efficientnet_b5", 1.6, 2.2, 0.4, b5_to_b7_norm),
+      efficientnet_v1("efficientnet_b6", 1.8, 2.6, 0.5, b5_to_b7_norm),
+      efficientnet_v1("efficientnet_b7", 2.0, 3.1, 0.5, b5_to_b7_norm),
       efficientnet_v2("efficientnet_v2_s",
                       {{1, 3, 1, 24, 24, 2, true},
                        {4, 3, 2, 24, 48, 4, true},
