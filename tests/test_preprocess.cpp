@@ -1,15 +1,18 @@
 // Image decoding and preprocessing (tvc/models/preprocess.h) against PIL 9.4 and torchvision
-// 0.14 on the same files, stage by stage: the decoded pixels and PIL's resize exactly, the
-// normalised tensor of weights.transforms() within err = ||a - b|| / ||b|| <= 1e-3 (in practice
-// exact); malformed files; and `tvc predict` against torchvision on the same weights.
+// 0.14 on the same files, stage by stage: the decoded pixels and PIL's bilinear and bicubic
+// resizes exactly, the normalised tensor of weights.transforms() within err = ||a - b|| / ||b||
+// <= 1e-3 and, for torchvision's tags, byte for byte; the tag table of the 47 models against
+// torchvision's; malformed files; and `tvc predict` against torchvision on the same weights.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <regex>
 #include <sstream>
+#include <utility>
 
 #include "compare.h"
 #include "test_helpers.h"
@@ -29,8 +32,11 @@ using ::testing::HasSubstr;
 // into dir/goldens.safetensors:
 //   NAME.decoded          Image.open(NAME).convert("RGB"), uint8 (H, W, 3)
 //   NAME.resized.S        F.resize(img, [S]) (PIL's bilinear), uint8 (H', W', 3)
+//   NAME.resized_bicubic.S  F.resize(img, [S], BICUBIC) (PIL's bicubic), uint8 (H', W', 3)
 //   NAME.out.R.C          ImageClassification(crop_size=C, resize_size=R)(img), float32 (3, C, C)
+//   NAME.tag.MODEL.TAG    get_model_weights(MODEL)[TAG].transforms()(img), float32 (3, C, C)
 //   NAME.resize.WxH       img.resize((W, H), Image.BILINEAR), uint8
+//   NAME.resize_bicubic.WxH  img.resize((W, H), Image.BICUBIC), uint8
 //   NAME.crop.C           F.center_crop(img, [C]), uint8
 // The images: random content with some structure (JPEG of quality 90, 4:2:0 and progressive
 // 4:4:4, grayscale), PNGs in every 8-bit color type, 1-bit gray, 16-bit RGB (written by hand:
@@ -41,6 +47,8 @@ import numpy as np, struct, zlib
 from PIL import Image
 from safetensors.torch import save_file
 import torchvision.transforms.functional as F
+from torchvision.models import get_model_weights
+from torchvision.transforms import InterpolationMode
 from torchvision.transforms._presets import ImageClassification
 d = DIR
 rng = np.random.default_rng(1234)
@@ -83,13 +91,19 @@ for name in names:
     out[name + ".decoded"] = torch.from_numpy(np.array(img))
     for size in (232, 256, 160):
         out[name + ".resized.%d" % size] = torch.from_numpy(np.array(F.resize(img, [size])))
+    for size in (256, 480, 160):
+        resized = F.resize(img, [size], interpolation=InterpolationMode.BICUBIC)
+        out[name + ".resized_bicubic.%d" % size] = torch.from_numpy(np.array(resized))
     for r, c in ((232, 224), (256, 224), (160, 176)):
         out[name + ".out.%d.%d" % (r, c)] = ImageClassification(crop_size=c, resize_size=r)(img).contiguous()
+    for model, tag in TAGS:
+        out[name + ".tag.%s.%s" % (model, tag)] = get_model_weights(model)[tag].transforms()(img).contiguous()
 for name, sizes in (("land.jpg", ((123, 457), (500, 100), (37, 375), (1000, 20), (499, 376))),
                     ("small.png", ((7, 5), (90, 300)))):
     img = Image.open(d + name).convert("RGB")
     for w, h in sizes:
         out[name + ".resize.%dx%d" % (w, h)] = torch.from_numpy(np.array(img.resize((w, h), Image.BILINEAR)))
+        out[name + ".resize_bicubic.%dx%d" % (w, h)] = torch.from_numpy(np.array(img.resize((w, h), Image.BICUBIC)))
 for name in ("small.png", "tiny.jpg"):
     img = Image.open(d + name).convert("RGB")
     for c in (224, 95, 84, 81, 79):
@@ -97,6 +111,15 @@ for name in ("small.png", "tiny.jpg"):
 save_file(out, d + "goldens.safetensors")
 print("ok")
 )";
+
+// torchvision tags whose transforms are checked byte for byte: bicubic shrinking the larger
+// images and enlarging tiny.jpg and small.png (efficientnet_b0, swin_s, vit_b_16's SWAG linear
+// with crop = resize), bicubic enlarging every image (efficientnet_v2_l, 480, its own mean and
+// std), and bilinear at the new models' sizes (efficientnet_b1 V2 255/240, convnext_tiny 236).
+const std::vector<std::pair<std::string, std::string>> kTags = {
+    {"efficientnet_b0", "IMAGENET1K_V1"},  {"swin_s", "IMAGENET1K_V1"},
+    {"vit_b_16", "IMAGENET1K_SWAG_LINEAR_V1"}, {"efficientnet_v2_l", "IMAGENET1K_V1"},
+    {"efficientnet_b1", "IMAGENET1K_V2"},  {"convnext_tiny", "IMAGENET1K_V1"}};
 
 const std::vector<std::string> kImages = {"land.jpg",       "portrait.jpg", "gray.jpg",  "tiny.jpg",
                                           "rgb.png",        "rgba.png",     "palette.png", "gray_alpha.png",
@@ -107,6 +130,9 @@ class Preprocess : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new test::TempDir;
     std::string code = kMakeImages;
+    std::string tags = "TAGS = [";
+    for (const auto& [model, tag] : kTags) tags += cat_str("('", model, "', '", tag, "'), ");
+    code.replace(code.find("d = DIR"), 0, tags + "]\n");
     std::string quoted = "'";
     quoted += *dir_ / "";
     quoted += "'";
@@ -164,8 +190,32 @@ TEST_F(Preprocess, ResizeGivesPilsPixels) {
            {"small.png", {{7, 5}, {90, 300}}}}) {
     models::Image image = models::decode_image(path(name));
     for (auto [w, h] : sizes)
-      EXPECT_EQ(pixel_diff(models::resize_bilinear(image, w, h), golden(cat_str(name, ".resize.", w, "x", h))), "")
+      EXPECT_EQ(pixel_diff(models::resize(image, w, h, models::Interpolation::Bilinear),
+                           golden(cat_str(name, ".resize.", w, "x", h))),
+                "")
           << name << " resized to " << w << "x" << h;
+  }
+}
+
+// PIL's bicubic (negative lobes, so sums below 0 and above 255 that clip) through the same path.
+TEST_F(Preprocess, BicubicResizeGivesPilsPixels) {
+  for (const auto& name : kImages) {
+    models::Image image = models::decode_image(path(name));
+    for (int64_t size : {256, 480, 160})
+      EXPECT_EQ(pixel_diff(models::resize_shorter_side(image, size, models::Interpolation::Bicubic),
+                           golden(cat_str(name, ".resized_bicubic.", size))),
+                "")
+          << name << " resized (bicubic) to " << size;
+  }
+  for (const auto& [name, sizes] : std::vector<std::pair<std::string, std::vector<std::pair<int, int>>>>{
+           {"land.jpg", {{123, 457}, {500, 100}, {37, 375}, {1000, 20}, {499, 376}}},
+           {"small.png", {{7, 5}, {90, 300}}}}) {
+    models::Image image = models::decode_image(path(name));
+    for (auto [w, h] : sizes)
+      EXPECT_EQ(pixel_diff(models::resize(image, w, h, models::Interpolation::Bicubic),
+                           golden(cat_str(name, ".resize_bicubic.", w, "x", h))),
+                "")
+          << name << " resized (bicubic) to " << w << "x" << h;
   }
 }
 
@@ -204,6 +254,21 @@ TEST_F(Preprocess, MatchesTorchvisionTransforms) {
   }
   std::printf("largest err of preprocess against torchvision: %.3g\n", worst);
   RecordProperty("largest_err", cat_str(worst));
+}
+
+// weights.transforms() of torchvision's tags, bicubic and bilinear, byte for byte (err 0).
+TEST_F(Preprocess, TagTransformsAreTorchvisionsByteForByte) {
+  for (const auto& [model, tag] : kTags) {
+    const models::Preprocessing& p = models::weights_tag(model, tag).preprocessing;
+    for (const auto& name : kImages) {
+      Tensor want = golden(cat_str(name, ".tag.", model, ".", tag));
+      Tensor got = models::preprocess(models::decode_image(path(name)), p);
+      ASSERT_EQ(got.shape(), want.shape()) << name << " with " << model << " " << tag;
+      EXPECT_TRUE(test::tensor_bytes(got) == test::tensor_bytes(want))
+          << name << " with " << model << " " << tag << " (" << models::interpolation_name(p.interpolation)
+          << "): err " << test::relative_error(got, want);
+    }
+  }
 }
 
 // Every malformed file is a tvc::Error naming the file and what is wrong with it.
@@ -258,6 +323,71 @@ sys.stdout.write((b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", z
   for (size_t i = 0; i + 1 < liar.size(); i += 2) liar_bytes += static_cast<char>(std::stoi(liar.substr(i, 2), nullptr, 16));
   EXPECT_THAT(error_for("liar.png", liar_bytes),
               HasSubstr("cannot decode PNG '" + path("liar.png") + "': its header gives 15000x15000 pixels, more than its"));
+}
+
+// The 47 backbones of tvc (docs/models.md), registered or not yet.
+const std::vector<std::string> kAllModels = {
+    "resnet18",          "resnet34",          "resnet50",         "resnet101",         "resnet152",
+    "wide_resnet50_2",   "wide_resnet101_2",  "resnext50_32x4d",  "resnext101_32x8d",  "resnext101_64x4d",
+    "vgg11",             "vgg13",             "vgg16",            "vgg19",             "vgg11_bn",
+    "vgg13_bn",          "vgg16_bn",          "vgg19_bn",         "densenet121",       "densenet161",
+    "densenet169",       "densenet201",       "mobilenet_v2",     "mobilenet_v3_small", "mobilenet_v3_large",
+    "efficientnet_b0",   "efficientnet_b1",   "efficientnet_b2",  "efficientnet_b3",   "efficientnet_b4",
+    "efficientnet_b5",   "efficientnet_b6",   "efficientnet_b7",  "efficientnet_v2_s", "efficientnet_v2_m",
+    "efficientnet_v2_l", "convnext_tiny",     "convnext_small",   "convnext_base",     "convnext_large",
+    "vit_b_16",          "vit_b_32",          "vit_l_16",         "vit_l_32",          "swin_t",
+    "swin_s",            "swin_b"};
+
+// Every model's tags, in torchvision's order, with torchvision's default, file, sizes, mean, std
+// and interpolation; tags need no registered model, and every registered model is one of the 47.
+TEST(PreprocessTags, EveryModelHasTorchvisionsTags) {
+  ASSERT_EQ(kAllModels.size(), 47u);
+  std::string names;
+  for (const auto& m : kAllModels) names += m + " ";
+  nlohmann::json want = test::torch_json(R"(
+import json
+from torchvision.models import get_model_weights
+out = {}
+for model in ")" + names + R"(".split():
+    weights = get_model_weights(model)
+    out[model] = []
+    for w in weights:
+        t = w.transforms()
+        out[model].append({"tag": w.name, "default": w.name == weights.DEFAULT.name, "file": w.url.rsplit("/", 1)[1],
+                           "resize": t.resize_size, "crop": t.crop_size, "mean": t.mean, "std": t.std,
+                           "interpolation": t.interpolation.value})
+print(json.dumps(out))
+)");
+  ASSERT_FALSE(want.is_null());
+  for (const auto& model : kAllModels) {
+    SCOPED_TRACE(model);
+    const nlohmann::json& tags = want.at(model);
+    std::vector<std::string> want_names;
+    for (const auto& t : tags) want_names.push_back(t.at("tag").get<std::string>());
+    EXPECT_EQ(models::weights_tags(model), want_names);
+    for (const auto& t : tags) {
+      const std::string name = t.at("tag").get<std::string>();
+      SCOPED_TRACE(name);
+      const models::WeightsTag& ours = models::weights_tag(model, name);
+      if (t.at("default").get<bool>()) {
+        EXPECT_EQ(&models::weights_tag(model, "DEFAULT"), &ours);
+      }
+      EXPECT_EQ(ours.is_default, t.at("default").get<bool>());
+      EXPECT_EQ(ours.file_name, t.at("file").get<std::string>());
+      const models::Preprocessing& p = ours.preprocessing;
+      EXPECT_EQ(std::vector<int64_t>{p.resize_size}, t.at("resize").get<std::vector<int64_t>>());
+      EXPECT_EQ(std::vector<int64_t>{p.crop_size}, t.at("crop").get<std::vector<int64_t>>());
+      EXPECT_EQ(std::vector<double>(p.mean.begin(), p.mean.end()), t.at("mean").get<std::vector<double>>());
+      EXPECT_EQ(std::vector<double>(p.std.begin(), p.std.end()), t.at("std").get<std::vector<double>>());
+      EXPECT_EQ(models::interpolation_name(p.interpolation), t.at("interpolation").get<std::string>());
+    }
+  }
+  for (const auto& model : models::list())
+    EXPECT_NE(std::find(kAllModels.begin(), kAllModels.end(), model), kAllModels.end()) << model;
+  // A name neither tagged nor registered is still an unknown model.
+  EXPECT_THAT(test::error_of([] { models::weights_tags("efficientnet_b9"); }), HasSubstr("unknown model 'efficientnet_b9'"));
+  EXPECT_THAT(test::error_of([] { models::weights_tag("swin_t", "IMAGENET1K_V2"); }),
+              HasSubstr("swin_t has no weights tagged 'IMAGENET1K_V2' (its tags: DEFAULT, IMAGENET1K_V1)"));
 }
 
 // tvc predict with random resnet18 weights standing in for torchvision's file: five classes per

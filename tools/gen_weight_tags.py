@@ -9,10 +9,18 @@ import os
 from torchvision.models import get_model_weights
 from torchvision.models._meta import _IMAGENET_CATEGORIES
 
+# The 47 backbones of tvc (NOTES section 3), family by family; a tag needs no registered model.
 MODELS = """resnet18 resnet34 resnet50 resnet101 resnet152 wide_resnet50_2 wide_resnet101_2
 resnext50_32x4d resnext101_32x8d resnext101_64x4d vgg11 vgg13 vgg16 vgg19 vgg11_bn vgg13_bn
 vgg16_bn vgg19_bn densenet121 densenet161 densenet169 densenet201 mobilenet_v2
-mobilenet_v3_small mobilenet_v3_large""".split()
+mobilenet_v3_small mobilenet_v3_large efficientnet_b0 efficientnet_b1 efficientnet_b2
+efficientnet_b3 efficientnet_b4 efficientnet_b5 efficientnet_b6 efficientnet_b7 efficientnet_v2_s
+efficientnet_v2_m efficientnet_v2_l convnext_tiny convnext_small convnext_base convnext_large
+vit_b_16 vit_b_32 vit_l_16 vit_l_32 swin_t swin_s swin_b""".split()
+assert len(MODELS) == 47 and len(set(MODELS)) == 47
+
+# torchvision's InterpolationMode values that tvc reproduces, and their C++ enumerators.
+INTERPOLATIONS = {"bilinear": "Interpolation::Bilinear", "bicubic": "Interpolation::Bicubic"}
 
 
 def cpp_string(s):
@@ -30,12 +38,13 @@ def main():
         default = enum.DEFAULT.name
         for w in enum:
             t = w.transforms()
+            assert type(t).__name__ == "ImageClassification", (model, w.name, type(t))
             interpolation = t.interpolation.value
-            assert interpolation == "bilinear", (model, interpolation)
+            assert interpolation in INTERPOLATIONS, (model, w.name, interpolation)
             print(f"      {{{cpp_string(model)}, {cpp_string(w.name)}, {str(w.name == default).lower()}, "
                   f"{cpp_string(os.path.basename(w.url))}, "
                   f"{{{t.resize_size[0]}, {t.crop_size[0]}, {{{', '.join(map(str, t.mean))}}}, "
-                  f"{{{', '.join(map(str, t.std))}}}}}}},")
+                  f"{{{', '.join(map(str, t.std))}}}, {INTERPOLATIONS[interpolation]}}}}},")
     print("  };\n  return tags;\n}\n")
     print("const std::vector<std::string>& imagenet_categories() {\n  static const std::vector<std::string> names = {")
     for name in _IMAGENET_CATEGORIES:

@@ -272,19 +272,45 @@ Image decode_png(const std::string& path, const std::vector<uint8_t>& bytes) {
   return image;
 }
 
-// ------------------------------------------------------------------ PIL's bilinear resampling
+// ------------------------------------------------------------------ PIL's resampling
 //
-// libImaging/Resample.c: for each output pixel, the input pixels within `support` of its center
-// (support = 1 for bilinear, times the scale when shrinking, which is the antialiasing) weighted
-// by the triangle filter, the weights normalised to sum 1 in double, then turned into integers
-// with PRECISION_BITS fractional bits; sums start at half a unit (rounding) and are clipped to
-// 0..255 after dropping the fractional bits.
+// libImaging/Resample.c, one path for every filter: for each output pixel, the input pixels
+// within `support` of its center (the filter's support, times the scale when shrinking, which is
+// the antialiasing) weighted by the filter, the weights normalised to sum 1 in double, then
+// turned into integers with PRECISION_BITS fractional bits; sums start at half a unit (rounding)
+// and are clipped to 0..255 after dropping the fractional bits. The filters differ only in their
+// function and support.
 
 constexpr int kPrecisionBits = 32 - 8 - 2;
 
+// The triangle: support 1.
 double bilinear_filter(double x) {
   if (x < 0.0) x = -x;
   return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+// Keys' cubic convolution with a = -0.5: support 2, negative lobes between 1 and 2.
+double bicubic_filter(double x) {
+  constexpr double a = -0.5;
+  if (x < 0.0) x = -x;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
+struct Filter {
+  double (*weight)(double x);
+  double support;
+};
+
+Filter filter_of(Interpolation interpolation) {
+  switch (interpolation) {
+    case Interpolation::Bilinear:
+      return {bilinear_filter, 1.0};
+    case Interpolation::Bicubic:
+      return {bicubic_filter, 2.0};
+  }
+  throw Error(cat_str("resize: unknown interpolation ", static_cast<int>(interpolation)));
 }
 
 // The taps of every output pixel along one axis: first[i], count[i] input pixels, and their
@@ -295,11 +321,11 @@ struct Taps {
   std::vector<int32_t> weights;
 };
 
-Taps precompute_taps(int in_size, int out_size) {
+Taps precompute_taps(int in_size, int out_size, const Filter& filter) {
   // PIL's box is float[4] = (0, 0, in_size, ...): the scale is (double)(float(in_size) - 0.f) / out.
   const double scale = static_cast<double>(static_cast<float>(in_size)) / out_size;
   const double filterscale = std::max(scale, 1.0);
-  const double support = 1.0 * filterscale;  // bilinear's support is 1
+  const double support = filter.support * filterscale;
   Taps taps;
   taps.ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
   taps.first.resize(out_size);
@@ -314,7 +340,7 @@ Taps precompute_taps(int in_size, int out_size) {
     const int xmax = std::min(static_cast<int>(center + support + 0.5), in_size) - xmin;
     double ww = 0.0;
     for (int x = 0; x < xmax; ++x) {
-      k[x] = bilinear_filter((x + xmin - center + 0.5) * ss);
+      k[x] = filter.weight((x + xmin - center + 0.5) * ss);
       ww += k[x];
     }
     for (int x = 0; x < xmax; ++x) {
@@ -330,13 +356,15 @@ Taps precompute_taps(int in_size, int out_size) {
   return taps;
 }
 
-// clip8: the sum without its fractional bits, clamped to 0..255.
+// clip8: the sum without its fractional bits (an arithmetic shift: negative sums, which the
+// negative lobes of bicubic give, round down), clamped to 0..255.
 uint8_t clip8(int32_t sum) { return static_cast<uint8_t>(std::clamp(sum >> kPrecisionBits, 0, 255)); }
 
-// The sums cannot overflow int32 (as in PIL): the weights are positive and add up to about
-// 1 << PRECISION_BITS, so a sum stays below 256 << PRECISION_BITS = 2^30.
-Image resample_horizontal(const Image& in, int out_width) {
-  const Taps taps = precompute_taps(static_cast<int>(in.width), out_width);
+// The sums cannot overflow int32 (as in PIL): the weights add up to about 1 << PRECISION_BITS and
+// their absolute values to less than 1.5 times that (bicubic's negative lobes), so a sum stays
+// within +-1.5 * 256 << PRECISION_BITS < 2^31.
+Image resample_horizontal(const Image& in, int out_width, const Filter& filter) {
+  const Taps taps = precompute_taps(static_cast<int>(in.width), out_width, filter);
   Image out{.height = in.height, .width = out_width, .rgb = std::vector<uint8_t>(in.height * out_width * 3)};
   for (int64_t y = 0; y < in.height; ++y) {
     const uint8_t* row = in.rgb.data() + y * in.width * 3;
@@ -356,8 +384,8 @@ Image resample_horizontal(const Image& in, int out_width) {
   return out;
 }
 
-Image resample_vertical(const Image& in, int out_height) {
-  const Taps taps = precompute_taps(static_cast<int>(in.height), out_height);
+Image resample_vertical(const Image& in, int out_height, const Filter& filter) {
+  const Taps taps = precompute_taps(static_cast<int>(in.height), out_height, filter);
   const int64_t row_len = in.width * 3;
   Image out{.height = out_height, .width = in.width, .rgb = std::vector<uint8_t>(out_height * row_len)};
   for (int yy = 0; yy < out_height; ++yy) {
@@ -390,19 +418,20 @@ Image decode_image(const std::string& path) {
                       bytes.empty() ? "the file is empty" : "not a JPEG or PNG file (unknown first bytes)"));
 }
 
-Image resize_bilinear(const Image& image, int64_t width, int64_t height) {
-  check_image(image, "resize_bilinear");
-  TVC_CHECK(width > 0 && height > 0 && width <= kMaxImagePixels / height, "resize_bilinear: cannot resize to ",
-            width, "x", height);
+Image resize(const Image& image, int64_t width, int64_t height, Interpolation interpolation) {
+  check_image(image, "resize");
+  TVC_CHECK(width > 0 && height > 0 && width <= kMaxImagePixels / height, "resize: cannot resize to ", width, "x",
+            height);
+  const Filter filter = filter_of(interpolation);
   // ImagingResampleInner: the horizontal pass, then the vertical one, each skipped when that
   // side keeps its size; both skipped is a copy.
   Image out = image;
-  if (width != image.width) out = resample_horizontal(out, static_cast<int>(width));
-  if (height != image.height) out = resample_vertical(out, static_cast<int>(height));
+  if (width != image.width) out = resample_horizontal(out, static_cast<int>(width), filter);
+  if (height != image.height) out = resample_vertical(out, static_cast<int>(height), filter);
   return out;
 }
 
-Image resize_shorter_side(const Image& image, int64_t size) {
+Image resize_shorter_side(const Image& image, int64_t size, Interpolation interpolation) {
   check_image(image, "resize_shorter_side");
   TVC_CHECK(size > 0, "resize_shorter_side: size must be positive, got ", size);
   const bool portrait = image.width <= image.height;
@@ -412,7 +441,7 @@ Image resize_shorter_side(const Image& image, int64_t size) {
   const auto new_long = static_cast<int64_t>(static_cast<double>(size * longer) / static_cast<double>(shorter));
   const int64_t new_width = portrait ? size : new_long, new_height = portrait ? new_long : size;
   if (new_width == image.width && new_height == image.height) return image;
-  return resize_bilinear(image, new_width, new_height);
+  return resize(image, new_width, new_height, interpolation);
 }
 
 Image center_crop(const Image& image, int64_t size) {
@@ -458,7 +487,8 @@ Tensor to_normalized_tensor(const Image& image, const std::array<double, 3>& mea
 }
 
 Tensor preprocess(const Image& image, const Preprocessing& p) {
-  return to_normalized_tensor(center_crop(resize_shorter_side(image, p.resize_size), p.crop_size), p.mean, p.std);
+  return to_normalized_tensor(center_crop(resize_shorter_side(image, p.resize_size, p.interpolation), p.crop_size),
+                              p.mean, p.std);
 }
 
 }  // namespace tvc::models

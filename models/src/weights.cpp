@@ -10,23 +10,32 @@ namespace tvc::models {
 
 namespace fs = std::filesystem;
 
+const char* interpolation_name(Interpolation interpolation) {
+  switch (interpolation) {
+    case Interpolation::Bilinear:
+      return "bilinear";
+    case Interpolation::Bicubic:
+      return "bicubic";
+  }
+  throw Error(cat_str("interpolation_name: unknown interpolation ", static_cast<int>(interpolation)));
+}
+
 std::vector<std::string> weights_tags(const std::string& model) {
-  detail::spec(model);  // an unknown model is an error
   std::vector<std::string> tags;
   for (const auto& t : detail::weight_tags())
     if (t.model == model) tags.push_back(t.tag);
+  if (tags.empty()) detail::spec(model);  // neither tagged nor registered: an unknown model
   return tags;
 }
 
 const WeightsTag& weights_tag(const std::string& model, const std::string& tag) {
-  detail::spec(model);
+  const std::vector<std::string> tags = weights_tags(model);  // an unknown model is an error
+  for (const auto& t : detail::weight_tags())
+    if (t.model == model && (t.tag == tag || (tag == "DEFAULT" && t.is_default))) return t;
   std::string known;
-  for (const auto& t : detail::weight_tags()) {
-    if (t.model != model) continue;
-    if (t.tag == tag || (tag == "DEFAULT" && t.is_default)) return t;
-    known += (known.empty() ? "" : ", ") + t.tag;
-  }
-  throw Error(cat_str(model, " has no weights tagged '", tag, "' (its tags: DEFAULT, ", known, ")"));
+  for (const auto& t : tags) known += ", " + t;
+  throw Error(cat_str(model, " has no weights tagged '", tag, "'",
+                      tags.empty() ? std::string(" (it has no tags)") : cat_str(" (its tags: DEFAULT", known, ")")));
 }
 
 std::vector<std::string> weights_search_path() {

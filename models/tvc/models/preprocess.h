@@ -5,9 +5,9 @@
 //   tvc::Tensor x = tvc::models::preprocess(image, prep);            // float32 (3, 224, 224)
 //
 // Every step gives the same values as torchvision 0.14 on a PIL 9.4 image: decoding through the
-// same libjpeg/libpng with PIL's settings, PIL's antialiased bilinear resize (the same 8-bit
-// fixed-point arithmetic, so the same uint8 pixels), torchvision's center crop (zero padding
-// when the image is smaller) and its float32 normalisation.
+// same libjpeg/libpng with PIL's settings, PIL's antialiased bilinear or bicubic resize (the
+// same 8-bit fixed-point arithmetic, so the same uint8 pixels), torchvision's center crop (zero
+// padding when the image is smaller) and its float32 normalisation.
 #pragma once
 
 #include <array>
@@ -37,13 +37,15 @@ inline constexpr int64_t kMaxImagePixels = int64_t{1} << 28;
 // another format, CMYK JPEGs, 16-bit grayscale PNGs, more than kMaxImagePixels pixels.
 Image decode_image(const std::string& path);
 
-// PIL's Image.resize((width, height), Image.BILINEAR) of an RGB image: antialiased (the filter
-// widens by the scale when shrinking), horizontal pass then vertical, each rounded to uint8.
-Image resize_bilinear(const Image& image, int64_t width, int64_t height);
+// PIL's Image.resize((width, height), Image.BILINEAR or Image.BICUBIC) of an RGB image:
+// antialiased (the filter widens by the scale when shrinking), horizontal pass then vertical,
+// each rounded to uint8 (bicubic's overshoot clipped to 0..255). The two interpolations share
+// one resampling path; only the filter differs.
+Image resize(const Image& image, int64_t width, int64_t height, Interpolation interpolation);
 
-// torchvision's F.resize(img, [size]) of a PIL image: the shorter side becomes size, the longer
-// int(size * long / short); an image already that size is returned as it is.
-Image resize_shorter_side(const Image& image, int64_t size);
+// torchvision's F.resize(img, [size], interpolation) of a PIL image: the shorter side becomes
+// size, the longer int(size * long / short); an image already that size is returned as it is.
+Image resize_shorter_side(const Image& image, int64_t size, Interpolation interpolation = Interpolation::Bilinear);
 
 // torchvision's F.center_crop(img, [size]) of a PIL image: zero padding (left/top get the
 // smaller half) where the image is smaller than size, then the crop at
@@ -54,8 +56,8 @@ Image center_crop(const Image& image, int64_t size);
 // in float32 as torchvision's convert_image_dtype and normalize compute it.
 Tensor to_normalized_tensor(const Image& image, const std::array<double, 3>& mean, const std::array<double, 3>& std);
 
-// weights.transforms()(image): resize_shorter_side(resize_size), center_crop(crop_size),
-// to_normalized_tensor(mean, std). float32 (3, crop_size, crop_size).
+// weights.transforms()(image): resize_shorter_side(resize_size, interpolation),
+// center_crop(crop_size), to_normalized_tensor(mean, std). float32 (3, crop_size, crop_size).
 Tensor preprocess(const Image& image, const Preprocessing& p);
 
 }  // namespace tvc::models

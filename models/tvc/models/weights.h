@@ -15,13 +15,22 @@
 
 namespace tvc::models {
 
+// The filter of a resize: torchvision's InterpolationMode, applied to PIL images as PIL's
+// Image.BILINEAR (triangle, support 1) or Image.BICUBIC (Keys cubic with a = -0.5, support 2).
+enum class Interpolation { Bilinear, Bicubic };
+
+// torchvision's name of an interpolation (InterpolationMode.value): "bilinear", "bicubic".
+const char* interpolation_name(Interpolation interpolation);
+
 // torchvision's ImageClassification transform: resize the shorter side to resize_size
-// (bilinear, antialiased), center-crop crop_size, scale to [0, 1], normalise with mean and std.
+// (antialiased, with interpolation's filter), center-crop crop_size, scale to [0, 1], normalise
+// with mean and std.
 struct Preprocessing {
   int64_t resize_size;
   int64_t crop_size;
   std::array<double, 3> mean;
   std::array<double, 3> std;
+  Interpolation interpolation = Interpolation::Bilinear;
 };
 
 // One of torchvision's weights for a model.
@@ -33,7 +42,10 @@ struct WeightsTag {
   Preprocessing preprocessing;
 };
 
-// The tags of model ("IMAGENET1K_V1", ...), in torchvision's order.
+// The tags of model ("IMAGENET1K_V1", ...), in torchvision's order. The table holds torchvision's
+// tags of every model tvc knows, including those not registered (yet): a tag needs no model,
+// only create() and loading do. A name neither in the table nor registered is an error
+// suggesting the closest model.
 std::vector<std::string> weights_tags(const std::string& model);
 // model's tag; "DEFAULT" gives the default one. Throws listing the model's tags when absent.
 const WeightsTag& weights_tag(const std::string& model, const std::string& tag);
