@@ -3,7 +3,7 @@
 # (tests/model_conformance.h), then docs/conformance.md rewritten with the measured errors.
 #   bash tools/conformance.sh [BUILD_DIR]      (default: build; about 20 minutes on 2 cores)
 # CI runs a subset of it (the `models` test); this runs everything, including the tests named
-# ModelConformanceFull.*, ModelStagesFull.* and the disabled ones.
+# ModelConformanceFull.*, ModelStagesFull.*, ModelTreeFull.* and the disabled ones.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build=${1:-build}
@@ -12,7 +12,7 @@ ninja -C "$build" tests/tvc_model_tests tools/tvc
 log=$build/conformance.log
 status=0
 TVC_EXE=$build/tools/tvc "$build/tests/tvc_model_tests" --gtest_also_run_disabled_tests \
-  --gtest_filter='ModelConformance*:ModelStages*' 2>&1 | tee "$log" || status=$?
+  --gtest_filter='ModelConformance*:ModelStages*:ModelTree*' 2>&1 | tee "$log" || status=$?
 
 # Each check prints "conformance MODEL (num_classes N): eval E, train E, running E (torch32 E),
 # grad64 E, grad32 E (torch32 E), T s" (tests/model_conformance.cpp); stage checks print
