@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <sstream>
 
 #include "compare.h"
@@ -42,6 +44,16 @@ std::string golden_folder(const ModelCheck& check) {
                               {check.model, std::to_string(check.num_classes), check.eval_shapes,
                                std::to_string(check.grad_size)});
 }
+
+namespace {
+
+// The full suite (tools/conformance.sh sets TVC_DROP_GOLDENS) deletes each model's goldens once
+// checked: the big models' float64 gradients take GBs.
+void drop_goldens(const std::string& dir) {
+  if (std::getenv("TVC_DROP_GOLDENS") != nullptr) std::filesystem::remove_all(dir);
+}
+
+}  // namespace
 
 ModelErrors check_model(const ModelCheck& check) {
   ModelErrors errors;
@@ -150,6 +162,7 @@ ModelErrors check_model(const ModelCheck& check) {
               check.model.c_str(), static_cast<long long>(check.num_classes), errors.eval, errors.train,
               errors.running, errors.running_torch, errors.grad64, errors.grad32, errors.grad32_torch,
               errors.seconds);
+  drop_goldens(dir);
   return errors;
 }
 
@@ -175,6 +188,7 @@ double check_stages(const std::string& model, const std::vector<std::string>& no
     worst = std::max(worst, err);
   }
   std::printf("stages %s: %zu nodes, err %.2e\n", model.c_str(), nodes.size(), worst);
+  drop_goldens(dir);
   return worst;
 }
 
