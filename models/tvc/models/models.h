@@ -23,9 +23,14 @@ struct Options {
   // Outputs of the classifier. With weights, every tensor but the classifier's loads when
   // this is not 1000 (the load report lists the classifier's keys as skipped).
   int64_t num_classes = 1000;
-  // Dropout before the classifier, for the models where torchvision has one (VGG, MobileNet);
-  // unset: torchvision's default. An error for the others.
+  // torchvision's dropout argument, for the models that have one: VGG and MobileNet (before the
+  // classifier; defaults 0.5, 0.2), ViT (in the encoder and its blocks; default 0). Unset:
+  // torchvision's default. An error for the others.
   std::optional<double> dropout;
+  // The one input size (S x S) a ViT is built for (torchvision's image_size): a multiple of the
+  // patch size; unset: 224. Weights made for another size load with their position embedding
+  // interpolated. An error for the other models (they take any size).
+  std::optional<int64_t> image_size;
   // "" (random initialisation), a torchvision tag ("DEFAULT", "IMAGENET1K_V1", "IMAGENET1K_V2")
   // resolved to torchvision's file name (see weights.h), or a path to a .pth/.safetensors file.
   std::string weights;
