@@ -123,8 +123,9 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(Tensor query, Tensor key, T
               ", but should be ", want);
   }
   if (key_padding_mask.defined())
-    TVC_CHECK(key_padding_mask.shape() == (Shape{n, src_len}), "MultiheadAttention: expecting key_padding_mask shape of ",
-              Shape{n, src_len}, ", but got ", key_padding_mask.shape());
+    TVC_CHECK(key_padding_mask.shape() == (Shape{n, src_len}),
+              "MultiheadAttention: expecting key_padding_mask shape of ", Shape{n, src_len}, ", but got ",
+              key_padding_mask.shape());
   // One more key for each sequence (add_bias_kv, add_zero_attn): the masks let it be attended.
   auto extend_masks = [&] {
     if (attn_mask.defined()) attn_mask = pad(attn_mask, {0, 1});
