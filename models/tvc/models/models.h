@@ -40,8 +40,10 @@ struct Options {
 class Backbone : public nn::Module {
  public:
   // torchvision's feature-extraction node names of each resolution stage's output, in order
-  // (resnet: "relu", "layer1", ..., "layer4"; the others: the last block before each stride-2
-  // change and the last block, e.g. "features.3"). Each is the dotted path of a submodule.
+  // (resnet: "relu", "layer1", ..., "layer4"; the CNNs: the last block before each stride-2
+  // change and the last block, e.g. "features.3"; ViT, of one resolution: the encoder blocks at
+  // a quarter, half and three quarters of the depth and "encoder.ln"). Each is the dotted path
+  // of a submodule.
   virtual std::vector<std::string> stage_nodes() const = 0;
   // The output of each stage node for x (N, 3, H, W), in order: one forward pass with a forward
   // hook on each node's submodule, so a stage is what that submodule returns in the model's own
