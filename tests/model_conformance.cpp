@@ -29,96 +29,22 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+models::BackbonePtr new_model(const ModelCheck& check) {
+  return models::create(check.model, {.num_classes = check.num_classes, .image_size = check.image_size});
+}
+
 models::BackbonePtr load_model(const ModelCheck& check, const std::string& weights) {
-  models::BackbonePtr model = models::create(check.model, {.num_classes = check.num_classes});
+  models::BackbonePtr model = new_model(check);
   model->load_state_dict(weights);
   return model;
 }
 
 double norm(const Tensor& t) { return std::sqrt(t.to(DType::Float64).pow(2).sum().item<double>()); }
 
-}  // namespace
-
-std::string golden_folder(const ModelCheck& check) {
-  return python_golden_folder(TVC_SOURCE_ROOT "/tools/model_goldens.py",
-                              {check.model, std::to_string(check.num_classes), check.eval_shapes,
-                               std::to_string(check.grad_size)});
-}
-
-namespace {
-
-// The full suite (tools/conformance.sh sets TVC_DROP_GOLDENS) deletes each model's goldens once
-// checked: the big models' float64 gradients take GBs.
-void drop_goldens(const std::string& dir) {
-  if (std::getenv("TVC_DROP_GOLDENS") != nullptr) std::filesystem::remove_all(dir);
-}
-
-}  // namespace
-
-ModelErrors check_model(const ModelCheck& check) {
-  ModelErrors errors;
-  std::string dir = golden_folder(check);
-  if (dir.empty()) return errors;
-  std::string weights = dir + "/weights.pth";
-  io::SafetensorsFile goldens = io::SafetensorsFile::open(dir + "/goldens.safetensors");
+// The gradient checks of check_model (see model_conformance.h).
+void check_gradients(const ModelCheck& check, const std::string& weights, const io::SafetensorsFile& goldens,
+                     ModelErrors& errors) {
   auto golden = [&](const std::string& name) { return goldens.tensor(name); };
-  auto start = std::chrono::steady_clock::now();
-
-  // The state_dict: torchvision's keys in torchvision's order, shapes and dtypes.
-  nn::StateDict file = io::load_state_dict(weights);
-  models::BackbonePtr model = models::create(check.model, {.num_classes = check.num_classes});
-  nn::StateDict ours = model->state_dict();
-  EXPECT_EQ(ours.keys(), file.keys());
-  for (const auto& [name, t] : file) {
-    const Tensor* mine = ours.find(name);
-    if (!mine) continue;
-    EXPECT_EQ(mine->shape(), t.shape()) << name;
-    EXPECT_EQ(mine->dtype(), t.dtype()) << name;
-  }
-  model->load_state_dict(weights);
-
-  // Eval mode.
-  model->eval();
-  {
-    NoGradGuard no_grad;
-    for (size_t k = 0; k < split(check.eval_shapes, ',').size(); ++k) {
-      Tensor out = model->forward(golden("eval." + std::to_string(k) + ".input"));
-      double err = relative_error(out, golden("eval." + std::to_string(k) + ".output"));
-      EXPECT_LE(err, 1e-4) << check.model << " eval shape " << k;
-      errors.eval = std::max(errors.eval, err);
-    }
-  }
-
-  // Train mode: batch statistics, dropout and stochastic depth off (their drop rates are tested
-  // on their own), running statistics updated once.
-  {
-    models::BackbonePtr train = load_model(check, weights);
-    train->train();
-    for (const auto& m : train->modules())
-      if (dynamic_cast<nn::Dropout*>(m.get()) || m->type_name() == "StochasticDepth") m->eval();
-    NoGradGuard no_grad;
-    Tensor out = train->forward(golden("train.input"));
-    errors.train = relative_error(out, golden("train.output"));
-    EXPECT_LE(errors.train, 1e-3) << check.model << " train-mode output";
-    // Running statistics: err <= 1e-4 against PyTorch's float32; where PyTorch's own float32
-    // error exceeds that (deep networks: resnet152 1.1e-4), ours against the float64 values
-    // within 3x of PyTorch's own, the rule of the float32 gradients below.
-    for (const auto& [name, t] : train->state_dict()) {
-      if (name.find("running_") == std::string::npos) continue;
-      Tensor torch32 = golden("train.running." + name), exact = golden("train64.running." + name);
-      double err = relative_error(t, torch32);
-      double torch_own = relative_error(torch32.to(DType::Float64), exact);
-      double ours_exact = relative_error(t.to(DType::Float64), exact);
-      EXPECT_TRUE(err <= 1e-4 || ours_exact <= 3 * torch_own)
-          << check.model << " " << name << ": err " << err << " against PyTorch's float32; against float64 ours "
-          << ours_exact << ", PyTorch's " << torch_own;
-      errors.running = std::max(errors.running, err);
-      errors.running_torch = std::max(errors.running_torch, torch_own);
-    }
-  }
-
-  // Gradients, eval mode: float64 against PyTorch's float64; float32 against PyTorch's float64,
-  // within 3x of PyTorch's own float32 error.
   Tensor cotangent = golden("grad.cotangent");
   auto gradients = [&](DType dtype) {
     models::BackbonePtr m = load_model(check, weights);
@@ -156,15 +82,113 @@ ModelErrors check_model(const ModelCheck& check) {
   errors.grad32_ratio = std::sqrt(ours_sq) / std::max(torch_err, 1e-7 * std::sqrt(total));
   EXPECT_LE(errors.grad32_ratio, 3.0) << check.model << " float32 gradients: our error " << errors.grad32
                                       << ", PyTorch's " << errors.grad32_torch;
+}
+
+// The full suite (tools/conformance.sh sets TVC_DROP_GOLDENS) deletes each model's goldens once
+// checked: the big models' float64 gradients take GBs.
+void drop_goldens(const std::string& dir) {
+  if (std::getenv("TVC_DROP_GOLDENS") != nullptr) std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+std::string golden_folder(const ModelCheck& check) {
+  std::vector<std::string> args = {check.model, std::to_string(check.num_classes), check.eval_shapes,
+                                   std::to_string(check.grad_size)};
+  if (check.image_size) args.insert(args.end(), {"--image-size", std::to_string(*check.image_size)});
+  if (check.weights_image_size)
+    args.insert(args.end(), {"--weights-image-size", std::to_string(*check.weights_image_size)});
+  return python_golden_folder(TVC_SOURCE_ROOT "/tools/model_goldens.py", args);
+}
+
+ModelErrors check_model(const ModelCheck& check) {
+  ModelErrors errors;
+  std::string dir = golden_folder(check);
+  if (dir.empty()) return errors;
+  std::string weights = dir + "/weights.pth";
+  io::SafetensorsFile goldens = io::SafetensorsFile::open(dir + "/goldens.safetensors");
+  auto golden = [&](const std::string& name) { return goldens.tensor(name); };
+  auto start = std::chrono::steady_clock::now();
+
+  // The state_dict: torchvision's keys in torchvision's order, shapes and dtypes.
+  nn::StateDict file = io::load_state_dict(weights);
+  models::BackbonePtr model = new_model(check);
+  nn::StateDict ours = model->state_dict();
+  EXPECT_EQ(ours.keys(), file.keys());
+  for (const auto& [name, t] : file) {
+    const Tensor* mine = ours.find(name);
+    if (!mine) continue;
+    if (!check.weights_image_size) {
+      EXPECT_EQ(mine->shape(), t.shape()) << name;
+    }
+    EXPECT_EQ(mine->dtype(), t.dtype()) << name;
+  }
+  model->load_state_dict(weights);
+
+  // Eval mode.
+  model->eval();
+  {
+    NoGradGuard no_grad;
+    for (size_t k = 0; k < split(check.eval_shapes, ',').size(); ++k) {
+      Tensor out = model->forward(golden("eval." + std::to_string(k) + ".input"));
+      double err = relative_error(out, golden("eval." + std::to_string(k) + ".output"));
+      EXPECT_LE(err, 1e-4) << check.model << " eval shape " << k;
+      errors.eval = std::max(errors.eval, err);
+    }
+  }
+
+  // Train mode: batch statistics, dropout and stochastic depth off (their drop rates are tested
+  // on their own), running statistics updated once.
+  bool has_running = false;
+  {
+    models::BackbonePtr train = load_model(check, weights);
+    train->train();
+    for (const auto& m : train->modules())
+      if (dynamic_cast<nn::Dropout*>(m.get()) || m->type_name() == "StochasticDepth") m->eval();
+    NoGradGuard no_grad;
+    Tensor out = train->forward(golden("train.input"));
+    errors.train = relative_error(out, golden("train.output"));
+    EXPECT_LE(errors.train, 1e-3) << check.model << " train-mode output";
+    // Running statistics: err <= 1e-4 against PyTorch's float32; where PyTorch's own float32
+    // error exceeds that (deep networks: resnet152 1.1e-4), ours against the float64 values
+    // within 3x of PyTorch's own, the rule of the float32 gradients below.
+    for (const auto& [name, t] : train->state_dict()) {
+      if (name.find("running_") == std::string::npos) continue;
+      Tensor torch32 = golden("train.running." + name), exact = golden("train64.running." + name);
+      double err = relative_error(t, torch32);
+      double torch_own = relative_error(torch32.to(DType::Float64), exact);
+      double ours_exact = relative_error(t.to(DType::Float64), exact);
+      EXPECT_TRUE(err <= 1e-4 || ours_exact <= 3 * torch_own)
+          << check.model << " " << name << ": err " << err << " against PyTorch's float32; against float64 ours "
+          << ours_exact << ", PyTorch's " << torch_own;
+      errors.running = std::max(errors.running, err);
+      has_running = true;
+      errors.running_torch = std::max(errors.running_torch, torch_own);
+    }
+  }
+
+  // Gradients, eval mode: float64 against PyTorch's float64; float32 against PyTorch's float64,
+  // within 3x of PyTorch's own float32 error.
+  if (check.grad_size > 0) check_gradients(check, weights, goldens, errors);
   errors.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("conformance %s (num_classes %lld): eval %.2e, train %.2e, running %.2e (torch32 %.2e), "
-              "grad64 %.2e, grad32 %.2e (torch32 %.2e), %.1f s\n",
-              check.model.c_str(), static_cast<long long>(check.num_classes), errors.eval, errors.train,
-              errors.running, errors.running_torch, errors.grad64, errors.grad32, errors.grad32_torch,
-              errors.seconds);
+  // "-" for what was not checked (no running statistics, grad_size 0).
+  auto shown = [](double err, bool checked) {
+    char text[16] = "-";
+    if (checked) std::snprintf(text, sizeof text, "%.2e", err);
+    return std::string(text);
+  };
+  const bool grads = check.grad_size > 0;
+  std::printf("conformance %s (num_classes %lld%s): eval %.2e, train %.2e, running %s (torch32 %s), "
+              "grad64 %s, grad32 %s (torch32 %s), %.1f s\n",
+              check.model.c_str(), static_cast<long long>(check.num_classes),
+              check.image_size ? (", image_size " + std::to_string(*check.image_size)).c_str() : "", errors.eval,
+              errors.train, shown(errors.running, has_running).c_str(),
+              shown(errors.running_torch, has_running).c_str(), shown(errors.grad64, grads).c_str(),
+              shown(errors.grad32, grads).c_str(), shown(errors.grad32_torch, grads).c_str(), errors.seconds);
   drop_goldens(dir);
   return errors;
 }
+
 
 double check_stages(const std::string& model, const std::vector<std::string>& nodes) {
   std::string joined;

@@ -1,19 +1,22 @@
 // Conformance of a tvc backbone with torchvision's, on goldens made by tools/model_goldens.py
 // (random weights with every BatchNorm buffer and bias randomised, saved with torch.save and
 // read through tvc's .pth reader):
-//   - state_dict keys, order, shapes and dtypes equal to torchvision's
+//   - state_dict keys, order, shapes and dtypes equal to torchvision's (shapes not compared
+//     with weights made for another image size)
 //   - eval-mode outputs for each batch size x resolution: err <= 1e-4
 //   - train-mode output (batch statistics, dropout off) err <= 1e-3, updated running
 //     statistics err <= 1e-4 each (where PyTorch's own float32 error on a running statistic is
 //     larger, ours against float64 within 3x of PyTorch's own, as for the gradients)
-//   - float64 gradients of every parameter err <= 1e-8 (denominator floored at 1e-10 of the norm
-//     of all gradients); float32 gradients, all together, within 3x of PyTorch's own
-//     float32-vs-float64 error (per tensor that ratio is noise on tensors of a few elements;
-//     PyTorch's is the larger of its contiguous and channels_last runs, see the .cpp)
+//   - unless grad_size is 0: float64 gradients of every parameter err <= 1e-8 (denominator
+//     floored at 1e-10 of the norm of all gradients); float32 gradients, all together, within
+//     3x of PyTorch's own float32-vs-float64 error (per tensor that ratio is noise on tensors
+//     of a few elements; PyTorch's is the larger of its contiguous and channels_last runs, see
+//     the .cpp)
 // where err = ||a - b||2 / ||b||2 per tensor. Failures are recorded with GoogleTest.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,7 +26,12 @@ struct ModelCheck {
   std::string model;
   int64_t num_classes = 1000;
   std::string eval_shapes = "2x224,1x161";  // batch x size, comma-separated; the first is also trained
-  int64_t grad_size = 64;                   // pixels of the gradient check's (2, 3, S, S) input
+  int64_t grad_size = 64;                   // pixels of the gradient check's (2, 3, S, S) input; 0: none
+  // Options::image_size (ViT: the only input size the model takes, so eval_shapes and grad_size
+  // must be it). With weights_image_size, the weights are those of a model built for that size,
+  // which torchvision's side adapts with interpolate_embeddings and ours on load.
+  std::optional<int64_t> image_size;
+  std::optional<int64_t> weights_image_size;
 };
 
 // The largest errors seen, for docs/conformance.md.

@@ -10,6 +10,7 @@
 #include "model_conformance.h"
 #include "test_helpers.h"
 #include "torch_golden.h"
+#include "tvc/autograd.h"
 #include "tvc/models/models.h"
 #include "tvc/models/weights.h"
 #include "tvc/nn/containers.h"
@@ -207,7 +208,8 @@ TEST(ModelZoo, StateDictsAreTorchvisions) {
                                   {"densenet121", 1000},     {"densenet121", 10},     {"densenet161", 1000},
                                   {"mobilenet_v2", 1000},    {"mobilenet_v2", 10},    {"mobilenet_v3_small", 1000},
                                   {"mobilenet_v3_large", 10}, {"efficientnet_b0", 1000}, {"efficientnet_b3", 10},
-                                  {"efficientnet_v2_s", 1000}, {"convnext_tiny", 1000}, {"convnext_tiny", 10}});
+                                  {"efficientnet_v2_s", 1000}, {"convnext_tiny", 1000}, {"convnext_tiny", 10},
+                                  {"vit_b_16", 1000},        {"vit_b_32", 10}});
 }
 // ... and this every model with both.
 TEST(ModelConformanceFull, StateDictsAreTorchvisions) {
@@ -495,6 +497,111 @@ TEST(VggDenseNet, DenseNetLoadsOldKeyNames) {
   nn::Sequential wrapper{models::create("densenet121")};
   wrapper.load_state_dict(old_style(source->state_dict(), "0."));
   EXPECT_TRUE(same_state(*wrapper[0], *source));
+}
+
+// ---------------------------------------------------------------- Vision Transformer (vit.cpp)
+
+// torchvision's ViT only takes the image size it is built for: eval and train mode at 224 px,
+// then every check, gradients included, on the model built for 64 px (a 4x4 or 2x2 grid).
+void check_vit(const std::string& name) {
+  test::check_model({.model = name, .eval_shapes = "2x224", .grad_size = 0});
+  test::check_model({.model = name, .eval_shapes = "2x64", .grad_size = 64, .image_size = 64});
+}
+
+TEST(ModelConformance, VitB32) { check_vit("vit_b_32"); }
+TEST(ModelConformanceFull, Vit) {
+  for (const char* name : {"vit_b_16", "vit_l_16", "vit_l_32"}) check_vit(name);
+}
+
+// Weights for 224 px in a model built for 160 px: the position embedding (1, 50, D) becomes
+// (1, 26, D) as torchvision's interpolate_embeddings makes it, on load (load_state_dict, or
+// create with Options::weights).
+TEST(ModelConformance, VitB32At160WithWeightsFor224) {
+  test::ModelCheck check{.model = "vit_b_32", .eval_shapes = "2x160", .grad_size = 0, .image_size = 160,
+                         .weights_image_size = 224};
+  test::check_model(check);
+  std::string golden = test::golden_folder(check);
+  ASSERT_FALSE(golden.empty());
+  io::SafetensorsFile goldens = io::SafetensorsFile::open(golden + "/goldens.safetensors");
+  models::BackbonePtr model = models::create("vit_b_32", {.image_size = 160, .weights = golden + "/weights.pth"});
+  model->eval();
+  NoGradGuard no_grad;
+  Tensor out = model->forward(goldens.tensor("eval.0.input"));
+  EXPECT_LE(test::relative_error(out, goldens.tensor("eval.0.output")), 1e-4);
+}
+
+const std::vector<std::string> kVitBaseNodes = {"encoder.layers.encoder_layer_2", "encoder.layers.encoder_layer_5",
+                                                "encoder.layers.encoder_layer_8", "encoder.ln"};
+const std::vector<std::string> kVitLargeNodes = {"encoder.layers.encoder_layer_5", "encoder.layers.encoder_layer_11",
+                                                 "encoder.layers.encoder_layer_17", "encoder.ln"};
+
+TEST(ModelStages, Vit) { test::check_stages("vit_b_32", kVitBaseNodes); }
+TEST(ModelStagesFull, Vit) {
+  test::check_stages("vit_b_16", kVitBaseNodes);
+  test::check_stages("vit_l_16", kVitLargeNodes);
+  test::check_stages("vit_l_32", kVitLargeNodes);
+}
+
+// Options::image_size: ViT only, a multiple of the patch size, the one input size; Options::dropout
+// is torchvision's ViT dropout (every Dropout of the encoder, default 0).
+TEST(Vit, ImageSizeAndDropoutOptions) {
+  EXPECT_THAT(test::error_of([] { models::create("resnet18", {.image_size = 160}); }),
+              HasSubstr("resnet18 has no image_size option"));
+  EXPECT_THAT(test::error_of([] { models::create("vit_b_32", {.image_size = 100}); }),
+              HasSubstr("vit_b_32: image_size must be a positive multiple of the patch size 32, got 100"));
+  models::BackbonePtr model = models::create("vit_b_32", {.num_classes = 10, .dropout = 0.1, .image_size = 96});
+  EXPECT_EQ(model->state_dict().at("encoder.pos_embedding").shape(), (Shape{1, 10, 768}));
+  EXPECT_EQ(dropout_probabilities(model), std::vector<double>(1 + 12 * 3, 0.1));
+  EXPECT_EQ(model->forward(zeros({1, 3, 96, 96})).shape(), (Shape{1, 10}));
+  EXPECT_THAT(test::error_of([&] { model->forward(zeros({1, 3, 224, 224})); }),
+              HasSubstr("vit_b_32 is built for 96x96 images (Options::image_size), got 224x224"));
+  EXPECT_EQ(dropout_probabilities(models::create("vit_b_32")), std::vector<double>(1 + 12 * 3, 0.0));
+}
+
+// torchvision's ViT initialisation: conv_proj truncated normal with std sqrt(1 / fan_in) and zero
+// bias, class token 0, position embedding N(0, 0.02^2), MLP Linears xavier_uniform_ with
+// N(0, 1e-6^2) biases, attention in_proj xavier_uniform_ with zero biases, head 0, LayerNorms 1, 0.
+TEST(Vit, InitialisationIsTorchvisions) {
+  manual_seed(12);
+  models::BackbonePtr model = models::create("vit_b_32");
+  auto rms = [](const Tensor& t) { return std::sqrt(t.to(DType::Float64).pow(2).mean().item<double>()); };
+  auto max_abs = [](const Tensor& t) { return max(t.to(DType::Float64).abs()).item<double>(); };
+  nn::StateDict sd = model->state_dict();
+  EXPECT_NEAR(rms(sd.at("conv_proj.weight")) / std::sqrt(1.0 / (3 * 32 * 32)), 1, 0.02);
+  EXPECT_EQ(max_abs(sd.at("conv_proj.bias")), 0);
+  EXPECT_EQ(max_abs(sd.at("class_token")), 0);
+  EXPECT_NEAR(rms(sd.at("encoder.pos_embedding")) / 0.02, 1, 0.05);
+  EXPECT_NEAR(rms(sd.at("encoder.layers.encoder_layer_3.mlp.0.weight")) / std::sqrt(2.0 / (768 + 3072)), 1, 0.02);
+  EXPECT_LT(max_abs(sd.at("encoder.layers.encoder_layer_3.mlp.3.bias")), 1e-5);
+  EXPECT_GT(max_abs(sd.at("encoder.layers.encoder_layer_3.mlp.3.bias")), 0);
+  EXPECT_NEAR(rms(sd.at("encoder.layers.encoder_layer_0.self_attention.in_proj_weight")) /
+                  std::sqrt(2.0 / (768 + 3 * 768)), 1, 0.02);
+  EXPECT_EQ(max_abs(sd.at("encoder.layers.encoder_layer_0.self_attention.in_proj_bias")), 0);
+  EXPECT_EQ(max_abs(sd.at("encoder.layers.encoder_layer_0.self_attention.out_proj.bias")), 0);
+  EXPECT_EQ(max_abs(sd.at("encoder.ln.weight") - 1), 0);
+  EXPECT_EQ(max_abs(sd.at("heads.head.weight")), 0);
+  EXPECT_EQ(max_abs(sd.at("heads.head.bias")), 0);
+}
+
+// Old torchvision files name the MLP's Linears mlp.linear_1 and mlp.linear_2; they load as
+// mlp.0 and mlp.3 (torchvision's MLPBlock._load_from_state_dict).
+TEST(Vit, LoadsOldMlpKeyNames) {
+  manual_seed(13);
+  models::BackbonePtr source = models::create("vit_b_32", {.image_size = 64});
+  nn::StateDict old;
+  std::regex mlp_key(R"((.*\.mlp\.)([03])\.(weight|bias))");
+  for (const auto& [key, t] : source->state_dict()) {
+    std::smatch m;
+    old.insert(std::regex_match(key, m, mlp_key) ? m[1].str() + (m[2] == "0" ? "linear_1." : "linear_2.") + m[3].str()
+                                                 : key,
+               t);
+  }
+  ASSERT_TRUE(old.contains("encoder.layers.encoder_layer_11.mlp.linear_2.bias"));
+  manual_seed(14);
+  models::BackbonePtr model = models::create("vit_b_32", {.image_size = 64});
+  nn::IncompatibleKeys keys = model->load_state_dict(old);
+  EXPECT_TRUE(keys.missing_keys.empty() && keys.unexpected_keys.empty());
+  EXPECT_TRUE(same_state(*model, *source));
 }
 
 }  // namespace

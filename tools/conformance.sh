@@ -15,18 +15,20 @@ status=0
 TVC_DROP_GOLDENS=1 TVC_EXE=$build/tools/tvc "$build/tests/tvc_model_tests" --gtest_also_run_disabled_tests \
   --gtest_filter='ModelConformance*:ModelStages*:ModelTree*' 2>&1 | tee "$log" || status=$?
 
-# Each check prints "conformance MODEL (num_classes N): eval E, train E, running E (torch32 E),
-# grad64 E, grad32 E (torch32 E), T s" (tests/model_conformance.cpp); stage checks print
-# "stages MODEL: ...".
+# Each check prints "conformance MODEL (num_classes N[, image_size S]): eval E, train E, running
+# E (torch32 E), grad64 E, grad32 E (torch32 E), T s" (tests/model_conformance.cpp); stage checks
+# print "stages MODEL: ...".
 /usr/bin/python3 - "$log" "$status" "$build/tools/tvc" >"$build/conformance.md" <<'PY'
 import datetime, re, subprocess, sys
 log, status = open(sys.argv[1]).read(), sys.argv[2]
 order = subprocess.run([sys.argv[3], "list"], capture_output=True, text=True, check=True).stdout.split()
-rows = re.findall(r"^conformance (\S+) \(num_classes (\d+)\): eval (\S+), train (\S+), "
-                  r"running (\S+) \(torch32 (\S+)\), grad64 (\S+), grad32 (\S+) \(torch32 (\S+)\), "
-                  r"(\S+) s$", log, re.M)
+rows = re.findall(r"^conformance (\S+) \(num_classes (\d+)(?:, image_size (\d+))?\): eval (\S+), "
+                  r"train (\S+), running (\S+) \(torch32 (\S+)\), grad64 (\S+), grad32 (\S+) "
+                  r"\(torch32 (\S+)\), (\S+) s$", log, re.M)
 stages = re.findall(r"^stages (\S+): (\d+) nodes, err (\S+)$", log, re.M)
-rows.sort(key=lambda r: (order.index(r[0]), -int(r[1])))
+rows.sort(key=lambda r: (order.index(r[0]), -int(r[1]), int(r[2] or 0)))
+# A model built for one image size (ViT) shows it: "vit_b_32 (64 px)".
+rows = [(r[0] + (f" ({r[2]} px)" if r[2] else ""),) + r[1:2] + r[3:] for r in rows]
 stages.sort(key=lambda r: order.index(r[0]))
 failed = re.findall(r"^\[  FAILED  \] (\S+)", log, re.M)
 cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"],
@@ -45,7 +47,10 @@ against float64 within 3x of PyTorch's own), float64 parameter gradients <= 1e-8
 float32 gradients of all parameters together within 3x of PyTorch's own float32-vs-float64
 error (the larger of its contiguous and channels_last runs). "torch32" columns: PyTorch's own
 float32 error against float64 on the same weights and input. Time: tvc's time for all of these
-checks of one model, 2 threads.
+checks of one model, 2 threads. A ViT takes only the image size it is built for: its plain row
+is eval (batch 2) and train mode at 224 px without gradients, its "(64 px)" row every check on
+the model built for 64 px, and "(160 px)" the model built for 160 px loading 224-px weights
+(position embedding interpolated as torchvision's interpolate_embeddings).
 """)
 print("| model | classes | eval | train | running stats | running: torch32 | grad float64 "
       "| grad float32 | grad float32: torch32 | time (s) |")

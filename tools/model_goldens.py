@@ -1,7 +1,13 @@
 """Goldens of a torchvision backbone for tvc's conformance tests (run with Debian's /usr/bin/python3).
 
-    model_goldens.py MODEL NUM_CLASSES EVAL_SHAPES GRAD_SIZE [NODES] OUT_DIR
+    model_goldens.py MODEL NUM_CLASSES EVAL_SHAPES GRAD_SIZE [NODES] [--image-size S]
+                     [--weights-image-size W] OUT_DIR
     e.g. model_goldens.py resnet50 1000 "2x224,1x161" 64 /tmp/g
+         model_goldens.py vit_b_32 1000 2x160 0 --image-size 160 --weights-image-size 224 /tmp/g
+
+--image-size builds the model with torchvision's image_size argument (ViT). With
+--weights-image-size, weights.pth holds the weights of the model built for W, and the model
+checked (built for S) loads them adapted by torchvision's interpolate_embeddings.
 
 Writes into OUT_DIR:
   weights.pth           the model's state_dict (torch.save), with random weights in which every
@@ -26,12 +32,32 @@ Writes into OUT_DIR:
                                                        and channels_last
   complete              written last: the folder is usable
 """
+import dis
+import inspect
 import sys
 
 import torch
 import torchvision
 from safetensors.torch import save_file
 from torchvision.models.feature_extraction import create_feature_extractor
+from torchvision.models.vision_transformer import interpolate_embeddings
+
+
+def fix_fx_unpacking():
+    """torch 1.13's fx Proxy.__iter__ looks up the caller's instruction at index f_lasti // 2,
+    which Python 3.11's inline caches break: tracing `n, c, h, w = x.shape` (ViT) then fails with
+    "Proxy object cannot be iterated". This is torch 2.0's fix: the instruction at offset f_lasti."""
+    from torch.fx.proxy import Proxy
+
+    def proxy_iter(self):
+        frame = inspect.currentframe().f_back
+        inst = next(i for i in dis.get_instructions(frame.f_code) if i.offset == frame.f_lasti)
+        if inst.opname == "UNPACK_SEQUENCE":
+            return (self[i] for i in range(inst.argval))
+        return self.tracer.iter(self)
+
+    if sys.version_info >= (3, 11) and torch.__version__ < "2":
+        Proxy.__iter__ = proxy_iter
 
 
 def randomise(model, gen):
@@ -62,15 +88,30 @@ def randomise(model, gen):
 
 def main():
     *args, out = sys.argv[1:]
+    options = {}  # --image-size, --weights-image-size
+    while len(args) > 2 and args[-2].startswith("--"):
+        options[args[-2]] = int(args[-1])
+        del args[-2:]
     name, num_classes, eval_shapes, grad_size = args[:4]
     nodes = args[4].split(",") if len(args) > 4 else []
     num_classes, grad_size = int(num_classes), int(grad_size)
+    image_size = options.get("--image-size")
+
+    def build(size=image_size):
+        """A new torchvision model (for images of size, when given)."""
+        kwargs = {} if size is None else {"image_size": size}
+        return torchvision.models.__dict__[name](num_classes=num_classes, **kwargs)
+
     torch.set_num_threads(2)
     gen = torch.Generator().manual_seed(1234)
     torch.manual_seed(1234)
-    model = torchvision.models.__dict__[name](num_classes=num_classes)
+    model = build(options.get("--weights-image-size", image_size))
     randomise(model, gen)
     torch.save(model.state_dict(), f"{out}/weights.pth")
+    if "--weights-image-size" in options:
+        state = interpolate_embeddings(image_size, model.patch_size, model.state_dict())
+        model = build()
+        model.load_state_dict(state)
     tensors = {}
 
     model.eval()
@@ -81,6 +122,7 @@ def main():
             tensors[f"eval.{k}.input"] = x
             tensors[f"eval.{k}.output"] = model(x)
         if nodes:
+            fix_fx_unpacking()
             extractor = create_feature_extractor(model, return_nodes=nodes)
             for node, value in extractor(tensors["eval.0.input"]).items():
                 tensors[f"stage.{node}"] = value
@@ -91,7 +133,7 @@ def main():
     x = torch.randn(n, 3, s, s, generator=gen)
     tensors["train.input"] = x
     for dtype, prefix in ((torch.float32, "train"), (torch.float64, "train64")):
-        train = torchvision.models.__dict__[name](num_classes=num_classes)
+        train = build()
         train.load_state_dict(model.state_dict())
         train.train().to(dtype)
         for m in train.modules():  # dropout and stochastic depth off (checked separately)
@@ -107,15 +149,16 @@ def main():
 
     # Gradients in eval mode, float64 and float32 from the same float32-representable values.
     if grad_size > 0:
-        gradients(name, num_classes, model, grad_size, gen, tensors)
+        gradients(build, model, grad_size, gen, tensors)
 
     save_file({k: v.contiguous() for k, v in tensors.items()}, f"{out}/goldens.safetensors")
     open(f"{out}/complete", "w").write("ok\n")
     print("ok")
 
 
-def gradients(name, num_classes, model, grad_size, gen, tensors):
-    """Adds the grad.* / grad64.* / grad32.* / grad32cl.* tensors (see above) to tensors."""
+def gradients(build, model, grad_size, gen, tensors):
+    """Adds the grad.* / grad64.* / grad32.* / grad32cl.* tensors (see above) to tensors; build()
+    makes a new model."""
     x = torch.randn(2, 3, grad_size, grad_size, generator=gen)
     # PyTorch's float32 gradients are given in both memory formats: which one rounds closer to
     # float64 varies (a max-pooling near-tie decided the other way moves a gradient), and both
@@ -124,7 +167,7 @@ def gradients(name, num_classes, model, grad_size, gen, tensors):
                (torch.float32, "grad32", torch.contiguous_format),
                (torch.float32, "grad32cl", torch.channels_last))
     for dtype, prefix, layout in layouts:
-        m = torchvision.models.__dict__[name](num_classes=num_classes)
+        m = build()
         m.load_state_dict(model.state_dict())
         m.eval().to(dtype=dtype, memory_format=layout)
         xi = x.to(dtype).contiguous(memory_format=layout)

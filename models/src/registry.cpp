@@ -13,7 +13,8 @@ const std::vector<detail::ModelSpec>& specs() {
   static const std::vector<detail::ModelSpec> all = [] {
     std::vector<detail::ModelSpec> out;
     for (auto family : {detail::resnet_models, detail::vgg_models, detail::densenet_models,
-                        detail::mobilenet_models, detail::efficientnet_models, detail::convnext_models})
+                        detail::mobilenet_models, detail::efficientnet_models, detail::convnext_models,
+                        detail::vit_models})
       for (auto& spec : family()) out.push_back(std::move(spec));
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
     return out;
@@ -69,8 +70,11 @@ BackbonePtr create(const std::string& name, const Options& options) {
   if (options.dropout)
     TVC_CHECK(*options.dropout >= 0 && *options.dropout <= 1, name, ": dropout must be in [0, 1], got ",
               *options.dropout);
+  TVC_CHECK(!options.image_size || s.default_image_size, name, " has no image_size option (it takes images of any "
+            "size; only the Vision Transformers are built for one)");
   Options o = options;
   if (s.has_dropout && !o.dropout) o.dropout = s.default_dropout;
+  if (s.default_image_size && !o.image_size) o.image_size = s.default_image_size;
   BackbonePtr model = s.make(o);
   if (!options.weights.empty()) load_weights(*model, options.weights);
   return model;

@@ -23,9 +23,14 @@ struct Options {
   // Outputs of the classifier. With weights, every tensor but the classifier's loads when
   // this is not 1000 (the load report lists the classifier's keys as skipped).
   int64_t num_classes = 1000;
-  // Dropout before the classifier, for the models where torchvision has one (VGG, MobileNet);
-  // unset: torchvision's default. An error for the others.
+  // torchvision's dropout argument, for the models that have one: VGG and MobileNet (before the
+  // classifier; defaults 0.5, 0.2), ViT (in the encoder and its blocks; default 0). Unset:
+  // torchvision's default. An error for the others.
   std::optional<double> dropout;
+  // The one input size (S x S) a ViT is built for (torchvision's image_size): a multiple of the
+  // patch size; unset: 224. Weights made for another size load with their position embedding
+  // interpolated. An error for the other models (they take any size).
+  std::optional<int64_t> image_size;
   // "" (random initialisation), a torchvision tag ("DEFAULT", "IMAGENET1K_V1", "IMAGENET1K_V2")
   // resolved to torchvision's file name (see weights.h), or a path to a .pth/.safetensors file.
   std::string weights;
@@ -35,8 +40,10 @@ struct Options {
 class Backbone : public nn::Module {
  public:
   // torchvision's feature-extraction node names of each resolution stage's output, in order
-  // (resnet: "relu", "layer1", ..., "layer4"; the others: the last block before each stride-2
-  // change and the last block, e.g. "features.3"). Each is the dotted path of a submodule.
+  // (resnet: "relu", "layer1", ..., "layer4"; the CNNs: the last block before each stride-2
+  // change and the last block, e.g. "features.3"; ViT, of one resolution: the encoder blocks at
+  // a quarter, half and three quarters of the depth and "encoder.ln"). Each is the dotted path
+  // of a submodule.
   virtual std::vector<std::string> stage_nodes() const = 0;
   // The output of each stage node for x (N, 3, H, W), in order: one forward pass with a forward
   // hook on each node's submodule, so a stage is what that submodule returns in the model's own

@@ -1,0 +1,256 @@
+// nn::MultiheadAttention against torch 1.13's nn.MultiheadAttention (tests/torch_golden.h): the
+// state_dict and repr of each configuration, initialisation, outputs, attention weights and the
+// gradients of the inputs and every parameter with the same weights, in float32 (err <= 1e-5)
+// and float64 (err <= 1e-8), with and without masks, batch_first, unbatched input, kdim/vdim,
+// add_bias_kv and add_zero_attn; hooks, dropout and errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+
+#include "compare.h"
+#include "torch_golden.h"
+#include "tvc/autograd.h"
+#include "tvc/nn/attention.h"
+#include "tvc/nn/init.h"
+
+namespace tvc::test {
+namespace {
+
+using nn::AttentionArgs;
+using nn::MultiheadAttention;
+using nn::MultiheadAttentionOptions;
+
+Tensor randn_of(const Shape& shape, uint64_t seed) {
+  Generator gen(seed);
+  return randn(shape, {}, &gen);
+}
+
+// A bool mask with about a quarter of the entries set, never the first key of a row (a row with
+// every key masked gives NaN).
+Tensor bool_mask(const Shape& shape, uint64_t seed) {
+  Generator gen(seed);
+  Tensor u = rand(shape, {}, &gen);
+  u.narrow(u.dim() - 1, 0, 1).fill_(1.0);
+  return u < 0.25;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// One configuration and call. E = 8, H = 2 (head_dim 4), N = 3, L = 4, S = 5.
+struct AttentionCase {
+  std::string py_options;  // nn.MultiheadAttention(8, 2, <py_options>)
+  MultiheadAttentionOptions options;
+  Shape query, key;        // key empty: self-attention, the query passed as key and value
+  int64_t vdim = 8;
+  Tensor key_padding_mask, attn_mask;
+  bool need_weights = true, average_attn_weights = true;
+};
+
+std::vector<AttentionCase> attention_cases() {
+  const bool avg = true;
+  return {
+      {"", {}, {4, 3, 8}, {5, 3, 8}},
+      {"batch_first=True", {.batch_first = true}, {3, 4, 8}, {}},
+      {"batch_first=True", {.batch_first = true}, {3, 4, 8}, {3, 5, 8}, 8, bool_mask({3, 5}, 1), bool_mask({4, 5}, 2),
+       true, !avg},
+      {"", {}, {4, 3, 8}, {5, 3, 8}, 8, bool_mask({3, 5}, 3), randn_of({6, 4, 5}, 4)},
+      {"", {}, {4, 3, 8}, {}, 8, Tensor(), randn_of({4, 4}, 5), true, !avg},
+      {"batch_first=True", {.batch_first = true}, {3, 4, 8}, {3, 5, 8}, 8, randn_of({3, 5}, 6), Tensor(), false},
+      {"bias=False, kdim=6, vdim=7", {.bias = false, .kdim = 6, .vdim = 7}, {4, 3, 8}, {5, 3, 6}, 7},
+      {"add_bias_kv=True, add_zero_attn=True", {.add_bias_kv = true, .add_zero_attn = true}, {4, 3, 8}, {5, 3, 8},
+       8, bool_mask({3, 5}, 7), bool_mask({4, 5}, 8)},
+      {"batch_first=True", {.batch_first = true}, {4, 8}, {5, 8}, 8, bool_mask({5}, 9), bool_mask({2, 4, 5}, 10)},
+  };
+}
+
+std::string py_or_none(const Tensor& t, const std::string& dtype) {
+  if (!t.defined()) return "None";
+  return py_tensor(t) + (t.dtype() == DType::Bool ? "" : ".to(" + dtype + ")");
+}
+
+TEST(MultiheadAttention, StateDictReprAndInitialisationArePyTorchs) {
+  std::vector<AttentionCase> cases = attention_cases();
+  std::string code = "import torch.nn as nn\nres = []\n";
+  for (const auto& c : cases) {
+    code += "m = nn.MultiheadAttention(8, 2, " + c.py_options + ")\n";
+    code += "res.append([repr(m)] + [f\"{k} {list(v.shape)}\" for k, v in m.state_dict().items()])\n";
+  }
+  nlohmann::json want = torch_json(code + "print(json.dumps(res))\n");
+  ASSERT_EQ(want.size(), cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    MultiheadAttention m(8, 2, cases[i].options);
+    std::vector<std::string> got = {m.repr()};
+    for (const auto& [k, v] : m.state_dict()) got.push_back(k + " " + shape_str(v.shape()));
+    EXPECT_EQ(got, want[i].get<std::vector<std::string>>()) << cases[i].py_options;
+  }
+
+  // xavier_uniform_ in_proj_weight (3E, E): bound sqrt(6 / 4E); out_proj.weight Linear's
+  // U(+-1/sqrt(E)); zero biases.
+  manual_seed(1);
+  MultiheadAttention m(64, 4);
+  auto max_abs = [](const Tensor& t) { return max(abs(t.detach())).item_double(); };
+  double bound = std::sqrt(6.0 / 256);
+  EXPECT_LE(max_abs(m.parameter("in_proj_weight")), bound);
+  EXPECT_GT(max_abs(m.parameter("in_proj_weight")), 0.99 * bound);
+  EXPECT_LE(max_abs(m.child_as<nn::Linear>("out_proj").weight()), 1 / 8.0);
+  EXPECT_GT(max_abs(m.child_as<nn::Linear>("out_proj").weight()), 0.95 / 8.0);
+  EXPECT_EQ(max_abs(m.parameter("in_proj_bias")), 0);
+  EXPECT_EQ(max_abs(m.child_as<nn::Linear>("out_proj").bias()), 0);
+}
+
+// Output, weights, input gradients and parameter gradients of each case against PyTorch's, with
+// the same weights, in float32 and float64.
+TEST(MultiheadAttention, OutputsAndGradientsMatchPyTorch) {
+  manual_seed(2);
+  std::vector<AttentionCase> cases = attention_cases();
+  std::string code = "import torch.nn as nn\nres = []\n";
+  std::vector<std::vector<Tensor>> ours;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const AttentionCase& c = cases[i];
+    auto m = std::make_shared<MultiheadAttention>(8, 2, c.options);
+    for (auto& p : m->parameters()) nn::init::uniform_(p, -0.5, 0.5);  // non-zero biases too
+    const bool self = c.key.empty();
+    Tensor q = randn_of(c.query, 100 + i), k = self ? q : randn_of(c.key, 200 + i);
+    Shape value_shape = self ? c.query : c.key;
+    value_shape.back() = c.vdim;
+    Tensor v = self ? q : randn_of(value_shape, 300 + i);
+    nn::StateDict weights = m->state_dict();
+    for (auto [dtype, py_dtype] :
+         {std::pair{DType::Float32, "torch.float32"}, std::pair{DType::Float64, "torch.float64"}}) {
+      m->to(dtype);
+      m->zero_grad();
+      Tensor qi = q.to(dtype).detach().requires_grad_();
+      Tensor ki = self ? qi : k.to(dtype).detach().requires_grad_();
+      Tensor vi = self ? qi : v.to(dtype).detach().requires_grad_();
+      Tensor kpm = c.key_padding_mask.defined() && c.key_padding_mask.dtype() != DType::Bool
+                       ? c.key_padding_mask.to(dtype)
+                       : c.key_padding_mask;
+      Tensor am = c.attn_mask.defined() && c.attn_mask.dtype() != DType::Bool ? c.attn_mask.to(dtype) : c.attn_mask;
+      auto [out, w] = (*m)(qi, ki, vi,
+                           {.key_padding_mask = kpm, .need_weights = c.need_weights, .attn_mask = am,
+                            .average_attn_weights = c.average_attn_weights});
+      Tensor gout = randn_of(out.shape(), 400 + i).to(dtype);
+      Tensor loss = (out * gout).sum();
+      Tensor gw;
+      if (w.defined()) {
+        gw = randn_of(w.shape(), 500 + i).to(dtype);
+        loss = loss + (w * gw).sum();
+      }
+      loss.backward();
+      std::vector<Tensor> r = {out, w, qi.grad(), ki.grad(), vi.grad()};
+      for (const auto& p : m->parameters()) r.push_back(p.grad());
+      ours.push_back(r);
+
+      code += "m = nn.MultiheadAttention(8, 2, " + c.py_options + ")\nm.load_state_dict({";
+      for (const auto& [name, t] : weights) code += "'" + name + "': " + py_tensor(t) + ",\n";
+      code += std::string("})\nm.to(") + py_dtype + ")\n";
+      code += "q = " + py_tensor(q) + ".to(" + py_dtype + ").requires_grad_()\n";
+      code += self ? "k = v = q\n"
+                   : "k = " + py_tensor(k) + ".to(" + py_dtype + ").requires_grad_()\nv = " + py_tensor(v) + ".to(" +
+                         py_dtype + ").requires_grad_()\n";
+      code += "out, w = m(q, k, v, key_padding_mask=" + py_or_none(kpm, py_dtype) +
+              ", need_weights=" + (c.need_weights ? "True" : "False") + ", attn_mask=" + py_or_none(am, py_dtype) +
+              ", average_attn_weights=" + (c.average_attn_weights ? "True" : "False") + ")\n";
+      code += "loss = (out * " + py_tensor(gout) + ").sum()\n";
+      if (w.defined()) code += "loss = loss + (w * " + py_tensor(gw) + ").sum()\n";
+      code += "loss.backward()\n";
+      code += "res.append([_t(out), None if w is None else _t(w), _t(q.grad), _t(k.grad), _t(v.grad)] + "
+              "[_t(p.grad) for p in m.parameters()])\n";
+    }
+  }
+  nlohmann::json want = torch_json(code + "print(json.dumps(res))\n");
+  ASSERT_EQ(want.size(), ours.size());
+  double worst[2] = {0, 0};  // float32, float64
+  for (size_t i = 0; i < ours.size(); ++i) {
+    const AttentionCase& c = cases[i / 2];
+    const bool float64 = i % 2 == 1;
+    ASSERT_EQ(want[i].size(), ours[i].size()) << c.py_options;
+    for (size_t k = 0; k < ours[i].size(); ++k) {
+      SCOPED_TRACE("case " + std::to_string(i / 2) + " (" + c.py_options + ") " + (float64 ? "float64" : "float32") +
+                   " tensor " + std::to_string(k));
+      if (want[i][k].is_null()) {
+        EXPECT_FALSE(ours[i][k].defined());
+        continue;
+      }
+      Tensor expected = tensor_from_json(want[i][k]);
+      EXPECT_EQ(ours[i][k].shape(), expected.shape());
+      double err = relative_error(ours[i][k], expected);
+      EXPECT_LE(err, float64 ? 1e-8 : 1e-5);
+      worst[float64] = std::max(worst[float64], err);
+    }
+  }
+  std::printf("MultiheadAttention against torch: largest err float32 %.2e, float64 %.2e\n", worst[0], worst[1]);
+}
+
+// forward(x) is the self-attention output; both calls run the hooks, the three-input call with
+// (query, key, value, key_padding_mask, attn_mask) in and (output, weights) out.
+TEST(MultiheadAttention, CallsRunHooks) {
+  manual_seed(3);
+  auto m = std::make_shared<MultiheadAttention>(8, 2, MultiheadAttentionOptions{.batch_first = true});
+  std::vector<std::pair<size_t, size_t>> seen;
+  m->register_forward_hook([&](nn::Module&, const nn::TensorList& args, const nn::TensorList& out) {
+    seen.emplace_back(args.size(), out.size());
+    return std::nullopt;
+  });
+  Tensor x = randn_of({2, 4, 8}, 4);
+  Tensor self = (*m)(x);
+  auto [out, weights] = (*m)(x, x, x, {.need_weights = false});
+  EXPECT_FALSE(weights.defined());
+  EXPECT_EQ(relative_error(self, out), 0);
+  EXPECT_EQ(seen, (std::vector<std::pair<size_t, size_t>>{{1, 1}, {5, 2}}));
+  // A pre-hook may replace the inputs, masks included.
+  m->register_forward_pre_hook([](nn::Module&, const nn::TensorList& args) -> std::optional<nn::TensorList> {
+    nn::TensorList a = args;
+    a[4] = full({4, 4}, 0.0) < 0.0;  // an all-false attn_mask
+    a[4].narrow(1, 1, 3).fill_(1);
+    return a;
+  });
+  auto [masked, w] = (*m)(x, x, x);
+  EXPECT_EQ(w.narrow(2, 1, 3).abs().sum().item_double(), 0);  // only the first key is attended
+}
+
+TEST(MultiheadAttention, DropoutAppliesInTrainingOnly) {
+  manual_seed(4);
+  MultiheadAttention m(8, 2, {.dropout = 0.5, .batch_first = true});
+  Tensor x = randn_of({2, 6, 8}, 5);
+  m.eval();
+  Tensor eval_w = m(x, x, x, {.average_attn_weights = false}).second;  // (N, H, L, S)
+  m.train();
+  Tensor train_w = m(x, x, x, {.average_attn_weights = false}).second;
+  EXPECT_EQ(train_w.shape(), (Shape{2, 2, 6, 6}));
+  Tensor kept = abs(train_w) > 0.0;
+  double kept_share = kept.to(DType::Float64).mean().item_double();
+  EXPECT_GT(kept_share, 0.3);
+  EXPECT_LT(kept_share, 0.7);
+  // The kept weights are scaled by 1 / (1 - p).
+  Tensor none = zeros_like(train_w);
+  EXPECT_LE(relative_error(train_w, where(kept, eval_w * 2.0, none)), 1e-6);
+}
+
+TEST(MultiheadAttention, ErrorsNameTheArgument) {
+  EXPECT_NE(error_of([] { MultiheadAttention(10, 3); }).find("embed_dim must be divisible by num_heads, got 10 and 3"),
+            std::string::npos);
+  MultiheadAttention m(8, 2);
+  Tensor q = randn_of({4, 3, 8}, 6);
+  EXPECT_NE(error_of([&] { m(q, q, q, {.attn_mask = bool_mask({4, 5}, 7)}); })
+                .find("the shape of the 2D attn_mask is [4, 5], but should be [4, 4]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { m(q, q, q, {.key_padding_mask = ones({3, 4}, {.dtype = DType::Int64})}); })
+                .find("only bool and floating key_padding_mask are supported, got int64"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { m(randn_of({4, 3, 6}, 8)); }).find("was expecting embedding dimension of 8, but got 6"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tvc::test
