@@ -561,6 +561,21 @@ TEST(Vit, ImageSizeAndDropoutOptions) {
 // torchvision's ViT initialisation: conv_proj truncated normal with std sqrt(1 / fan_in) and zero
 // bias, class token 0, position embedding N(0, 0.02^2), MLP Linears xavier_uniform_ with
 // N(0, 1e-6^2) biases, attention in_proj xavier_uniform_ with zero biases, head 0, LayerNorms 1, 0.
+// A ViT loaded by tag is built for the tag's image size, as torchvision's: the SWAG end-to-end
+// weights of vit_b_16 are for 384 px.
+TEST(Vit, ImageSizeFollowsTheWeightsTag) {
+  test::TempDir dir;
+  ScopedEnv tvc_weights("TVC_WEIGHTS", dir.path().string());
+  const models::WeightsTag& tag = models::weights_tag("vit_b_16", "IMAGENET1K_SWAG_E2E_V1");
+  EXPECT_EQ(tag.preprocessing.crop_size, 384);
+  manual_seed(14);
+  models::BackbonePtr source = models::create("vit_b_16", {.image_size = 384});
+  io::save_safetensors(dir / (std::filesystem::path(tag.file_name).stem().string() + ".safetensors"), source->state_dict());
+  models::BackbonePtr loaded = models::create("vit_b_16", {.weights = "IMAGENET1K_SWAG_E2E_V1"});
+  EXPECT_EQ(loaded->get_parameter("encoder.pos_embedding").shape(), (Shape{1, 577, 768}));
+  EXPECT_TRUE(same_state(*loaded, *source));
+}
+
 TEST(Vit, InitialisationIsTorchvisions) {
   manual_seed(12);
   models::BackbonePtr model = models::create("vit_b_32");

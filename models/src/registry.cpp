@@ -74,7 +74,11 @@ BackbonePtr create(const std::string& name, const Options& options) {
             "size; only the Vision Transformers are built for one)");
   Options o = options;
   if (s.has_dropout && !o.dropout) o.dropout = s.default_dropout;
-  if (s.default_image_size && !o.image_size) o.image_size = s.default_image_size;
+  // A ViT loaded by tag is built for the tag's size, as torchvision does (its SWAG weights are
+  // for 384 and 512 px).
+  if (s.default_image_size && !o.image_size)
+    o.image_size = detail::is_weights_tag(options.weights) ? weights_tag(name, options.weights).preprocessing.crop_size
+                                                           : s.default_image_size;
   BackbonePtr model = s.make(o);
   if (!options.weights.empty()) load_weights(*model, options.weights);
   return model;
