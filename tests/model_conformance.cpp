@@ -14,7 +14,6 @@
 #include "torch_golden.h"
 #include "tvc/autograd.h"
 #include "tvc/models/models.h"
-#include "tvc/nn/layers.h"
 #include "tvc/ops.h"
 #include "tvc/serialize.h"
 
@@ -142,9 +141,7 @@ ModelErrors check_model(const ModelCheck& check) {
   bool has_running = false;
   {
     models::BackbonePtr train = load_model(check, weights);
-    train->train();
-    for (const auto& m : train->modules())
-      if (dynamic_cast<nn::Dropout*>(m.get()) || m->type_name() == "StochasticDepth") m->eval();
+    models::train_without_dropout(*train);
     NoGradGuard no_grad;
     Tensor out = train->forward(golden("train.input"));
     errors.train = relative_error(out, golden("train.output"));

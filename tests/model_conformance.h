@@ -4,9 +4,10 @@
 //   - state_dict keys, order, shapes and dtypes equal to torchvision's (shapes not compared
 //     with weights made for another image size)
 //   - eval-mode outputs for each batch size x resolution: err <= 1e-4
-//   - train-mode output (batch statistics, dropout off) err <= 1e-3, updated running
-//     statistics err <= 1e-4 each (where PyTorch's own float32 error on a running statistic is
-//     larger, ours against float64 within 3x of PyTorch's own, as for the gradients)
+//   - train-mode output (batch statistics, dropout and stochastic depth off) err <= 1e-3,
+//     updated running statistics err <= 1e-4 each (where PyTorch's own float32 error on a
+//     running statistic is larger, ours against float64 within 3x of PyTorch's own, as for the
+//     gradients)
 //   - unless grad_size is 0: float64 gradients of every parameter err <= 1e-8 (denominator
 //     floored at 1e-10 of the norm of all gradients); float32 gradients, all together, within
 //     3x of PyTorch's own float32-vs-float64 error (per tensor that ratio is noise on tensors

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <tuple>
 
@@ -209,7 +210,8 @@ TEST(ModelZoo, StateDictsAreTorchvisions) {
                                   {"mobilenet_v2", 1000},    {"mobilenet_v2", 10},    {"mobilenet_v3_small", 1000},
                                   {"mobilenet_v3_large", 10}, {"efficientnet_b0", 1000}, {"efficientnet_b3", 10},
                                   {"efficientnet_v2_s", 1000}, {"convnext_tiny", 1000}, {"convnext_tiny", 10},
-                                  {"vit_b_16", 1000},        {"vit_b_32", 10}});
+                                  {"vit_b_16", 1000},        {"vit_b_32", 10},          {"swin_t", 1000},
+                                  {"swin_t", 10}});
 }
 // ... and this every model with both.
 TEST(ModelConformanceFull, StateDictsAreTorchvisions) {
@@ -228,7 +230,12 @@ std::vector<double> dropout_probabilities(const models::BackbonePtr& model) {
 }
 
 // torchvision's initialisation rules of a family.
-enum class ConvInit { kaiming_fan_out, kaiming_fan_in, trunc_normal_002 };
+enum class ConvInit {
+  kaiming_fan_out,
+  kaiming_fan_in,
+  trunc_normal_002,
+  uniform_in  // Conv2d's own U(-1/sqrt(fan_in), 1/sqrt(fan_in)), bias too (Swin)
+};
 enum class LinearInit {
   normal_001,      // N(0, 0.01^2), bias 0
   uniform_in,      // Linear's own U(-1/sqrt(in), 1/sqrt(in))
@@ -236,12 +243,13 @@ enum class LinearInit {
   trunc_normal_002 // trunc_normal(std 0.02), bias 0 (ConvNeXt)
 };
 struct InitRules {
-  ConvInit conv;  // kaiming: N(0, 2 / fan) with fan = fan_out or fan_in; bias 0 in every rule
+  ConvInit conv;  // kaiming: N(0, 2 / fan) with fan = fan_out or fan_in; bias 0 but for uniform_in
   LinearInit linear;
 };
 
 // Every layer's initial values against the family's rules (BatchNorm and LayerNorm: weight 1,
-// bias 0); the spread of a weight within 30% of the rule's (loose enough for small layers).
+// bias 0; Swin's relative-position tables trunc_normal(std 0.02)); the spread of a weight within
+// 30% of the rule's (loose enough for small layers).
 void expect_torchvision_init(const std::string& name, InitRules rules) {
   auto rms = [](const Tensor& t) { return std::sqrt(t.to(DType::Float64).pow(2).mean().item<double>()); };
   auto max_abs = [](const Tensor& t) { return max(t.to(DType::Float64).abs()).item<double>(); };
@@ -252,10 +260,12 @@ void expect_torchvision_init(const std::string& name, InitRules rules) {
       int64_t channels = rules.conv == ConvInit::kaiming_fan_out ? conv->out_channels : conv->in_channels / conv->groups;
       double fan = static_cast<double>(channels * conv->kernel_size[0] * conv->kernel_size[1]);
       // trunc_normal(0, 0.02) on [-2, 2] is N(0, 0.02^2) to 1e-300.
-      double want = rules.conv == ConvInit::trunc_normal_002 ? 0.02 : std::sqrt(2 / fan);
+      double want = rules.conv == ConvInit::trunc_normal_002 ? 0.02
+                    : rules.conv == ConvInit::uniform_in     ? 1 / std::sqrt(3 * fan)
+                                                             : std::sqrt(2 / fan);
       EXPECT_NEAR(rms(conv->weight()) / want, 1, 0.3);
       if (conv->bias().defined()) {
-        EXPECT_EQ(max_abs(conv->bias()), 0);
+        EXPECT_LE(max_abs(conv->bias()), rules.conv == ConvInit::uniform_in ? 1 / std::sqrt(fan) : 0);
       }
     } else if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(m.get())) {
       EXPECT_EQ(max_abs(bn->weight() - 1), 0);
@@ -270,9 +280,11 @@ void expect_torchvision_init(const std::string& name, InitRules rules) {
                     : rules.linear == LinearInit::uniform_out ? 1 / std::sqrt(3.0 * out)
                                                               : 0.02;
       EXPECT_NEAR(rms(linear->weight()) / want, 1, 0.3);
-      if (rules.linear != LinearInit::uniform_in) {
+      if (rules.linear != LinearInit::uniform_in && linear->bias().defined()) {
         EXPECT_EQ(max_abs(linear->bias()), 0);
       }
+    } else if (m->has_parameter("relative_position_bias_table")) {
+      EXPECT_NEAR(rms(m->parameter("relative_position_bias_table")) / 0.02, 1, 0.3);
     }
   }
 }
@@ -287,6 +299,7 @@ TEST(ModelZoo, InitialisationIsTorchvisions) {
   for (const char* name : {"efficientnet_b0", "efficientnet_v2_s"})
     expect_torchvision_init(name, {ConvInit::kaiming_fan_out, LinearInit::uniform_out});
   expect_torchvision_init("convnext_tiny", {ConvInit::trunc_normal_002, LinearInit::trunc_normal_002});
+  expect_torchvision_init("swin_t", {ConvInit::uniform_in, LinearInit::trunc_normal_002});
 }
 
 TEST(ModelConformance, Resnet50) { test::check_model({.model = "resnet50"}); }
@@ -393,6 +406,7 @@ TEST(ModelConformanceFull, ConvNeXt) {
   for (const char* name : {"convnext_small", "convnext_base", "convnext_large"}) test::check_model({.model = name});
 }
 
+// ConvNeXt's and Swin's: the blocks of each of their four stages.
 const std::vector<std::string> kConvNeXtNodes = {"features.1", "features.3", "features.5", "features.7"};
 
 TEST(ModelStages, EfficientNetAndConvNeXt) {
@@ -413,7 +427,7 @@ TEST(ModelStagesFull, EfficientNetAndConvNeXt) {
 // classifier dropout against torchvision's.
 TEST(ModelZoo, StochasticDepthRatesAndDropoutAreTorchvisions) {
   const std::vector<std::string> names = {"efficientnet_b0", "efficientnet_b4", "efficientnet_v2_s", "convnext_tiny",
-                                          "convnext_small"};
+                                          "convnext_small",  "swin_t",          "swin_b"};
   std::string joined;
   for (const auto& n : names) joined += n + " ";
   nlohmann::json want = test::torch_json(R"(
@@ -437,27 +451,32 @@ print(json.dumps(out))
     EXPECT_EQ(dropout_probabilities(model), want[name]["dropout"].get<std::vector<double>>()) << name;
   }
   EXPECT_EQ(dropout_probabilities(models::create("efficientnet_b0", {.dropout = 0.1})), std::vector<double>{0.1});
+  EXPECT_THAT(test::error_of([] { models::create("swin_t", {.dropout = 0.1}); }), HasSubstr("no dropout option"));
 }
 
 // Stochastic depth drops whole samples in training with the block's rate, scaling the kept ones
-// by 1 / (1 - p), and is the identity in eval mode.
+// by 1 / (1 - p), and is the identity in eval mode: on the last block of convnext_tiny (NCHW,
+// 0.1 * 17 / 17) and of swin_t (NHWC, 0.2 * 11 / 11).
 TEST(ModelZoo, StochasticDepthDropsWholeSamples) {
-  models::BackbonePtr model = models::create("convnext_tiny");
-  nn::ModulePtr last = model->get_submodule("features.7.2.stochastic_depth");
-  const double p = 0.1;  // the last of convnext_tiny's 18 blocks: 0.1 * 17 / 17
-  EXPECT_EQ(last->extra_repr(), "p=0.1, mode=row");
-  manual_seed(5);
-  Tensor x = rand({4000, 3, 2, 2}) + 1.0;
-  last->train();
-  Tensor y = (*last)(x);
-  Tensor ratio = (y / x).flatten(1);  // each row: all 0 or all 1 / (1 - p)
-  Tensor dropped = eq(amax(ratio, {1}), scalar_like(0.0, DType::Float32));
-  EXPECT_TRUE(allclose(amin(ratio, {1}), amax(ratio, {1})));
-  double rate = mean(dropped.to(DType::Float64)).item<double>();
-  EXPECT_NEAR(rate, p, 0.015);  // 4000 samples: 3 standard deviations
-  EXPECT_NEAR(max(ratio).item<double>(), 1 / (1 - p), 1e-6);
-  last->eval();
-  EXPECT_TRUE((*last)(x).is_same(x));
+  for (const auto& [name, node, p] : {std::tuple{"convnext_tiny", "features.7.2.stochastic_depth", 0.1},
+                                      {"swin_t", "features.7.1.stochastic_depth", 0.2}}) {
+    SCOPED_TRACE(name);
+    nn::ModulePtr last = models::create(name)->get_submodule(node);
+    EXPECT_EQ(last->extra_repr(), "p=" + nn::py_float_repr(p) + ", mode=row");
+    manual_seed(5);
+    const int64_t n = 4000;
+    Tensor x = rand({n, 3, 2, 2}) + 1.0;
+    last->train();
+    Tensor y = (*last)(x);
+    Tensor ratio = (y / x).flatten(1);  // each row: all 0 or all 1 / (1 - p)
+    Tensor dropped = eq(amax(ratio, {1}), scalar_like(0.0, DType::Float32));
+    EXPECT_TRUE(allclose(amin(ratio, {1}), amax(ratio, {1})));
+    double rate = mean(dropped.to(DType::Float64)).item<double>();
+    EXPECT_NEAR(rate, p, 3 * std::sqrt(p * (1 - p) / n));  // 3 standard deviations
+    EXPECT_NEAR(max(ratio).item<double>(), 1 / (1 - p), 1e-6);
+    last->eval();
+    EXPECT_TRUE((*last)(x).is_same(x));
+  }
 }
 
 // VGG's classifier has two Dropouts: p = 0.5 by default (torchvision's), or Options::dropout.
@@ -617,6 +636,23 @@ TEST(Vit, LoadsOldMlpKeyNames) {
   nn::IncompatibleKeys keys = model->load_state_dict(old);
   EXPECT_TRUE(keys.missing_keys.empty() && keys.unexpected_keys.empty());
   EXPECT_TRUE(same_state(*model, *source));
+}
+
+// ---------------------------------------------------------------- Swin (swin.cpp)
+
+// 224 px: 56, 28, 14, 7 tokens per side, multiples of the 7x7 window (no shift at 7, a single
+// window). 201 px (not a multiple of 32, nor of the 4x4 patch): 50, 25, 13, 7 tokens, so windows
+// are padded (50 -> 56, 25 -> 28, 13 -> 14) under shifted windows and their mask, and two
+// merges are of odd sizes (25, 13). The gradient check's 64 px (16, 8, 4, 2 tokens) pads every
+// stage and drops the shift where the padded grid is one window (4 and 2 -> 7).
+TEST(ModelConformance, SwinT) { test::check_model({.model = "swin_t", .eval_shapes = "2x224,1x201"}); }
+TEST(ModelConformanceFull, Swin) {
+  for (const char* name : {"swin_s", "swin_b"}) test::check_model({.model = name, .eval_shapes = "2x224,1x201"});
+  test::check_model({.model = "swin_t", .num_classes = 10});
+}
+TEST(ModelStages, SwinT) { test::check_stages("swin_t", kConvNeXtNodes); }
+TEST(ModelStagesFull, Swin) {
+  for (const char* name : {"swin_s", "swin_b"}) test::check_stages(name, kConvNeXtNodes);
 }
 
 }  // namespace

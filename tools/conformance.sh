@@ -41,7 +41,8 @@ Each model is built with random weights in which every BatchNorm buffer and affi
 and every bias is randomised, saved by torch.save and read through tvc's .pth reader
 (tools/model_goldens.py, tests/model_conformance.h). err = ||tvc - torch||2 / ||torch||2 per
 tensor; the columns give the largest over the tensors checked. Limits: eval <= 1e-4 (batch 2 at
-224 px and batch 1 at 161 px), train-mode output <= 1e-3, running statistics <= 1e-4 each
+224 px and batch 1 at 161 px, Swin at 201 px), train-mode output <= 1e-3 (dropout and stochastic
+depth off), running statistics <= 1e-4 each
 (where PyTorch's own float32 error on a statistic, against float64, is larger than that, ours
 against float64 within 3x of PyTorch's own), float64 parameter gradients <= 1e-8 (64 px),
 float32 gradients of all parameters together within 3x of PyTorch's own float32-vs-float64

@@ -8,7 +8,6 @@
 #include "tvc/models/models.h"
 #include "tvc/models/preprocess.h"
 #include "tvc/models/weights.h"
-#include "tvc/nn/layers.h"
 #include "tvc/ops.h"
 #include "tvc/serialize.h"
 
@@ -42,13 +41,10 @@ void run_model(const RunOptions& options) {
             "': tensor 'input' must be float32 (N, 3, H, W), got ", dtype_name(input.dtype()), " ",
             shape_str(input.shape()));
   models::BackbonePtr model = load_model(options.model, options.weights, options.num_classes);
-  if (options.train_mode) {
-    model->train();
-    for (const auto& m : model->modules())
-      if (dynamic_cast<nn::Dropout*>(m.get())) m->eval();  // batch statistics, but no dropout
-  } else {
+  if (options.train_mode)
+    models::train_without_dropout(*model);  // batch statistics, but no dropout or stochastic depth
+  else
     model->eval();
-  }
   NoGradGuard no_grad;
   std::vector<std::pair<std::string, Tensor>> tensors = {{"output", model->forward(input)}};
   if (options.features)

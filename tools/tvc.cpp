@@ -124,7 +124,8 @@ int run(int argc, char** argv) {
   run_cmd->add_option("--num-classes", run.num_classes, "Outputs of the classifier")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
-  run_cmd->add_flag("--train-mode", run.train_mode, "Batch norm uses batch statistics (dropout stays off)");
+  run_cmd->add_flag("--train-mode", run.train_mode,
+                    "Batch norm uses batch statistics (dropout and stochastic depth stay off)");
   run_cmd->add_flag("--features", run.features, "Also write each stage's output under its node name");
 
   tvc::tools::PredictOptions predict;

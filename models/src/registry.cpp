@@ -3,7 +3,9 @@
 
 #include <algorithm>
 
+#include "torchvision_ops.h"
 #include "tvc/error.h"
+#include "tvc/nn/layers.h"
 
 namespace tvc::models {
 
@@ -14,7 +16,7 @@ const std::vector<detail::ModelSpec>& specs() {
     std::vector<detail::ModelSpec> out;
     for (auto family : {detail::resnet_models, detail::vgg_models, detail::densenet_models,
                         detail::mobilenet_models, detail::efficientnet_models, detail::convnext_models,
-                        detail::vit_models})
+                        detail::vit_models, detail::swin_models})
       for (auto& spec : family()) out.push_back(std::move(spec));
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
     return out;
@@ -82,6 +84,12 @@ BackbonePtr create(const std::string& name, const Options& options) {
   BackbonePtr model = s.make(o);
   if (!options.weights.empty()) load_weights(*model, options.weights);
   return model;
+}
+
+void train_without_dropout(nn::Module& model) {
+  model.train();
+  for (const auto& m : model.modules())
+    if (dynamic_cast<nn::Dropout*>(m.get()) || dynamic_cast<detail::StochasticDepth*>(m.get())) m->eval();
 }
 
 }  // namespace tvc::models

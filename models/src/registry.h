@@ -35,6 +35,7 @@ std::vector<ModelSpec> mobilenet_models();  // mobilenet.cpp: MobileNet v2 and v
 std::vector<ModelSpec> efficientnet_models();  // efficientnet.cpp: EfficientNet B0-B7, V2 S/M/L
 std::vector<ModelSpec> convnext_models();   // convnext.cpp
 std::vector<ModelSpec> vit_models();        // vit.cpp: Vision Transformer
+std::vector<ModelSpec> swin_models();       // swin.cpp: Swin Transformer (v1)
 
 // The registered model called name; throws naming the closest one when there is none.
 const ModelSpec& spec(const std::string& name);

@@ -67,4 +67,9 @@ std::vector<std::string> list();
 // An unknown name is an error naming the closest known one.
 BackbonePtr create(const std::string& name, const Options& options = {});
 
+// Training mode without randomness: model.train(), then every Dropout and StochasticDepth back in
+// eval mode (the identity), so BatchNorm uses and updates batch statistics and the output is
+// deterministic (tvc run --train-mode, the conformance tests).
+void train_without_dropout(nn::Module& model);
+
 }  // namespace tvc::models
