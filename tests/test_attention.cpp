@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "compare.h"
+#include "test_helpers.h"
 #include "torch_golden.h"
 #include "tvc/autograd.h"
 #include "tvc/nn/attention.h"
@@ -37,14 +38,6 @@ Tensor bool_mask(const Shape& shape, uint64_t seed) {
   return u < 0.25;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 // One configuration and call. E = 8, H = 2 (head_dim 4), N = 3, L = 4, S = 5.
 struct AttentionCase {
@@ -238,17 +231,17 @@ TEST(MultiheadAttention, DropoutAppliesInTrainingOnly) {
 }
 
 TEST(MultiheadAttention, ErrorsNameTheArgument) {
-  EXPECT_NE(error_of([] { MultiheadAttention(10, 3); }).find("embed_dim must be divisible by num_heads, got 10 and 3"),
+  EXPECT_NE(test::error_of([] { MultiheadAttention(10, 3); }).find("embed_dim must be divisible by num_heads, got 10 and 3"),
             std::string::npos);
   MultiheadAttention m(8, 2);
   Tensor q = randn_of({4, 3, 8}, 6);
-  EXPECT_NE(error_of([&] { m(q, q, q, {.attn_mask = bool_mask({4, 5}, 7)}); })
+  EXPECT_NE(test::error_of([&] { m(q, q, q, {.attn_mask = bool_mask({4, 5}, 7)}); })
                 .find("the shape of the 2D attn_mask is [4, 5], but should be [4, 4]"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { m(q, q, q, {.key_padding_mask = ones({3, 4}, {.dtype = DType::Int64})}); })
+  EXPECT_NE(test::error_of([&] { m(q, q, q, {.key_padding_mask = ones({3, 4}, {.dtype = DType::Int64})}); })
                 .find("only bool and floating key_padding_mask are supported, got int64"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { m(randn_of({4, 3, 6}, 8)); }).find("was expecting embedding dimension of 8, but got 6"),
+  EXPECT_NE(test::error_of([&] { m(randn_of({4, 3, 6}, 8)); }).find("was expecting embedding dimension of 8, but got 6"),
             std::string::npos);
 }
 

@@ -119,30 +119,31 @@ def check_close(a, b, what):
         assert err < 1e-12, f"{what}: {k} differs by {err}"
 
 
-def swalr_lrs(strategy, anneal_epochs, steps=10):
+def two_group_optimizer():
     params = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))]
-    opt = torch.optim.SGD([{"params": [params[0]], "lr": 0.5}, {"params": [params[1]], "lr": 0.1}], lr=0.3)
-    sched = SWALR(opt, swa_lr=[0.05, 0.02], anneal_epochs=anneal_epochs, anneal_strategy=strategy)
+    return torch.optim.SGD([{"params": [params[0]], "lr": 0.5}, {"params": [params[1]], "lr": 0.1}], lr=0.3)
+
+
+def stepped_lrs(opt, sched, steps):
+    """Each group's lr after construction and after each of steps steps."""
     lrs = [[g["lr"] for g in opt.param_groups]]
     for _ in range(steps):
         opt.step()
         sched.step()
         lrs.append([g["lr"] for g in opt.param_groups])
     return lrs
+
+
+def swalr_lrs(strategy, anneal_epochs, steps=10):
+    opt = two_group_optimizer()
+    return stepped_lrs(opt, SWALR(opt, swa_lr=[0.05, 0.02], anneal_epochs=anneal_epochs, anneal_strategy=strategy), steps)
 
 
 def sequential_lrs(steps=12):
-    params = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))]
-    opt = torch.optim.SGD([{"params": [params[0]], "lr": 0.5}, {"params": [params[1]], "lr": 0.1}], lr=0.3)
+    opt = two_group_optimizer()
     cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=5)
     swa_sched = SWALR(opt, swa_lr=0.05, anneal_epochs=3, anneal_strategy="linear")
-    sched = torch.optim.lr_scheduler.SequentialLR(opt, [cosine, swa_sched], milestones=[5])
-    lrs = [[g["lr"] for g in opt.param_groups]]
-    for _ in range(steps):
-        opt.step()
-        sched.step()
-        lrs.append([g["lr"] for g in opt.param_groups])
-    return lrs
+    return stepped_lrs(opt, torch.optim.lr_scheduler.SequentialLR(opt, [cosine, swa_sched], milestones=[5]), steps)
 
 
 def main(out):
