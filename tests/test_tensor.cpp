@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "compare.h"
@@ -13,6 +14,17 @@ using namespace tvc;
 using tvc::test::py_tensor;
 using tvc::test::relative_error;
 using tvc::test::torch_run;
+
+// A floating Scalar's integer value is truncated, and saturated where the double is out of
+// int64's range (an attention mask's -inf is such a Scalar).
+TEST(Scalar, IntegerValueOfAnyDouble) {
+  EXPECT_EQ(Scalar(-2.75).to_int(), -2);
+  EXPECT_EQ(Scalar(-std::numeric_limits<double>::infinity()).to_int(), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(Scalar(std::numeric_limits<double>::infinity()).to_int(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(Scalar(1e300).to_int(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(Scalar(std::numeric_limits<double>::quiet_NaN()).to_int(), 0);
+  EXPECT_EQ(Scalar(-9223372036854775808.0).to_int(), std::numeric_limits<int64_t>::min());
+}
 
 TEST(Tensor, ViewsShareStorageAndVersion) {
   Tensor t = arange(24, {.dtype = DType::Float32}).reshape({2, 3, 4});

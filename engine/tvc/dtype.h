@@ -106,7 +106,7 @@ template <typename T> using compute_t = typename compute_type<T>::type;
 class Scalar {
  public:
   enum class Kind : uint8_t { Bool, Int, Float };
-  Scalar(double v) : kind_(Kind::Float), d_(v), i_(static_cast<int64_t>(v)) {}  // NOLINT
+  Scalar(double v) : kind_(Kind::Float), d_(v), i_(truncate(v)) {}              // NOLINT
   Scalar(float v) : Scalar(static_cast<double>(v)) {}                              // NOLINT
   Scalar(int v) : kind_(Kind::Int), d_(v), i_(v) {}                                // NOLINT
   Scalar(long v) : kind_(Kind::Int), d_(static_cast<double>(v)), i_(v) {}          // NOLINT
@@ -114,10 +114,19 @@ class Scalar {
   Scalar(bool v) : kind_(Kind::Bool), d_(v), i_(v) {}                              // NOLINT
   Kind kind() const { return kind_; }
   double to_double() const { return d_; }
+  // The integer value: a floating value truncated toward zero, saturated to int64's range
+  // (infinities too; NaN gives 0), never the undefined cast of an out-of-range double.
   int64_t to_int() const { return i_; }
   std::string str() const;
 
  private:
+  static int64_t truncate(double v) {
+    constexpr double kLimit = 9223372036854775808.0;  // 2^63
+    if (!(v == v)) return 0;
+    if (v >= kLimit) return INT64_MAX;
+    if (v <= -kLimit) return INT64_MIN;
+    return static_cast<int64_t>(v);
+  }
   Kind kind_;
   double d_;
   int64_t i_;
