@@ -95,8 +95,6 @@ AveragedModel::AveragedModel(const nn::Module& model, AveragedModelOptions optio
   register_buffer("n_averaged", zeros({}, {.dtype = DType::Int64, .device = device}));
 }
 
-std::shared_ptr<nn::Module> AveragedModel::module_ptr() const { return get_submodule("module"); }
-
 int64_t AveragedModel::n_averaged() const { return buffer("n_averaged").item<int64_t>(); }
 
 Tensor AveragedModel::forward(const Tensor& x) { return module()(x); }

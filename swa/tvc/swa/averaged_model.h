@@ -94,7 +94,6 @@ class AveragedModel : public nn::Cloneable<AveragedModel> {
 
   // The averaged copy.
   nn::Module& module() const { return child("module"); }
-  std::shared_ptr<nn::Module> module_ptr() const;
   int64_t n_averaged() const;
   // Calls of update_parameters so far (counted for update_every).
   int64_t update_calls() const { return update_calls_; }
