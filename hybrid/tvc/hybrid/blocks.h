@@ -3,8 +3,8 @@
 // and the channel counts inferred from the patched module.
 //
 //   BlockParams params{{"reduction", int64_t{8}}};
-//   BlockArgs args("se", params, {.in_channels = 256, .out_channels = 256});
-//   nn::ModulePtr se = make_block("se", args);            // SEBlock(256, reduction=8)
+//   nn::ModulePtr se = make_block("se", params, {.in_channels = 256, .out_channels = 256});
+//                                                         // SEBlock(256, reduction=8)
 //   register_block({.name = "my_block", .params = {...}, .make = ...});  // a user block type
 //
 // Every block keeps the Python library's (torchvision-customizer 2.1) module names, so its keys
@@ -53,6 +53,9 @@ struct ParamSpec {
   std::optional<ParamValue> default_value;  // unset: required (Channels: inferred)
   ChannelRole role = ChannelRole::Out;      // for Channels: the inferred count it takes
   std::vector<std::string> choices;         // for String: the allowed values (empty: any)
+  // Without default_value: may be left out, standing for Python's None ("auto": ECA's
+  // kernel_size, ConvBNAct's padding); the block asks BlockArgs::has.
+  bool optional = false;
 };
 
 // A block's checked arguments: every accepted parameter with its value (given, inferred or
