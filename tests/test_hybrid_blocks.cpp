@@ -415,3 +415,11 @@ TEST(HybridBlocks, CloneCopiesTheBlock) {
     EXPECT_EQ(copy->type_name(), block->type_name());
   }
 }
+
+TEST(HybridBlocks, ReprAsTheLibrarys) {
+  EXPECT_EQ(make_block("gem", {}, {})->repr(), "GeM(p=3.00, eps=1e-06)");
+  EXPECT_EQ(make_block("drop_path", {{"drop_prob", 0.1}}, {})->repr(), "DropPath(drop_prob=0.1)");
+  std::string se = make_block("se", {{"activation", std::string("prelu")}}, {.out_channels = 32})->repr();
+  EXPECT_THAT(se, HasSubstr("(excitation): Sequential(\n    (0): Linear(in_features=32, out_features=2, bias=True)\n"
+                            "    (1): PReLU(num_parameters=1)"));
+}
