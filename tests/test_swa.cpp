@@ -112,8 +112,9 @@ void check_case(const std::string& golden, AveragedModelOptions options, DType d
 
 TEST(AveragedModel, SwaByDefaultAndByEveryHelperMatchesTorch) {
   check_case("swa", {});
-  if (!goldens().empty())  // the keys in torch's order too
+  if (!goldens().empty()) {  // the keys in torch's order too
     EXPECT_EQ(average_states({})->state_dict().keys(), io::load_state_dict(expected("swa")).keys());
+  }
   check_case("swa", {}, DType::Float32);
   check_case("formula_swa", {.multi_avg_fn = get_swa_multi_avg_fn()});
   check_case("formula_swa", {.avg_fn = get_swa_avg_fn()});
@@ -480,7 +481,7 @@ TEST(AverageFiles, TheCommandLine) {
   if (goldens().empty()) return;
   TempDir dir;
   std::string files;
-  for (int k = 0; k < kStates; ++k) files += " " + state_path(k, k % 3 ? "pth" : "safetensors");
+  for (int k = 0; k < kStates; ++k) files.append(" ").append(state_path(k, k % 3 ? "pth" : "safetensors"));
   test::TvcRun run = test::run_tvc(dir, "average --out " + (dir / "ema.safetensors") + " --ema 0.9 --use-buffers" + files);
   EXPECT_EQ(run.status, 0) << run.err;
   EXPECT_NE(run.out.find("EMA (decay 0.9) of 10 files, 12 tensors averaged, 2 buffers from the last file"), std::string::npos)

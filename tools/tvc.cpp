@@ -4,6 +4,10 @@
 //   tvc list
 //   tvc run MODEL --weights W --input X.safetensors --output Y.safetensors [--num-classes N]
 //           [--train-mode] [--features]
+//   tvc run BACKBONE --hybrid [--patches JSON] [--dropout P] --num-classes N --weights W
+//           --input X.safetensors --output Y.safetensors [--features]
+//   tvc backbones | tvc blocks | tvc info BACKBONE
+//   tvc explain BACKBONE [--patches JSON] [--num-classes N] [--dropout P]
 //   tvc predict MODEL --weights W [--preprocess-tag TAG] IMAGE...
 //   tvc inspect FILE [--widen]
 //   tvc convert IN OUT [--dtype float16|bfloat16|float32] [--widen] [--unwrap]
@@ -22,8 +26,10 @@
 #include <stdexcept>
 
 #include "fashion_mnist.h"
+#include "hybrid_cli.h"
 #include "models_cli.h"
 #include "train.h"
+#include "tvc/error.h"
 #include "weights_cli.h"
 
 namespace {
@@ -126,7 +132,30 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
   run_cmd->add_flag("--train-mode", run.train_mode,
                     "Batch norm uses batch statistics (dropout and stochastic depth stay off)");
-  run_cmd->add_flag("--features", run.features, "Also write each stage's output under its node name");
+  run_cmd->add_flag("--features", run.features,
+                    "Also write each stage's output under its node name (with --hybrid: stage.K, the stem's first)");
+  bool run_hybrid = false;
+  tvc::tools::HybridOptions run_hybrid_options;
+  run_cmd->add_flag("--hybrid", run_hybrid,
+                    "Build MODEL as a HybridModel (weights: a tag, or a file of HybridModel or torchvision names)");
+  run_cmd->add_option("--patches", run_hybrid_options.patches, "With --hybrid: the patches as JSON")->capture_default_str();
+  run_cmd->add_option("--dropout", run_hybrid_options.dropout, "With --hybrid: dropout before the classifier")
+      ->check(CLI::Range(0.0, 0.999999));
+
+  CLI::App* backbones_cmd = app.add_subcommand("backbones", "Print the backbones the hybrid layer supports");
+  CLI::App* blocks_cmd = app.add_subcommand("blocks", "Print the block types patches can insert");
+  std::string info_backbone;
+  CLI::App* info_cmd = app.add_subcommand("info", "Print a backbone's structure (stem, stages, head, channels)");
+  info_cmd->add_option("BACKBONE", info_backbone, "A backbone (tvc backbones)")->required();
+  tvc::tools::HybridOptions explain;
+  CLI::App* explain_cmd = app.add_subcommand("explain", "Print a hybrid model's description box");
+  explain_cmd->add_option("BACKBONE", explain.backbone, "A backbone (tvc backbones)")->required();
+  explain_cmd->add_option("--patches", explain.patches, "The patches as JSON")->capture_default_str();
+  explain_cmd->add_option("--num-classes", explain.num_classes, "Outputs of the classifier")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  explain_cmd->add_option("--dropout", explain.dropout, "Dropout before the classifier")
+      ->check(CLI::Range(0.0, 0.999999));
 
   tvc::tools::PredictOptions predict;
   CLI::App* predict_cmd = app.add_subcommand(
@@ -155,7 +184,21 @@ int run(int argc, char** argv) {
     tvc::tools::average_weights(average_files, average_out, average);
   }
   if (list_cmd->parsed()) tvc::tools::list_models();
-  if (run_cmd->parsed()) tvc::tools::run_model(run);
+  if (run_cmd->parsed() && run_hybrid) {
+    run_hybrid_options.backbone = run.model;
+    run_hybrid_options.num_classes = run.num_classes;
+    TVC_CHECK(!run.train_mode, "run --hybrid: --train-mode is not supported (the hybrid runs in eval mode)");
+    tvc::tools::run_hybrid({.hybrid = run_hybrid_options, .weights = run.weights, .input = run.input,
+                            .output = run.output, .features = run.features});
+  } else if (run_cmd->parsed()) {
+    TVC_CHECK(run_hybrid_options.patches == "{}" && run_hybrid_options.dropout == 0,
+              "run: --patches and --dropout need --hybrid");
+    tvc::tools::run_model(run);
+  }
+  if (backbones_cmd->parsed()) tvc::tools::list_backbones();
+  if (blocks_cmd->parsed()) tvc::tools::list_blocks();
+  if (info_cmd->parsed()) tvc::tools::backbone_info(info_backbone);
+  if (explain_cmd->parsed()) tvc::tools::explain_hybrid(explain);
   if (predict_cmd->parsed()) tvc::tools::predict(predict);
   if (inspect_cmd->parsed()) tvc::tools::inspect_weights(inspect_path, inspect);
   if (convert_cmd->parsed()) {

@@ -1,5 +1,6 @@
 #include "tvc/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -117,6 +118,31 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::vector<std::string> nearest_names(const std::string& name, const std::vector<std::string>& candidates,
+                                       size_t count) {
+  std::vector<std::pair<size_t, size_t>> ranked;  // (distance, index)
+  for (size_t i = 0; i < candidates.size(); ++i) ranked.emplace_back(edit_distance(name, candidates[i]), i);
+  std::stable_sort(ranked.begin(), ranked.end());
+  std::vector<std::string> out;
+  for (size_t i = 0; i < std::min(count, ranked.size()); ++i) out.push_back(candidates[ranked[i].second]);
+  return out;
 }
 
 }  // namespace tvc

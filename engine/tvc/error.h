@@ -21,6 +21,12 @@ class Error : public std::runtime_error {
 // Printing of shapes as PyTorch does: [2, 3, 4].
 std::string shape_str(const std::vector<int64_t>& shape);
 
+// For "did you mean" messages: the Levenshtein distance of two names, and the (at most) count
+// candidates nearest to name, nearest first (ties in the candidates' order).
+size_t edit_distance(const std::string& a, const std::string& b);
+std::vector<std::string> nearest_names(const std::string& name, const std::vector<std::string>& candidates,
+                                       size_t count);
+
 namespace detail {
 inline void append(std::ostringstream&) {}
 template <typename T, typename... Rest>

@@ -24,22 +24,6 @@ const std::vector<detail::ModelSpec>& specs() {
   return all;
 }
 
-// Levenshtein distance, for "did you mean".
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
 }  // namespace
 
 namespace detail {
@@ -49,10 +33,10 @@ const ModelSpec& spec(const std::string& name) {
   for (const auto& s : all)
     if (s.name == name) return s;
   TVC_CHECK(!all.empty(), "no models are registered");
-  const ModelSpec* closest = &all.front();
-  for (const auto& s : all)
-    if (edit_distance(name, s.name) < edit_distance(name, closest->name)) closest = &s;
-  throw Error(cat_str("unknown model '", name, "'; did you mean '", closest->name, "'? (tvc list prints all ",
+  std::vector<std::string> names;
+  for (const auto& s : all) names.push_back(s.name);
+  throw Error(cat_str("unknown model '", name, "'; did you mean '", nearest_names(name, names, 1)[0],
+                      "'? (tvc list prints all ",
                       all.size(), ")"));
 }
 
@@ -79,7 +63,7 @@ BackbonePtr create(const std::string& name, const Options& options) {
   // A ViT loaded by tag is built for the tag's size, as torchvision does (its SWAG weights are
   // for 384 and 512 px).
   if (s.default_image_size && !o.image_size)
-    o.image_size = detail::is_weights_tag(options.weights) ? weights_tag(name, options.weights).preprocessing.crop_size
+    o.image_size = is_weights_tag(options.weights) ? weights_tag(name, options.weights).preprocessing.crop_size
                                                            : s.default_image_size;
   BackbonePtr model = s.make(o);
   if (!options.weights.empty()) load_weights(*model, options.weights);

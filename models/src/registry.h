@@ -40,8 +40,6 @@ std::vector<ModelSpec> swin_models();       // swin.cpp: Swin Transformer (v1)
 // The registered model called name; throws naming the closest one when there is none.
 const ModelSpec& spec(const std::string& name);
 
-// Whether Options::weights names a tag ("DEFAULT", "IMAGENET1K_V1", ...) rather than a file.
-bool is_weights_tag(const std::string& weights);
 
 // torchvision's weight tags of every model (models/src/weight_tags.cpp, generated).
 const std::vector<WeightsTag>& weight_tags();

@@ -6,16 +6,9 @@ namespace tvc::models {
 std::vector<std::pair<std::string, Tensor>> Backbone::forward_stages(const Tensor& x) {
   const std::vector<std::string> nodes = stage_nodes();
   std::vector<Tensor> outputs(nodes.size());
-  std::vector<nn::RemovableHandle> handles;
-  // Removes the hooks however the forward pass ends.
-  struct RemoveHooks {
-    std::vector<nn::RemovableHandle>& handles;
-    ~RemoveHooks() {
-      for (nn::RemovableHandle& h : handles) h.remove();
-    }
-  } remove_hooks{handles};
+  nn::ScopedHooks hooks;  // removed however the forward pass ends
   for (size_t i = 0; i < nodes.size(); ++i)
-    handles.push_back(get_submodule(nodes[i])->register_forward_hook(
+    hooks.add(get_submodule(nodes[i])->register_forward_hook(
         [&outputs, i](nn::Module&, const nn::TensorList&, const nn::TensorList& output) -> std::optional<nn::TensorList> {
           // The first call's output, copied: a later in-place op (ReLU(inplace)) must not change it.
           if (!outputs[i].defined() && !output.empty()) outputs[i] = output[0].clone();

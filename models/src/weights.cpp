@@ -63,14 +63,14 @@ std::string find_weights(const std::string& model, const std::string& tag) {
                       tried.empty() ? std::string("\n  (none of those variables is set)") : tried));
 }
 
-bool detail::is_weights_tag(const std::string& weights) {
+bool is_weights_tag(const std::string& weights) {
   return weights == "DEFAULT" || weights.rfind("IMAGENET", 0) == 0;
 }
 
 LoadReport load_weights(Backbone& model, const std::string& weights) {
   const detail::ModelSpec& spec = detail::spec(model.model_name());
   LoadReport report;
-  report.file = detail::is_weights_tag(weights) ? find_weights(spec.name, weights) : weights;
+  report.file = is_weights_tag(weights) ? find_weights(spec.name, weights) : weights;
   nn::StateDict sd = io::load_state_dict(report.file);
   // A classifier of another size keeps its own initial values (they "load" unchanged).
   std::string prefix = spec.classifier + ".";

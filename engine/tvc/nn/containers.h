@@ -43,7 +43,7 @@ class ModuleSequence : public Cloneable<Derived> {
     return out;
   }
   Derived& append(ModulePtr module) {
-    add_all({std::move(module)});
+    this->add_child(std::to_string(size()), std::move(module));
     return static_cast<Derived&>(*this);
   }
   Derived& push_back(ModulePtr module) { return append(std::move(module)); }

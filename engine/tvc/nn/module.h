@@ -147,6 +147,22 @@ class RemovableHandle {
   int id_ = 0;
 };
 
+// Hooks registered for the length of a scope: every handle added is removed when this is
+// destroyed, however the scope ends.
+class ScopedHooks {
+ public:
+  ScopedHooks() = default;
+  ScopedHooks(const ScopedHooks&) = delete;
+  ScopedHooks& operator=(const ScopedHooks&) = delete;
+  ~ScopedHooks() {
+    for (RemovableHandle& h : handles_) h.remove();
+  }
+  void add(RemovableHandle handle) { handles_.push_back(std::move(handle)); }
+
+ private:
+  std::vector<RemovableHandle> handles_;
+};
+
 class Module : public std::enable_shared_from_this<Module> {
  public:
   Module();
@@ -252,7 +268,7 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual void set_extra_state(const Tensor& state);
 
   // ---- modes and conversions (return *this for chaining) ----
-  Module& train(bool mode = true);
+  virtual Module& train(bool mode = true);
   Module& eval() { return train(false); }
   bool is_training() const { return training_; }
   // Sets requires_grad of every parameter.

@@ -57,6 +57,9 @@ std::vector<std::string> weights_search_path();
 // same stem with .safetensors. Throws listing every path tried and the expected name.
 std::string find_weights(const std::string& model, const std::string& tag);
 
+// Whether weights names a tag ("DEFAULT", "IMAGENET1K_V1", ...) rather than a file.
+bool is_weights_tag(const std::string& weights);
+
 // What load_weights did.
 struct LoadReport {
   std::string file;                  // the file loaded
