@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -119,8 +120,13 @@ void check_against_pytorch(const HybridCase& c) {
   }
   const double err32 = relative_error(output32, expected);
   EXPECT_LE(err32, 1e-4) << "float32 output";
+  std::string patches;  // on one line: every run of whitespace as one space
+  for (char ch : c.patches) {
+    if (!std::isspace(static_cast<unsigned char>(ch))) patches += ch;
+    else if (!patches.empty() && patches.back() != ' ') patches += ' ';
+  }
   std::printf("hybrid %s %s: eval32 %.2e, eval64 %.2e, stages64 %.2e, grad64 %.2e\n", c.backbone.c_str(),
-              c.patches.c_str(), err32, err64, stage_err, grad_err);
+              patches.c_str(), err32, err64, stage_err, grad_err);
 }
 
 class HybridConformance : public ::testing::TestWithParam<HybridCase> {};

@@ -1,36 +1,88 @@
 #!/bin/bash
-# The full conformance suite of the model zoo: every model against torchvision on random weights
-# (tests/model_conformance.h), then docs/conformance.md rewritten with the measured errors.
-#   bash tools/conformance.sh [BUILD_DIR]      (default: build; hours on 2 cores for all 47
-#                                              models; each model's goldens are deleted once checked)
-# CI runs a subset of it (the `models` test); this runs everything, including the tests named
-# ModelConformanceFull.*, ModelStagesFull.*, ModelTreeFull.* and the disabled ones.
+# The full conformance suite of the model zoo and the hybrid layer: every model against
+# torchvision on random weights (tests/model_conformance.h), the larger hybrids against PyTorch
+# (tests/test_hybrid.cpp), then docs/conformance.md rewritten with the measured errors.
+#   bash tools/conformance.sh [--build DIR] [--only PATTERN]
+# Hours on 2 cores for everything (each model's goldens are deleted once checked). CI runs a
+# subset (the `models` and `hybrid` tests); this runs everything, including the tests named
+# ModelConformanceFull.*, ModelStagesFull.*, ModelTreeFull.*, HybridConformanceFull.* and the
+# disabled ones. --only reruns the tests whose full name matches PATTERN (shell wildcards,
+# e.g. 'ModelConformanceFull.Vgg'). Each run's log is kept in DIR/conformance-logs/ and the table
+# takes every test's lines from its latest run, so a rerun replaces that test's rows; the result
+# line says "all checks passed" only when every test of the suite passed in its latest run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-build=${1:-build}
+build=build
+only='*'
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --build) build=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    *) echo "usage: bash tools/conformance.sh [--build DIR] [--only PATTERN]" >&2; exit 2 ;;
+  esac
+done
+suites=("tvc_model_tests ModelConformance*:ModelStages*:ModelTree*" "tvc_hybrid_tests *HybridConformance*")
 
-ninja -C "$build" tests/tvc_model_tests tools/tvc
-log=$build/conformance.log
+ninja -C "$build" tests/tvc_model_tests tests/tvc_hybrid_tests tools/tvc
+mkdir -p "$build/conformance-logs"
+log=$build/conformance-logs/$(date -u +%Y%m%dT%H%M%S).log
+expected=$build/conformance-logs/tests
+: >"$expected"
+
+# The suite's test names (gtest's listing: "Suite." then indented "Name  # GetParam() = ...").
+list_tests() {
+  "$build/tests/$1" --gtest_also_run_disabled_tests --gtest_filter="$2" --gtest_list_tests |
+    awk '/^[^ ]/ {suite = $1; next} {print suite $1}'
+}
+
 status=0
-TVC_DROP_GOLDENS=1 TVC_EXE=$build/tools/tvc "$build/tests/tvc_model_tests" --gtest_also_run_disabled_tests \
-  --gtest_filter='ModelConformance*:ModelStages*:ModelTree*' 2>&1 | tee "$log" || status=$?
+for suite in "${suites[@]}"; do
+  read -r binary filter <<<"$suite"
+  list_tests "$binary" "$filter" >>"$expected"
+  # shellcheck disable=SC2053  # PATTERN is a wildcard
+  selected=$(list_tests "$binary" "$filter" | while read -r t; do if [[ $t == $only ]]; then echo "$t"; fi; done | paste -sd:)
+  [[ -z $selected ]] && continue
+  # Each check prints "conformance MODEL (num_classes N[, image_size S]): eval E, ..., T s"
+  # (tests/model_conformance.cpp), "stages MODEL: N nodes, err E" and "hybrid BACKBONE PATCHES:
+  # eval32 E, ..." (tests/test_hybrid.cpp).
+  TVC_DROP_GOLDENS=1 TVC_EXE=$build/tools/tvc "$build/tests/$binary" --gtest_also_run_disabled_tests \
+    --gtest_filter="$selected" 2>&1 | tee -a "$log" || status=$?
+done
 
-# Each check prints "conformance MODEL (num_classes N[, image_size S]): eval E, train E, running
-# E (torch32 E), grad64 E, grad32 E (torch32 E), T s" (tests/model_conformance.cpp); stage checks
-# print "stages MODEL: ...".
-/usr/bin/python3 - "$log" "$status" "$build/tools/tvc" >"$build/conformance.md" <<'PY'
-import datetime, re, subprocess, sys
-log, status = open(sys.argv[1]).read(), sys.argv[2]
-order = subprocess.run([sys.argv[3], "list"], capture_output=True, text=True, check=True).stdout.split()
+/usr/bin/python3 - "$build/conformance-logs" "$expected" "$build/tools/tvc" >"$build/conformance.md" <<'PY'
+import datetime, glob, os, re, subprocess, sys
+logs, expected, tvc = sys.argv[1], sys.argv[2], sys.argv[3]
+# Every test's lines and outcome from its latest run (the logs sort by time).
+latest = {}
+for path in sorted(glob.glob(os.path.join(logs, "*.log"))):
+    test, lines = None, []
+    for line in open(path, errors="replace"):
+        m = re.match(r"^\[ RUN      \] (\S+)", line)
+        if m:
+            test, lines = m.group(1), []
+            continue
+        m = re.match(r"^\[ +(OK|FAILED) +\] (\S+)", line)
+        if m and test == m.group(2):
+            latest[test] = (m.group(1), lines)
+            test = None
+            continue
+        if test:
+            lines.append(line.rstrip("\n"))
+suite = [t for t in open(expected).read().split() if t]
+failed = [t for t in suite if latest.get(t, ("not run",))[0] == "FAILED"]
+not_run = [t for t in suite if t not in latest]
+text = "\n".join(l for t in suite if t in latest for l in latest[t][1])
+
+order = subprocess.run([tvc, "list"], capture_output=True, text=True, check=True).stdout.split()
 rows = re.findall(r"^conformance (\S+) \(num_classes (\d+)(?:, image_size (\d+))?\): eval (\S+), "
                   r"train (\S+), running (\S+) \(torch32 (\S+)\), grad64 (\S+), grad32 (\S+) "
-                  r"\(torch32 (\S+)\), (\S+) s$", log, re.M)
-stages = re.findall(r"^stages (\S+): (\d+) nodes, err (\S+)$", log, re.M)
+                  r"\(torch32 (\S+)\), (\S+) s$", text, re.M)
+stages = re.findall(r"^stages (\S+): (\d+) nodes, err (\S+)$", text, re.M)
+hybrids = re.findall(r"^hybrid (\S+) (.*): eval32 (\S+), eval64 (\S+), stages64 (\S+), grad64 (\S+)$", text, re.M)
 rows.sort(key=lambda r: (order.index(r[0]), -int(r[1]), int(r[2] or 0)))
 # A model built for one image size (ViT) shows it: "vit_b_32 (64 px)".
 rows = [(r[0] + (f" ({r[2]} px)" if r[2] else ""),) + r[1:2] + r[3:] for r in rows]
 stages.sort(key=lambda r: order.index(r[0]))
-failed = re.findall(r"^\[  FAILED  \] (\S+)", log, re.M)
 cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"],
                      capture_output=True, text=True).stdout.strip()
 print("# Model conformance with torchvision\n")
@@ -46,12 +98,14 @@ depth off), running statistics <= 1e-4 each
 (where PyTorch's own float32 error on a statistic, against float64, is larger than that, ours
 against float64 within 3x of PyTorch's own), float64 parameter gradients <= 1e-8 (64 px),
 float32 gradients of all parameters together within 3x of PyTorch's own float32-vs-float64
-error (the larger of its contiguous and channels_last runs). "torch32" columns: PyTorch's own
-float32 error against float64 on the same weights and input. Time: tvc's time for all of these
-checks of one model, 2 threads. A ViT takes only the image size it is built for: its plain row
-is eval (batch 2) and train mode at 224 px without gradients, its "(64 px)" row every check on
-the model built for 64 px, and "(160 px)" the model built for 160 px loading 224-px weights
-(position embedding interpolated as torchvision's interpolate_embeddings).
+error (the larger of its contiguous and channels_last runs). The gradients' input is, of eight
+random draws, the one whose closest ReLU, max-pool or hard-activation decision is farthest from
+a tie (relative to its tensor's RMS), so that float32 rounding decides as float64 does. "torch32"
+columns: PyTorch's own float32 error against float64 on the same weights and input. Time: tvc's
+time for all of these checks of one model, 2 threads. A ViT takes only the image size it is built
+for: its plain row is eval (batch 2) and train mode at 224 px without gradients, its "(64 px)" row
+every check on the model built for 64 px, and "(160 px)" the model built for 160 px loading
+224-px weights (position embedding interpolated as torchvision's interpolate_embeddings).
 """)
 print("| model | classes | eval | train | running stats | running: torch32 | grad float64 "
       "| grad float32 | grad float32: torch32 | time (s) |")
@@ -63,8 +117,17 @@ if stages:
     print("| model | nodes | largest err |\n| --- | --- | --- |")
     for s in stages:
         print("| " + " | ".join(s) + " |")
-print("\nResult:", "all checks passed." if status == "0" and not failed else
-      "FAILED: " + ", ".join(failed or ["see the log"]))
+if hybrids:
+    print("\nHybrid models (tests/test_hybrid.cpp, tools/hybrid_goldens.py) against the same network "
+          "built in PyTorch, 64 px, batch 2: eval output in float32, and in float64 the output, the "
+          "stage outputs and every parameter's gradient (limits 1e-4, 1e-10, 1e-10, 1e-8):\n")
+    print("| backbone | patches | eval float32 | eval float64 | stages float64 | grad float64 |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for h in hybrids:
+        patches = " ".join(h[1].split()).replace("|", "\\|")
+        print(f"| {h[0]} | `{patches}` | " + " | ".join(h[2:]) + " |")
+problems = failed + [t + " (not run)" for t in not_run]
+print("\nResult:", "all checks passed." if not problems else "FAILED: " + ", ".join(problems))
 PY
-mv "$build/conformance.md" docs/conformance.md  # only a complete table replaces the old one
+mv "$build/conformance.md" docs/conformance.md
 exit "$status"
