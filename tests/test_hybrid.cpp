@@ -139,7 +139,8 @@ std::string case_name(const ::testing::TestParamInfo<HybridCase>& info) {
   return info.param.backbone + "_" + std::to_string(info.index);
 }
 
-// The CI set: each family, each operation (wrap, inject, replace), top-level and nested targets.
+// The CI set: each family with each operation (wrap, inject, replace), top-level and nested
+// targets, NCHW maps, Swin's NHWC stages and ViT's tokens.
 INSTANTIATE_TEST_SUITE_P(
     Families, HybridConformance,
     ::testing::Values(
@@ -147,21 +148,20 @@ INSTANTIATE_TEST_SUITE_P(
                                  "layer4.1": {"replace": {"type": "conv_bn_act", "params": {"kernel_size": 3}}}})",
                    10, 0.3},
         HybridCase{"resnet18", "{}", 7, 0},
-        HybridCase{"efficientnet_b0", R"({"features.5": {"wrap": {"type": "cbam_block", "params": {"reduction": 8}}}})"},
-        HybridCase{"mobilenet_v3_small", R"({"features.4": {"wrap": "SEBlock"}})"},
-        HybridCase{"mobilenet_v2", R"({"features.17": {"inject": "eca_block"}})", 5, 0.2},
-        HybridCase{"densenet121", R"({"features.denseblock2": {"wrap": "cbam"}})"},
-        HybridCase{"convnext_tiny", R"({"features.3": {"wrap": "layer_scale"}, "features.5.2": {"wrap": "se"}})"},
-        HybridCase{"swin_t", R"({"features.3": {"wrap": "se"}, "features.5.1": {"wrap": "mish"}})"},
-        HybridCase{"vit_b_32", R"({"encoder.layers.encoder_layer_3": {"wrap": "layer_scale"}})", 10, 0.1, 64},
-        // replace in every family but VGG (the full set has it)
-        HybridCase{"efficientnet_b0", R"({"features.1.0.block.1": {"replace": {"type": "conv_bn_act", "params": {"kernel_size": 1}}}})"},
-        HybridCase{"mobilenet_v2", R"({"features.5": {"replace": "mbconv"}})"},
-        HybridCase{"mobilenet_v3_small", R"({"features.9": {"inject": {"type": "se_enhanced", "params": {"gate_activation": "hardsigmoid"}}}})"},
-        HybridCase{"densenet121", R"({"features.transition1.conv": {"replace": {"type": "coord_conv", "params": {"kernel_size": 1, "with_r": true}}}})"},
-        HybridCase{"convnext_tiny", R"({"features.1.2": {"inject": "eca"}, "features.4": {"replace": {"type": "conv_bn_act", "params": {"stride": 2}}}})"},
-        HybridCase{"swin_t", R"({"features.2": {"replace": {"type": "conv_bn_act", "params": {"stride": 2}}}, "features.7.1": {"inject": "drop_path"}})"},
-        HybridCase{"vit_b_32", R"({"encoder.layers.encoder_layer_1": {"replace": {"type": "mha", "params": {"num_heads": 4}}}, "conv_proj": {"wrap": "se"}})", 3, 0, 64}),
+        HybridCase{"efficientnet_b0", R"({"features.5": {"wrap": {"type": "cbam_block", "params": {"reduction": 8}}},
+                                        "features.1.0.block.1": {"replace": {"type": "conv_bn_act", "params": {"kernel_size": 1}}}})"},
+        HybridCase{"mobilenet_v3_small", R"({"features.4": {"wrap": "SEBlock"},
+                                           "features.9": {"inject": {"type": "se_enhanced", "params": {"gate_activation": "hardsigmoid"}}}})"},
+        HybridCase{"mobilenet_v2", R"({"features.17": {"inject": "eca_block"}, "features.5": {"replace": "mbconv"}})", 5, 0.2},
+        HybridCase{"densenet121", R"({"features.denseblock2": {"wrap": "cbam"},
+                                    "features.transition1.conv": {"replace": {"type": "coord_conv", "params": {"kernel_size": 1, "with_r": true}}}})"},
+        HybridCase{"convnext_tiny", R"({"features.3": {"wrap": "layer_scale"}, "features.5.2": {"wrap": "se"}, "features.1.2": {"inject": "eca"},
+                                      "features.4": {"replace": {"type": "conv_bn_act", "params": {"stride": 2}}}})"},
+        HybridCase{"swin_t", R"({"features.3": {"wrap": "se"}, "features.5.1": {"wrap": "mish"}, "features.7.1": {"inject": "drop_path"},
+                               "features.2": {"replace": {"type": "conv_bn_act", "params": {"stride": 2}}}})"},
+        HybridCase{"vit_b_32", R"({"encoder.layers.encoder_layer_3": {"wrap": "layer_scale"}, "conv_proj": {"wrap": "se"},
+                                 "encoder.layers.encoder_layer_1": {"replace": {"type": "mha", "params": {"num_heads": 4}}}})",
+                   10, 0.1, 64}),
     case_name);
 
 // Every block of the registry inside a network (resnet18), by wrap, inject or replace.
