@@ -551,6 +551,34 @@ TEST(HybridCli, BackbonesBlocksInfoExplainAndRun) {
     EXPECT_EQ(relative_error(out.tensor("stage." + std::to_string(k)), stages[k]), 0) << k;
 }
 
+TEST(Hybrid, VerboseSaysWhatWasLoadedPatchedAndInitialised) {
+  ::testing::internal::CaptureStdout();
+  HybridBuilder().from_torchvision("resnet18", {.weights = "", .patches = parse_patches(R"({"layer3": {"wrap": "se"}})"),
+                                                .num_classes = 10, .dropout = 0.2});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("Loaded resnet18 (random initialization)"), std::string::npos) << out;
+  EXPECT_NE(out.find("Wrapped layer3 with se: SEBlock at stages.2.1, 8464 new parameters initialised"), std::string::npos) << out;
+  EXPECT_NE(out.find("Head: Dropout(p=0.2), Linear(512, 10) at head.3, initialised"), std::string::npos) << out;
+}
+
+TEST(Hybrid, CloneIsADeepCopyAndViTChecksTheInputSize) {
+  HybridModelPtr vit = HybridBuilder().from_torchvision("vit_b_32", {.weights = "", .num_classes = 4, .verbose = false,
+                                                                     .image_size = 64});
+  auto copy = std::dynamic_pointer_cast<HybridModel>(vit->clone());
+  ASSERT_NE(copy, nullptr);
+  EXPECT_EQ(copy->backbone_name(), "vit_b_32");
+  EXPECT_FALSE(copy->get_parameter("stem.class_token").is_same(vit->get_parameter("stem.class_token")));
+  vit->eval(), copy->eval();
+  Generator gen(8);
+  const Tensor x = randn({1, 3, 64, 64}, {}, &gen);
+  NoGradGuard no_grad;
+  EXPECT_EQ(relative_error((*copy)(x), (*vit)(x)), 0);
+  EXPECT_EQ(copy->get_stage_outputs(x).back().shape(), (Shape{1, 768, 2, 2}));
+  const std::string e = error_of([&] { (*vit)(randn({1, 3, 96, 96}, {}, &gen)); });
+  EXPECT_NE(e.find("built for 64x64 images"), std::string::npos) << e;
+  EXPECT_NE(e.find("[1, 3, 96, 96]"), std::string::npos) << e;
+}
+
 TEST(Hybrid, ListsTheFortySevenBackbones) {
   const std::vector<std::string> all = HybridBuilder::list_backbones();
   EXPECT_EQ(all.size(), 47u);

@@ -370,7 +370,8 @@ detail::BuiltHybrid detail::build_hybrid(models::BackbonePtr model, const std::v
     TVC_CHECK(where != kept.end(), "patch '", patches[i].target, "': the hybrid does not keep '", patches[i].target,
               "' (", name, "'s classifier is replaced by the hybrid's head), so the block would not be in the network");
     if (log)
-      *log << modification(patches[i]) << ": " << blocks[i]->type_name() << " at " << where->second << ", "
+      *log << modification(patches[i]) << ": " << blocks[i]->type_name() << " at " << where->second
+           << (patches[i].op == PatchOp::Replace ? "" : ".1") << ", "
            << detail::parameter_count(*blocks[i]) << " new parameters initialised\n";
   }
   if (log)
