@@ -579,6 +579,36 @@ TEST(Hybrid, CloneIsADeepCopyAndViTChecksTheInputSize) {
   EXPECT_NE(e.find("[1, 3, 96, 96]"), std::string::npos) << e;
 }
 
+// All 47 backbones (bash tools/conformance.sh runs it): the hybrid builds, runs, gives one NCHW
+// map per resolution stage after the stem, with the channels get_backbone_info measures, and
+// freezes by stage.
+TEST(HybridConformanceAll, EveryBackbone) {
+  for (const std::string& name : HybridBuilder::list_backbones()) {
+    SCOPED_TRACE(name);
+    const bool vit = name.rfind("vit", 0) == 0;
+    const int64_t size = vit ? 224 : 64;
+    HybridModelPtr model = HybridBuilder().from_torchvision(name, {.weights = "", .num_classes = 3, .verbose = false});
+    const std::vector<int64_t> channels = get_backbone_info(*models::create(name)).stage_channels;
+    model->eval();
+    Generator gen(9);
+    const Tensor x = randn({1, 3, size, size}, {}, &gen);
+    NoGradGuard no_grad;
+    EXPECT_EQ((*model)(x).shape(), (Shape{1, 3}));
+    const std::vector<Tensor> stages = model->get_stage_outputs(x);
+    ASSERT_EQ(stages.size(), channels.size() + 1);
+    for (size_t k = 1; k < stages.size(); ++k) {
+      ASSERT_EQ(stages[k].dim(), 4);
+      EXPECT_EQ(stages[k].size(1), channels[k - 1]) << "stage " << k;
+      EXPECT_LE(stages[k].size(2), stages[k - 1].size(2)) << "stage " << k;
+    }
+    model->freeze_backbone({model->num_stages() - 1});
+    EXPECT_LT(model->count_parameters(true), model->count_parameters());
+    std::printf("every backbone %s: stage channels", name.c_str());
+    for (int64_t c : channels) std::printf(" %lld", static_cast<long long>(c));
+    std::printf("\n");
+  }
+}
+
 TEST(Hybrid, ListsTheFortySevenBackbones) {
   const std::vector<std::string> all = HybridBuilder::list_backbones();
   EXPECT_EQ(all.size(), 47u);

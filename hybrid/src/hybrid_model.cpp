@@ -99,28 +99,25 @@ HybridModel& HybridModel::freeze_backbone(const std::vector<int64_t>& unfreeze_s
       frozen.insert(frozen.end(), layout_.stage_prefixes[s].begin(), layout_.stage_prefixes[s].end());
   for (auto& [name, p] : named_parameters())
     if (name.rfind("head.", 0) != 0) p.requires_grad_(!starts_with_any(name, frozen));
-  frozen_batchnorm_eval_ = batchnorm_eval;
+  frozen_batchnorm_prefixes_ = batchnorm_eval ? frozen : std::vector<std::string>{};
   train(is_training());
   return *this;
 }
 
 HybridModel& HybridModel::unfreeze_all() {
   requires_grad_(true);
-  frozen_batchnorm_eval_ = false;
+  frozen_batchnorm_prefixes_.clear();
   train(is_training());
   return *this;
 }
 
 nn::Module& HybridModel::train(bool mode) {
   Module::train(mode);
-  if (!frozen_batchnorm_eval_ || !mode) return *this;
-  // A BatchNorm whose parameters are all frozen keeps its running statistics: eval mode.
-  for (auto& [name, m] : named_modules()) {
-    if (dynamic_cast<nn::BatchNorm*>(m.get()) == nullptr) continue;
-    const nn::TensorList params = m->parameters();
-    if (std::none_of(params.begin(), params.end(), [](const Tensor& p) { return p.requires_grad(); }))
+  if (frozen_batchnorm_prefixes_.empty() || !mode) return *this;
+  // The BatchNorms of the frozen parts keep their running statistics: eval mode.
+  for (auto& [name, m] : named_modules())
+    if (dynamic_cast<nn::BatchNorm*>(m.get()) != nullptr && starts_with_any(name + ".", frozen_batchnorm_prefixes_))
       m->eval();
-  }
   return *this;
 }
 

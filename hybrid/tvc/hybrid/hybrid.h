@@ -90,8 +90,8 @@ class HybridModel : public nn::Cloneable<HybridModel> {
   // Freezes the stem and every resolution stage (the indices of get_stage_outputs' stages:
   // 0 = the first stage after the stem) but those in unfreeze_stages; the head stays trainable.
   // With batchnorm_eval, the frozen parts' BatchNorms also stay in eval mode through train()
-  // (their running statistics stay as loaded). An index out of range is an error (model
-  // unchanged).
+  // (their running statistics stay as loaded). A later call replaces an earlier one. An index
+  // out of range is an error (model unchanged).
   HybridModel& freeze_backbone(const std::vector<int64_t>& unfreeze_stages = {}, bool batchnorm_eval = false);
   // Every parameter trainable again, every BatchNorm following train()/eval() again.
   HybridModel& unfreeze_all();
@@ -114,7 +114,9 @@ class HybridModel : public nn::Cloneable<HybridModel> {
   std::string backbone_name_;
   std::vector<std::string> modifications_;
   HybridLayout layout_;
-  bool frozen_batchnorm_eval_ = false;
+  // With freeze_backbone(..., batchnorm_eval): the frozen parameter-name prefixes, whose
+  // BatchNorms train() leaves in eval mode.
+  std::vector<std::string> frozen_batchnorm_prefixes_;
 };
 using HybridModelPtr = std::shared_ptr<HybridModel>;
 
