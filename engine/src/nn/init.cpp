@@ -1,4 +1,4 @@
-// nn::init: PyTorch's parameter initialisers, built from tvc ops.
+// nn::init: PyTorch's parameter initialisers, built from tvc ops (trunc_normal_: one loop over its draws).
 #include "tvc/nn/init.h"
 
 #include <algorithm>
@@ -32,25 +32,24 @@ double fan(const Tensor& t, const std::string& mode, const char* fn) {
 }
 
 // Polynomial p(w) = c[0] w^(n-1) + ... + c[n-1] by Horner's rule.
-Tensor horner(const Tensor& w, std::initializer_list<double> c) {
-  Tensor p = zeros_like(w);
+double horner(double w, std::initializer_list<double> c) {
+  double p = 0;
   for (double ci : c) p = p * w + ci;
   return p;
 }
 
-// erfinv(y) for y in (-1, 1), float64: Giles (2010) single-precision approximation, then two
-// Newton steps on erf(x) = y (each roughly squares the relative error).
-Tensor erfinv(const Tensor& y) {
-  Tensor w = neg(log((1.0 - y) * (1.0 + y)));
-  Tensor central = horner(w - 2.5, {2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
-                                    0.00021858087, -0.00125372503, -0.00417768164, 0.246640727,
-                                    1.50140941});
-  Tensor tail = horner(sqrt(w) - 3.0, {-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
-                                       0.00573950773, -0.0076224613, 0.00943887047, 1.00167406,
-                                       2.83297682});
-  Tensor x = where(w < 5.0, central, tail) * y;
+// erfinv(y) for y in (-1, 1): Giles (2010) single-precision approximation, then two Newton
+// steps on erf(x) = y (each roughly squares the relative error).
+double erfinv(double y) {
+  const double w = -std::log((1.0 - y) * (1.0 + y));
+  double x = w < 5.0 ? horner(w - 2.5, {2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
+                                        0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941})
+                     : horner(std::sqrt(w) - 3.0, {-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
+                                                   0.00573950773, -0.0076224613, 0.00943887047, 1.00167406,
+                                                   2.83297682});
+  x *= y;
   const double two_over_sqrt_pi = 2.0 / std::sqrt(std::numbers::pi);
-  for (int i = 0; i < 2; ++i) x = x - (erf(x) - y) / (exp(neg(x * x)) * two_over_sqrt_pi);
+  for (int i = 0; i < 2; ++i) x -= (std::erf(x) - y) / (std::exp(-x * x) * two_over_sqrt_pi);
   return x;
 }
 
@@ -103,9 +102,14 @@ Tensor trunc_normal_(Tensor t, double mean, double std, double a, double b, Gene
   // Kept inside (-1, 1), where erfinv is finite, for bounds far out in the tails.
   double lo = std::max(2 * norm_cdf((a - mean) / std) - 1, std::nextafter(-1.0, 0.0));
   double hi = std::min(2 * norm_cdf((b - mean) / std) - 1, std::nextafter(1.0, 0.0));
-  Tensor y = rand(t.shape(), {.dtype = DType::Float64}, gen) * (hi - lo) + lo;
-  Tensor x = erfinv(y) * (std * std::sqrt(2.0)) + mean;
-  return assign(t, clamp(x, a, b));
+  // One pass over the uniform draws (the same stream as rand()), element by element.
+  Tensor x = rand(t.shape(), {.dtype = DType::Float64}, gen).contiguous();
+  double* p = x.data_ptr<double>();
+  const int64_t n = x.numel();
+  const double scale = std * std::sqrt(2.0);
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) p[i] = std::clamp(erfinv(p[i] * (hi - lo) + lo) * scale + mean, a, b);
+  return assign(t, x);
 }
 
 Tensor constant_(Tensor t, double value) {
