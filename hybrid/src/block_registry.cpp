@@ -130,8 +130,9 @@ BlockArgs::BlockArgs(const std::string& block, const BlockParams& given, const I
   const BlockType& type = find_block(block);
   block_ = type.name;
   for (const auto& [name, value] : given) {
+    const std::string& given_name = name;  // a structured binding cannot be captured before C++20's clang 16
     auto spec = std::find_if(type.params.begin(), type.params.end(),
-                             [&](const ParamSpec& p) { return p.name == name; });
+                             [&](const ParamSpec& p) { return p.name == given_name; });
     if (spec == type.params.end()) {
       std::vector<std::string> accepted;
       for (const ParamSpec& p : type.params) accepted.push_back(p.name);

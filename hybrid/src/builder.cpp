@@ -9,12 +9,10 @@
 #include <algorithm>
 #include <iostream>
 #include <map>
-#include <set>
 #include <sstream>
 
 #include "hybrid_internal.h"
 #include "registry.h"
-#include "torchvision_ops.h"
 #include "tvc/autograd.h"
 #include "tvc/error.h"
 #include "tvc/hybrid/backbone.h"
