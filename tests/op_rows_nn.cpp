@@ -54,7 +54,10 @@ std::vector<OpRow> conv_rows() {
                              randn_sample("pointwise", {{2, 5, 3, 4}, {3, 5, 1, 1}, {3}}),
                              randn_sample("size-1", {{1, 1, 1, 1}, {2, 1, 1, 1}, {2}}),
                              randn_sample("kernel = input", {{2, 2, 3, 3}, {3, 2, 3, 3}, {3}}),
-                             randn_sample("unbatched", {{3, 6, 5}, {2, 3, 3, 2}, {2}})}));
+                             randn_sample("unbatched", {{3, 6, 5}, {2, 3, 3, 2}, {2}}),
+                             // several GEMMs of several samples each, and weight-gradient
+                             // chunks of several GEMMs (kernels/cpu/conv.cpp)
+                             randn_sample("many samples", {{20, 2, 6, 6}, {3, 2, 3, 3}, {3}})}));
   rows.push_back(conv2d_row({2, 2}, {1, 1}, {1, 1}, 1, true, ", stride=2, padding=1",
                             {randn_sample("odd sizes", {{2, 3, 7, 9}, {4, 3, 3, 3}, {4}}),
                              randn_sample("pointwise", {{2, 3, 5, 5}, {2, 3, 1, 1}, {2}}),

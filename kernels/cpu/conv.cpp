@@ -6,12 +6,13 @@
 //
 // General path: im2col lowers one (sample, group) to a (K, P) matrix and the CPU GEMM multiplies
 // the (Og, K) weight by it; backward w.r.t. input runs the GEMM transposed into a (K, P) matrix
-// and col2im scatters it back. 1x1, stride-1, unpadded convs use the input itself as the (K, P)
+// and col2im scatters it back. Small maps put several samples side by side in one (K, m*P)
+// matrix (samples_per_gemm). 1x1, stride-1, unpadded convs use the input itself as the (K, P)
 // matrix. Depthwise convs (Cg == 1) use direct loops, as a GEMM with K = kh*kw is slow.
 // Tensors may have any strides (channels-last included): the kernels read and write through
 // them, so the output keeps whatever layout the caller allocated.
 //
-// Work is split over (sample, group) items, each computed by one thread in a fixed order, and
+// Work is split over (samples, group) items, each computed by one thread in a fixed order, and
 // the weight gradient sums per-chunk partials (fixed chunks of the batch) in chunk order, so
 // results do not depend on the thread count.
 #include <algorithm>
@@ -76,13 +77,13 @@ Operand<T> operand(const Tensor& t) {
 }
 
 // col (K, P) <- the receptive fields of channels [0, Cg) of x (x points at sample n, channel
-// c0; xs its strides), zero where the window reads padding.
+// c0; xs its strides), zero where the window reads padding; ld is col's row stride (>= P).
 template <typename T>
-void im2col(const T* x, const int64_t* xs, const ConvGeom& g, T* col) {
+void im2col(const T* x, const int64_t* xs, const ConvGeom& g, T* col, int64_t ld) {
   for (int64_t c = 0; c < g.Cg; ++c)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
-        T* row = col + ((c * g.kh + i) * g.kw + j) * g.P;
+        T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
         Range rw = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
         for (int64_t oh = 0; oh < g.Ho; ++oh) {
           T* r = row + oh * g.Wo;
@@ -103,13 +104,14 @@ void im2col(const T* x, const int64_t* xs, const ConvGeom& g, T* col) {
       }
 }
 
-// dx += the (K, P) matrix col scattered back over its receptive fields (the adjoint of im2col).
+// dx += the (K, P) matrix col (row stride ld) scattered back over its receptive fields (the
+// adjoint of im2col).
 template <typename T>
-void col2im(const T* col, const ConvGeom& g, T* dx, const int64_t* xs) {
+void col2im(const T* col, int64_t ld, const ConvGeom& g, T* dx, const int64_t* xs) {
   for (int64_t c = 0; c < g.Cg; ++c)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
-        const T* row = col + ((c * g.kh + i) * g.kw + j) * g.P;
+        const T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
         Range rw = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
         int64_t step = g.sw * xs[3];
         for (int64_t oh = 0; oh < g.Ho; ++oh) {
@@ -238,31 +240,79 @@ void depthwise_backward_weight(const Operand<const T>& dy, const Operand<const T
 
 // ---------------------------------------------------------------- GEMM paths
 
+// Small maps are lowered several samples side by side: m samples make one (K, m*P) matrix, so
+// the GEMM has enough columns to pay for packing the weight (a ResNet's last stage at 32x32
+// input has P = 1). The count depends on the shape only, so results do not depend on threads.
+constexpr int64_t kGemmColumns = 256;
+int64_t samples_per_gemm(const ConvGeom& g, int64_t n) {
+  return std::clamp<int64_t>(kGemmColumns / g.P, 1, std::max<int64_t>(n, 1));
+}
+
+// A (channels, m*P) matrix of m samples' maps: the tensor itself (strides rs, cs) when m == 1
+// and its (H, W) flatten to one stride, else a copy (dense rows of m*P) in buf.
+template <typename T>
+struct Columns {
+  const T* p;
+  int64_t rs, cs;
+};
+template <typename T>
+Columns<T> gather_columns(const Operand<const T>& t, int64_t n0, int64_t m, int64_t c0,
+                          int64_t channels, int64_t Ho, int64_t Wo, std::vector<T>& buf) {
+  const T* base = t.p + n0 * t.s[0] + c0 * t.s[1];
+  if (m == 1 && t.s[2] == Wo * t.s[3]) return {base, t.s[1], t.s[3]};
+  int64_t P = Ho * Wo, cols = m * P;
+  buf.resize(channels * cols);
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t h = 0; h < Ho; ++h)
+        for (int64_t x = 0; x < Wo; ++x)
+          buf[c * cols + i * P + h * Wo + x] = base[i * t.s[0] + c * t.s[1] + h * t.s[2] + x * t.s[3]];
+  return {buf.data(), cols, 1};
+}
+
+// col (K, m*P) <- im2col of samples [n0, n0+m), group gi, of x.
+template <typename T>
+void im2col_samples(const Operand<const T>& x, int64_t n0, int64_t m, int64_t gi, const ConvGeom& g,
+                    T* col) {
+  for (int64_t i = 0; i < m; ++i)
+    im2col(x.p + (n0 + i) * x.s[0] + gi * g.Cg * x.s[1], x.s, g, col + i * g.P, m * g.P);
+}
+
 template <typename T>
 void conv_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y,
                   const ConvGeom& g) {
   if (g.Cg == 1 && g.G > 1) return depthwise_forward(x, w, bias, y, g);
-  // The input is its own (K, P) matrix when the conv is pointwise and H,W flatten to one stride.
-  bool direct = is_pointwise(g) && x.s[2] == g.W * x.s[3];
-  for_items(g.N * g.G, g.Og * g.K * g.P, [&](int64_t b, int64_t e) {
-    std::vector<T> col(direct ? 0 : g.K * g.P);
+  const int64_t nb = samples_per_gemm(g, g.N), batches = (g.N + nb - 1) / nb;
+  for_items(batches * g.G, nb * g.Og * g.K * g.P, [&](int64_t b, int64_t e) {
+    std::vector<T> col, xbuf, out;
     for (int64_t it = b; it < e; ++it) {
-      int64_t n = it / g.G, gi = it % g.G;
-      const T* xg = x.p + n * x.s[0] + gi * g.Cg * x.s[1];
-      const T* B = xg;
-      int64_t b_rs = x.s[1], b_cs = x.s[3];
-      if (!direct) {
-        im2col(xg, x.s, g, col.data());
-        B = col.data(), b_rs = g.P, b_cs = 1;
+      int64_t n0 = it / g.G * nb, gi = it % g.G, m = std::min(nb, g.N - n0), cols = m * g.P;
+      // B (K, cols): the input itself for a pointwise conv, else its receptive fields.
+      Columns<T> B;
+      if (is_pointwise(g)) {
+        B = gather_columns(x, n0, m, gi * g.Cg, g.Cg, g.H, g.W, xbuf);
+      } else {
+        col.resize(g.K * cols);
+        im2col_samples(x, n0, m, gi, g, col.data());
+        B = {col.data(), cols, 1};
       }
-      T* yg = y.p + n * y.s[0] + gi * g.Og * y.s[1];
-      // P flattens (Ho, Wo) with the W stride: outputs are allocated dense (NCHW or NHWC).
-      gemm<T>(g.Og, g.P, g.K, w + gi * g.Og * g.K, g.K, 1, B, b_rs, b_cs, yg, y.s[1], y.s[3], T(0));
-      if (bias)
-        for (int64_t o = 0; o < g.Og; ++o) {
-          T bv = bias[gi * g.Og + o];
-          for (int64_t p = 0; p < g.P; ++p) yg[o * y.s[1] + p * y.s[3]] += bv;
-        }
+      const T* wg = w + gi * g.Og * g.K;
+      T* yg = y.p + n0 * y.s[0] + gi * g.Og * y.s[1];
+      // Y (Og, cols) = W_g (Og, K) @ B, into y itself when one dense sample, else through out.
+      bool in_place = m == 1 && y.s[2] == g.Wo * y.s[3];
+      if (!in_place) out.resize(g.Og * cols);
+      gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, in_place ? yg : out.data(),
+              in_place ? y.s[1] : cols, in_place ? y.s[3] : 1, T(0));
+      if (in_place && !bias) continue;
+      for (int64_t o = 0; o < g.Og; ++o) {
+        T bv = bias ? bias[gi * g.Og + o] : T(0);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t h = 0; h < g.Ho; ++h)
+            for (int64_t q = 0; q < g.Wo; ++q) {
+              T& dst = yg[i * y.s[0] + o * y.s[1] + h * y.s[2] + q * y.s[3]];
+              dst = (in_place ? dst : out[o * cols + i * g.P + h * g.Wo + q]) + bv;
+            }
+      }
     }
   });
 }
@@ -271,24 +321,29 @@ template <typename T>
 void conv_backward_input(const Operand<const T>& dy, const T* w, const Operand<T>& dx,
                          const ConvGeom& g) {
   if (g.Cg == 1 && g.G > 1) return depthwise_backward_input(dy, w, dx, g);
-  bool direct = is_pointwise(g) && dx.s[2] == g.W * dx.s[3];
-  for_items(g.N * g.G, g.Og * g.K * g.P, [&](int64_t b, int64_t e) {
-    std::vector<T> col(direct ? 0 : g.K * g.P);
+  const int64_t nb = samples_per_gemm(g, g.N), batches = (g.N + nb - 1) / nb;
+  for_items(batches * g.G, nb * g.Og * g.K * g.P, [&](int64_t b, int64_t e) {
+    std::vector<T> col, dybuf;
     for (int64_t it = b; it < e; ++it) {
-      int64_t n = it / g.G, gi = it % g.G;
-      const T* dyg = dy.p + n * dy.s[0] + gi * g.Og * dy.s[1];
-      T* dxg = dx.p + n * dx.s[0] + gi * g.Cg * dx.s[1];
+      int64_t n0 = it / g.G * nb, gi = it % g.G, m = std::min(nb, g.N - n0), cols = m * g.P;
+      Columns<T> dY = gather_columns(dy, n0, m, gi * g.Og, g.Og, g.Ho, g.Wo, dybuf);
       const T* wg = w + gi * g.Og * g.K;
-      // (K, P) = W_g^T (K, Og) @ dY_g (Og, P)
-      if (direct) {
-        gemm<T>(g.K, g.P, g.Og, wg, 1, g.K, dyg, dy.s[1], dy.s[3], dxg, dx.s[1], dx.s[3], T(0));
+      T* dxg = dx.p + n0 * dx.s[0] + gi * g.Cg * dx.s[1];
+      // (K, cols) = W_g^T (K, Og) @ dY_g (Og, cols), straight into dx for one dense pointwise
+      // sample, else into col scattered back by col2im.
+      if (m == 1 && is_pointwise(g) && dx.s[2] == g.W * dx.s[3]) {
+        gemm<T>(g.K, g.P, g.Og, wg, 1, g.K, dY.p, dY.rs, dY.cs, dxg, dx.s[1], dx.s[3], T(0));
         continue;
       }
-      gemm<T>(g.K, g.P, g.Og, wg, 1, g.K, dyg, dy.s[1], dy.s[3], col.data(), g.P, 1, T(0));
-      for (int64_t c = 0; c < g.Cg; ++c)
-        for (int64_t h = 0; h < g.H; ++h)
-          for (int64_t x = 0; x < g.W; ++x) dxg[c * dx.s[1] + h * dx.s[2] + x * dx.s[3]] = T(0);
-      col2im(col.data(), g, dxg, dx.s);
+      col.resize(g.K * cols);
+      gemm<T>(g.K, cols, g.Og, wg, 1, g.K, dY.p, dY.rs, dY.cs, col.data(), cols, 1, T(0));
+      for (int64_t i = 0; i < m; ++i) {
+        T* dxi = dxg + i * dx.s[0];
+        for (int64_t c = 0; c < g.Cg; ++c)
+          for (int64_t h = 0; h < g.H; ++h)
+            for (int64_t x = 0; x < g.W; ++x) dxi[c * dx.s[1] + h * dx.s[2] + x * dx.s[3]] = T(0);
+        col2im(col.data() + i * g.P, cols, g, dxi, dx.s);
+      }
     }
   });
 }
@@ -300,34 +355,38 @@ template <typename T>
 void conv_backward_weight(const Operand<const T>& dy, const Operand<const T>& x, T* dw,
                           const ConvGeom& g) {
   if (g.Cg == 1 && g.G > 1) return depthwise_backward_weight(dy, x, dw, g);
-  bool direct = is_pointwise(g) && x.s[2] == g.W * x.s[3];
   int64_t chunks = std::min(g.N, kWeightChunks);
   int64_t wsize = g.O * g.K;
-  // Chunk 0 accumulates into dw, the others into partials summed in chunk order afterwards.
-  std::vector<T> partial(std::max<int64_t>(chunks - 1, 0) * wsize);
-  auto run_chunk = [&](int64_t ch) {
-    T* acc = ch == 0 ? dw : partial.data() + (ch - 1) * wsize;
-    std::vector<T> col(direct ? 0 : g.K * g.P);
-    int64_t n0 = g.N * ch / chunks, n1 = g.N * (ch + 1) / chunks;
-    for (int64_t n = n0; n < n1; ++n)
-      for (int64_t gi = 0; gi < g.G; ++gi) {
-        const T* xg = x.p + n * x.s[0] + gi * g.Cg * x.s[1];
-        const T* B = xg;  // (P, K) = col^T
-        int64_t b_rs = x.s[3], b_cs = x.s[1];
-        if (!direct) {
-          im2col(xg, x.s, g, col.data());
-          B = col.data(), b_rs = 1, b_cs = g.P;
-        }
-        // dW_g (Og, K) += dY_g (Og, P) @ col^T (P, K)
-        const T* dyg = dy.p + n * dy.s[0] + gi * g.Og * dy.s[1];
-        gemm<T>(g.Og, g.K, g.P, dyg, dy.s[1], dy.s[3], B, b_rs, b_cs, acc + gi * g.Og * g.K, g.K, 1,
-                n == n0 ? T(0) : T(1));
-      }
-  };
   if (chunks == 0) {
     std::fill(dw, dw + wsize, T(0));
     return;
   }
+  const int64_t nb = samples_per_gemm(g, (g.N + chunks - 1) / chunks);
+  // Chunk 0 accumulates into dw, the others into partials summed in chunk order afterwards.
+  std::vector<T> partial((chunks - 1) * wsize);
+  auto run_chunk = [&](int64_t ch) {
+    T* acc = ch == 0 ? dw : partial.data() + (ch - 1) * wsize;
+    std::vector<T> col, xbuf, dybuf;
+    int64_t n0 = g.N * ch / chunks, n1 = g.N * (ch + 1) / chunks;
+    for (int64_t s = n0; s < n1; s += nb) {
+      int64_t m = std::min(nb, n1 - s), cols = m * g.P;
+      for (int64_t gi = 0; gi < g.G; ++gi) {
+        // B (cols, K) = col^T: the input itself for a pointwise conv, else its receptive fields.
+        Columns<T> B;
+        if (is_pointwise(g)) {
+          B = gather_columns(x, s, m, gi * g.Cg, g.Cg, g.H, g.W, xbuf);
+        } else {
+          col.resize(g.K * cols);
+          im2col_samples(x, s, m, gi, g, col.data());
+          B = {col.data(), cols, 1};
+        }
+        Columns<T> dY = gather_columns(dy, s, m, gi * g.Og, g.Og, g.Ho, g.Wo, dybuf);
+        // dW_g (Og, K) += dY_g (Og, cols) @ col^T (cols, K)
+        gemm<T>(g.Og, g.K, cols, dY.p, dY.rs, dY.cs, B.p, B.cs, B.rs, acc + gi * g.Og * g.K, g.K, 1,
+                s == n0 ? T(0) : T(1));
+      }
+    }
+  };
   parallel_for(chunks, g.N / chunks * g.O * g.K * g.P, [&](int64_t b, int64_t e) {
     for (int64_t ch = b; ch < e; ++ch) run_chunk(ch);
   });
