@@ -6,6 +6,10 @@
 #                 the hash of the trained weights, the accuracy); with --ema the same plus the
 #                 EMA's accuracy on the line before the last
 #   train         `tvc train --epochs 1 --seed 0` ends with `test accuracy: NN.NN%` >= 88%
+#   recipe        `tvc train --backbone resnet18 ...` on a small image folder (with a corrupt JPEG,
+#                 a zero-byte file and a text file): the files it writes, bit-identical final
+#                 weights after a SIGKILL mid-epoch and --resume, SIGINT's checkpoint, a misspelt
+#                 key, `tvc eval`, and the exported .pth in torchvision's resnet18 (strict=True)
 set -uo pipefail
 mode=$1
 tvc=$2
@@ -115,6 +119,103 @@ train)
   else
     fail "the last line of stdout is '$last', not 'test accuracy: NN.NN%'"
   fi
+  ;;
+recipe)
+  # Three classes of noisy coloured squares, 16 images each, plus three files to skip.
+  /usr/bin/python3 - "$tmp/imgs" <<'PY'
+import os, random, sys
+from PIL import Image
+root = sys.argv[1]
+rng = random.Random(0)
+for c, colour in enumerate([(200, 40, 40), (40, 200, 40), (40, 40, 200)]):
+    os.makedirs(f"{root}/class{c}", exist_ok=True)
+    for i in range(16):
+        img = Image.new("RGB", (40, 36), tuple(rng.randrange(0, 80) for _ in range(3)))
+        x, y = rng.randrange(0, 16), rng.randrange(0, 12)
+        img.paste(tuple(min(255, v + rng.randrange(-30, 30)) for v in colour), (x, y, x + 20, y + 20))
+        img.save(f"{root}/class{c}/{i:02d}." + ("png" if i % 2 else "jpg"))
+data = open(f"{root}/class0/00.jpg", "rb").read()
+open(f"{root}/class1/corrupt.jpg", "wb").write(data[: len(data) // 2])
+open(f"{root}/class2/empty.jpg", "wb").close()
+open(f"{root}/class0/notes.txt", "w").write("not an image\n")
+PY
+  common=(--backbone resnet18 --data "$tmp/imgs" --image-size 32 --batch-size 8 --epochs 2 --val-split 0.25
+          --workers 1 --threads 2 --optimizer sgd --lr 0.05 --scheduler cosine --ema 0.9 --checkpoint-every 2 --seed 3)
+  "$tvc" train "${common[@]}" --out "$tmp/a" >"$tmp/a.out" 2>"$tmp/a.err" || fail "the run failed: $(cat "$tmp/a.err")"
+  cat "$tmp/a.out"
+  for f in corrupt.jpg empty.jpg notes.txt; do
+    grep -q "^warning: skipping .*/$f: " "$tmp/a.err" || fail "$f was not named as skipped: $(cat "$tmp/a.err")"
+  done
+  grep -q "^warning: skipped 3 of 51 files in $tmp/imgs" "$tmp/a.err" || fail "no count of the skipped files"
+  for f in recipe.yaml metrics.csv curves.svg checkpoints/last.pth final.safetensors final.pth best.safetensors \
+    best.pth final_ema.safetensors final_ema.pth; do
+    [[ -s $tmp/a/$f ]] || fail "the run did not write $f"
+  done
+  [[ $(wc -l <"$tmp/a/metrics.csv") -eq 3 ]] || fail "metrics.csv has not a header and 2 rows: $(cat "$tmp/a/metrics.csv")"
+  grep -q '<svg' "$tmp/a/curves.svg" && grep -q '</svg>' "$tmp/a/curves.svg" || fail "curves.svg is not an SVG"
+  tail -n 2 "$tmp/a.out" | head -n 1 | grep -Eq '^test accuracy on .*: [0-9.]+%, ema [0-9.]+%$' ||
+    fail "the line before the last does not give the raw and EMA test accuracy"
+  tail -n 1 "$tmp/a.out" | grep -q "^files in $tmp/a: " || fail "the last line does not say where the files are"
+
+  # SIGKILL once a mid-epoch checkpoint exists, then --resume: the same final weights, bit for bit.
+  "$tvc" train "${common[@]}" --out "$tmp/b" >"$tmp/b.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do [[ -f $tmp/b/checkpoints/last.pth ]] && break; sleep 0.05; done
+  kill -9 $pid
+  wait $pid 2>/dev/null
+  "$tvc" train --resume "$tmp/b" >"$tmp/b2.out" 2>&1 || fail "--resume failed: $(cat "$tmp/b2.out")"
+  grep -q '^resumed ' "$tmp/b2.out" || fail "--resume did not say where it resumed: $(cat "$tmp/b2.out")"
+  cmp -s "$tmp/a/final.safetensors" "$tmp/b/final.safetensors" || fail "final.safetensors differs after SIGKILL and --resume"
+  cmp -s "$tmp/a/final_ema.safetensors" "$tmp/b/final_ema.safetensors" || fail "final_ema.safetensors differs after SIGKILL and --resume"
+  # The same metrics rows but the timings.
+  cmp -s <(cut -d, -f1-7 "$tmp/a/metrics.csv") <(cut -d, -f1-7 "$tmp/b/metrics.csv") ||
+    fail "metrics.csv differs after SIGKILL and --resume: $(diff "$tmp/a/metrics.csv" "$tmp/b/metrics.csv")"
+
+  # SIGINT saves a checkpoint and exits 130; --resume finishes the run.
+  "$tvc" train "${common[@]}" --out "$tmp/c" --checkpoint-every 0 >"$tmp/c.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do grep -q 'epoch 1/2 \[' "$tmp/c.out" && break; sleep 0.05; done
+  kill -INT $pid
+  wait $pid
+  code=$?
+  if [[ $code -eq 130 ]]; then
+    grep -q "^stopped by SIGINT" "$tmp/c.out" || fail "SIGINT: no message: $(cat "$tmp/c.out")"
+    "$tvc" train --resume "$tmp/c" >"$tmp/c2.out" 2>&1 || fail "--resume after SIGINT failed: $(cat "$tmp/c2.out")"
+    cmp -s "$tmp/a/final.safetensors" "$tmp/c/final.safetensors" || fail "final.safetensors differs after SIGINT"
+  elif [[ $code -ne 0 ]]; then  # 0: the signal came after the last step
+    fail "SIGINT: exit status $code, expected 130: $(cat "$tmp/c.out")"
+  fi
+
+  expect 2 "unknown key 'batch_szie'; did you mean 'batch_size'" train --backbone resnet18 --batch-szie 8
+  printf 'backbone: resnet18\nlearning_rate: 0.1\n' >"$tmp/bad.yaml"
+  expect 2 "recipe $tmp/bad.yaml: unknown key 'learning_rate'" train --recipe "$tmp/bad.yaml"
+
+  "$tvc" eval "$tmp/a" --weights "$tmp/a/final_ema.safetensors" --svg "$tmp/confusion.svg" >"$tmp/e.out" 2>&1 ||
+    fail "tvc eval failed: $(cat "$tmp/e.out")"
+  cat "$tmp/e.out"
+  grep -Eq '^accuracy on .*\(12 images\): [0-9.]+%$' "$tmp/e.out" || fail "tvc eval: no accuracy line"
+  grep -q 'class2' "$tmp/e.out" && grep -q '<svg' "$tmp/confusion.svg" || fail "tvc eval: no confusion matrix"
+
+  # The exported .pth (torchvision's names: no patches) in torchvision's resnet18, strict=True,
+  # gives tvc's outputs.
+  /usr/bin/python3 - "$tmp" "$tvc" <<'PY' || fail "the exported .pth does not load into torchvision or gives other outputs"
+import subprocess, sys, torch, torchvision
+from safetensors.torch import save_file, load_file
+tmp, tvc = sys.argv[1], sys.argv[2]
+model = torchvision.models.resnet18(num_classes=3)
+model.load_state_dict(torch.load(f"{tmp}/a/final.pth", weights_only=True), strict=True)
+model.eval()
+x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+save_file({"input": x}, f"{tmp}/x.safetensors")
+subprocess.run([tvc, "run", "resnet18", "--weights", f"{tmp}/a/final.pth", "--num-classes", "3",
+                "--input", f"{tmp}/x.safetensors", "--output", f"{tmp}/y.safetensors"], check=True)
+ours = load_file(f"{tmp}/y.safetensors")["output"]
+with torch.no_grad():
+    theirs = model(x)
+err = ((ours - theirs).norm() / theirs.norm()).item()
+print(f"exported .pth in torchvision: relative error {err:.2e}")
+sys.exit(0 if err < 1e-5 else 1)
+PY
   ;;
 *)
   echo "unknown mode $mode"

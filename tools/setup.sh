@@ -22,7 +22,7 @@ packages=(
   meson ninja-build g++ pkg-config cmake     # build (cmake: meson finds oneDNN through it)
   zlib1g-dev libzip-dev nlohmann-json3-dev   # the library (.pth zip archives, safetensors headers)
   libjpeg-dev libpng-dev                     # the library (images of tvc predict)
-  libcli11-dev                               # the tvc program
+  libcli11-dev libyaml-cpp-dev               # the tvc program (command line, training recipes)
   libgtest-dev python3-pip                   # tests (pip: the safetensors package, below)
   python3-torch python3-torchvision          # PyTorch, the tests' oracle (/usr/bin/python3)
   libopenblas0-pthread                       # a fast BLAS for that oracle

@@ -1,6 +1,7 @@
 // The tvc command-line program.
 //
-//   tvc train [--epochs N] [--seed S] [--batch-size B] [--lr LR] [--threads T] [--data-dir D] [--ema DECAY]
+//   tvc train [--recipe FILE|small_cnn] [--resume DIR] [--KEY VALUE ...]   (tools/recipe.h)
+//   tvc eval RUN_OR_RECIPE --weights W [--data DIR] [--svg FILE]
 //   tvc list
 //   tvc run MODEL --weights W --input X.safetensors --output Y.safetensors [--num-classes N]
 //           [--train-mode] [--features]
@@ -22,17 +23,75 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 
 #include "fashion_mnist.h"
 #include "hybrid_cli.h"
 #include "models_cli.h"
+#include "recipe.h"
 #include "train.h"
+#include "trainer.h"
 #include "tvc/error.h"
 #include "weights_cli.h"
 
 namespace {
+
+// `tvc train`: the recipe (the file, or small_cnn without --recipe and --backbone) with the
+// flags' keys applied, run by the small CNN's loop or the trainer. A bad key or value is a usage
+// error (exit status 2).
+int run_train(const std::string& recipe_name, const std::string& resume, const std::vector<std::string>& flags) {
+  std::vector<std::pair<std::string, std::string>> keys;
+  for (size_t i = 0; i < flags.size(); ++i) {
+    const std::string& f = flags[i];
+    if (f.rfind("--", 0) != 0 || f.size() == 2) {
+      std::fprintf(stderr, "error: train: unexpected argument '%s' (flags are --KEY VALUE)\n", f.c_str());
+      return 2;
+    }
+    std::string key = f.substr(2), value;
+    if (auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else if (i + 1 < flags.size()) {
+      value = flags[++i];
+    } else {
+      std::fprintf(stderr, "error: train: --%s needs a value\n", key.c_str());
+      return 2;
+    }
+    keys.emplace_back(key, value);
+  }
+  tvc::tools::Recipe recipe;
+  try {
+    const bool backbone_flag = std::any_of(keys.begin(), keys.end(), [](const auto& k) { return k.first == "backbone"; });
+    if (!resume.empty()) {
+      recipe = tvc::tools::load_recipe((std::filesystem::path(resume) / "recipe.yaml").string());
+      for (const auto& [key, value] : keys)
+        TVC_CHECK(key == "threads" || key == "workers", "train --resume: --", key,
+                  " cannot change a run midway (only --threads and --workers)");
+    } else if (!recipe_name.empty()) {
+      recipe = tvc::tools::load_recipe(recipe_name);
+    } else if (!backbone_flag || std::any_of(keys.begin(), keys.end(), [](const auto& k) {
+                 return k.first == "backbone" && k.second == "small_cnn";
+               })) {
+      recipe = tvc::tools::load_recipe("small_cnn");
+    }
+    for (const auto& [key, value] : keys) tvc::tools::set_recipe_key(recipe, key, value);
+    tvc::tools::check_recipe(recipe);
+  } catch (const tvc::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  if (recipe.backbone == "small_cnn") {
+    tvc::tools::train_fashion_mnist({.epochs = recipe.epochs, .seed = recipe.seed, .batch_size = recipe.batch_size,
+                                     .lr = recipe.lr, .threads = static_cast<int>(recipe.threads),
+                                     .max_batches = recipe.max_batches, .data_dir = recipe.fashion_mnist_dir,
+                                     .ema_decay = recipe.ema ? std::optional<double>(recipe.ema->decay) : std::nullopt});
+    return 0;
+  }
+  return tvc::tools::train_recipe(recipe, resume);
+}
 
 int run(int argc, char** argv) {
   CLI::App app{"tvc: a C++20 tensor and neural-network engine", "tvc"};
@@ -45,34 +104,35 @@ int run(int argc, char** argv) {
       },
       "POSITIVE");
 
-  tvc::tools::TrainOptions train;
-  train.data_dir = tvc::tools::kDefaultFashionMnistDir;
-  CLI::App* train_cmd =
-      app.add_subcommand("train", "Train a small CNN on Fashion-MNIST and print the test accuracy");
-  train_cmd->add_option("--epochs", train.epochs, "Passes over the 60,000 training images")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
-  train_cmd->add_option("--seed", train.seed, "Seed of the initial weights and the shuffling")
-      ->capture_default_str();
-  train_cmd->add_option("--batch-size", train.batch_size, "Images per optimizer step")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{60000}));
-  train_cmd->add_option("--lr", train.lr, "Peak learning rate of Adam (cosine decay to 0)")
-      ->capture_default_str()
-      ->check(positive);
-  train_cmd->add_option("--threads", train.threads, "Worker threads (0: all cores)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 4096));
-  train_cmd->add_option("--data-dir", train.data_dir,
-                        "Folder of the gzipped IDX files {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz")
-      ->capture_default_str();
-  train_cmd->add_option("--ema", train.ema_decay,
-                        "Also keep an EMA of the weights with this decay (timm warm-up) and print its accuracy")
-      ->check(CLI::Range(0.0, 1.0));
-  train_cmd->add_option("--max-batches", train.max_batches,
-                        "Stop each epoch after this many batches (0: all), for quick checks")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{1000000000}));
+  // train: --recipe and --resume, then any recipe key as --KEY VALUE (tools/recipe.h), read
+  // after parsing from the arguments CLI11 leaves over.
+  std::string train_recipe_name, train_resume;
+  CLI::App* train_cmd = app.add_subcommand(
+      "train", "Train: a small CNN on Fashion-MNIST by default, or a recipe (a backbone fine-tuned with EMA/SWA)");
+  train_cmd->allow_extras();
+  train_cmd->add_option("--recipe", train_recipe_name,
+                        "A YAML/JSON recipe file, or a built-in recipe: small_cnn (the default without --backbone)");
+  train_cmd->add_option("--resume", train_resume, "Continue the run in this output folder from its last checkpoint");
+  train_cmd->footer(
+      "Any recipe key is also a flag, --KEY VALUE (dashes or underscores), overriding the recipe file: "
+      "--backbone NAME, --weights TAG|FILE, --patches JSON, --num-classes N, --dropout P, --freeze-backbone true, "
+      "--unfreeze-stages [2,3], --data DIR (an image folder; default Fashion-MNIST), --val-data DIR, --val-split F, "
+      "--train-subset N, --image-size S, --batch-size B, --epochs N, --optimizer sgd|adamw|adam, --lr LR, "
+      "--momentum M, --nesterov true, --weight-decay WD, --scheduler cosine|step|onecycle|constant, "
+      "--warmup-epochs E, --label-smoothing E, --clip-grad-norm N, --ema DECAY (or --ema.decay, --ema.every, "
+      "--ema.warmup), --swa.start_epoch E, --swa.swa_lr LR, --swa.anneal_epochs E, --seed S, --threads T, "
+      "--workers W, --out DIR, --checkpoint-every STEPS, --max-batches N, --data-dir DIR (the Fashion-MNIST "
+      "files). docs/training.md describes every key.");
+  tvc::tools::EvalOptions eval;
+  CLI::App* eval_cmd = app.add_subcommand(
+      "eval", "Accuracy, per-class accuracy and confusion matrix of trained weights on a recipe's test data");
+  eval_cmd->add_option("RUN", eval.recipe, "A tvc train output folder (its recipe.yaml) or a recipe file")->required();
+  eval_cmd->add_option("--weights", eval.weights, "A .safetensors/.pth of tvc train's exports (final, best, final_ema...)")
+      ->required();
+  eval_cmd->add_option("--data", eval.data, "An image folder to evaluate on instead of the recipe's test data");
+  eval_cmd->add_option("--svg", eval.svg_out, "Also write the confusion matrix as an SVG file");
+  eval_cmd->add_option("--batch-size", eval.batch_size, "Images per forward pass (default: the recipe's)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
 
   std::string inspect_path;
   tvc::tools::InspectOptions inspect;
@@ -175,7 +235,11 @@ int run(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
 
-  if (train_cmd->parsed()) tvc::tools::train_fashion_mnist(train);
+  if (train_cmd->parsed()) {
+    int status = run_train(train_recipe_name, train_resume, train_cmd->remaining());
+    if (status != 0) return status;
+  }
+  if (eval_cmd->parsed()) tvc::tools::evaluate(eval);
   if (average_cmd->parsed()) {
     if (average_ema) {
       average.method = tvc::swa::AverageFilesOptions::Method::ema;

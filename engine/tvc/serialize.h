@@ -239,6 +239,9 @@ struct StateDictOptions {
   bool unwrap = false;
 };
 nn::StateDict load_state_dict(const std::string& path, const StateDictOptions& options = {});
+// Writes bytes (a text file: metrics, a recipe) to path crash-safely, as the weight writers do.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
 // Writes a state_dict in the format of path's extension (format_for_extension): safetensors
 // (names sorted) or torch.save's zip format (an OrderedDict in the dict's order).
 void save_state_dict(const std::string& path, const nn::StateDict& state_dict);

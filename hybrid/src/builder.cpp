@@ -357,8 +357,22 @@ detail::BuiltHybrid detail::build_hybrid(models::BackbonePtr model, const std::v
 
   std::vector<std::string> modifications;
   for (const Patch& p : patches) modifications.push_back(modification(p));
+  // torchvision names -> hybrid names, by tensor identity; the classifier's -> the new Linear's.
+  {
+    const HybridModel names_of(tiers.stem, stages, head, name, modifications, tiers.layout);
+    std::map<const TensorImpl*, std::string> hybrid_names;
+    for (const auto& [key, t] : names_of.state_dict("", /*keep_vars=*/true)) hybrid_names[t.impl()] = key;
+    const std::string classifier = models::detail::spec(name).classifier + ".";
+    for (const auto& [key, t] : torchvision_state) {
+      auto found = hybrid_names.find(t.impl());
+      if (found != hybrid_names.end()) tiers.layout.torchvision_names.emplace_back(key, found->second);
+      else if (key.rfind(classifier, 0) == 0)
+        tiers.layout.torchvision_names.emplace_back(key, linear + "." + key.substr(classifier.size()));
+    }
+  }
   BuiltHybrid built{std::make_shared<HybridModel>(tiers.stem, stages, head, name, modifications, tiers.layout), {}};
   HybridModel& hybrid = *built.model;
+  for (const auto& [tv, own] : tiers.layout.torchvision_names) built.torchvision_names[tv] = own;
 
   // Every patch must be in the hybrid's network.
   std::map<const nn::Module*, std::string> kept;
@@ -376,15 +390,6 @@ detail::BuiltHybrid detail::build_hybrid(models::BackbonePtr model, const std::v
     *log << "Head: " << (dropout > 0 ? cat_str("Dropout(p=", dropout, "), ") : std::string()) << "Linear(" << width
          << ", " << num_classes << ") at " << linear << ", initialised\n";
 
-  // torchvision names -> hybrid names, by tensor identity; the classifier's -> the new Linear's.
-  std::map<const TensorImpl*, std::string> hybrid_names;
-  for (const auto& [key, t] : hybrid.state_dict("", /*keep_vars=*/true)) hybrid_names[t.impl()] = key;
-  const std::string classifier = models::detail::spec(name).classifier + ".";
-  for (const auto& [key, t] : torchvision_state) {
-    auto found = hybrid_names.find(t.impl());
-    if (found != hybrid_names.end()) built.torchvision_names[key] = found->second;
-    else if (key.rfind(classifier, 0) == 0) built.torchvision_names[key] = linear + "." + key.substr(classifier.size());
-  }
   return built;
 }
 

@@ -1,5 +1,6 @@
 // HybridModel: stem -> stages -> head, stage outputs as NCHW maps, freezing, explain().
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <cstdio>
 
@@ -119,6 +120,32 @@ nn::Module& HybridModel::train(bool mode) {
     if (dynamic_cast<nn::BatchNorm*>(m.get()) != nullptr && starts_with_any(name + ".", frozen_batchnorm_prefixes_))
       m->eval();
   return *this;
+}
+
+nn::StateDict HybridModel::to_torchvision_names(const nn::StateDict& state) const {
+  TVC_CHECK(modifications_.empty(), "HybridModel ", backbone_name_, ": patched modules (", modifications_.front(),
+            ") have no torchvision names; keep the HybridModel's");
+  std::map<std::string, std::string> torchvision_of;
+  for (const auto& [tv, own] : layout_.torchvision_names) torchvision_of[own] = tv;
+  for (const auto& [key, t] : state)
+    TVC_CHECK(torchvision_of.count(key), "HybridModel ", backbone_name_, ": '", key, "' has no torchvision name");
+  nn::StateDict out;
+  for (const auto& [tv, own] : layout_.torchvision_names) {
+    const Tensor* t = state.find(own);
+    TVC_CHECK(t != nullptr, "HybridModel ", backbone_name_, ": the state_dict lacks '", own, "' (torchvision's '", tv, "')");
+    out.insert(tv, *t);
+  }
+  return out;
+}
+
+nn::StateDict HybridModel::from_torchvision_names(const nn::StateDict& state) const {
+  std::map<std::string, std::string> own_of(layout_.torchvision_names.begin(), layout_.torchvision_names.end());
+  nn::StateDict out;
+  for (const auto& [key, t] : state) {
+    auto found = own_of.find(key);
+    out.insert(found != own_of.end() ? found->second : key, t);
+  }
+  return out;
 }
 
 int64_t HybridModel::count_parameters(bool trainable_only) const {

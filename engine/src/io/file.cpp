@@ -1,4 +1,5 @@
 #include "io/file.h"
+#include "tvc/serialize.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -168,6 +169,12 @@ void AtomicFileWriter::commit() {
             "' to '", path_, "': ", errno_text());
   committed_ = true;
   fsync_folder(std::filesystem::path(path_).parent_path(), path_);
+}
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  AtomicFileWriter writer(path);
+  writer.write(bytes.data(), bytes.size());
+  writer.commit();
 }
 
 }  // namespace tvc::io

@@ -68,6 +68,9 @@ struct HybridLayout {
   // The layout of the stem's and stages' outputs (converted to NCHW by get_stage_outputs).
   Layout stem_layout = Layout::NCHW;
   Layout stage_layout = Layout::NCHW;
+  // Each key of the torchvision model's state_dict (before patches) -> the hybrid's key of the
+  // same tensor, in torchvision's order; the classifier's keys -> the new Linear's.
+  std::vector<std::pair<std::string, std::string>> torchvision_names;
 };
 
 // stem -> stages -> head, each a registered child ("stem", "stages", "head"), so the state_dict
@@ -100,6 +103,15 @@ class HybridModel : public nn::Cloneable<HybridModel> {
   // The 62-column box of the Python library: stem, each entry of stages, head, up to five
   // modifications, totals.
   std::string explain() const;
+
+  // state (this model's keys, e.g. its state_dict or its AveragedModel copy's) under torchvision's
+  // names, in torchvision's order: it loads into torchvision's model built with this head's
+  // num_classes with strict=True. Only for a hybrid without patches (a patched module has no
+  // torchvision name) and with every key of the model in state; throws naming the fault.
+  nn::StateDict to_torchvision_names(const nn::StateDict& state) const;
+  // The inverse: a state_dict under torchvision's names with this model's keys (keys torchvision
+  // does not have are kept as they are).
+  nn::StateDict from_torchvision_names(const nn::StateDict& state) const;
 
   // Module::train, keeping frozen BatchNorms in eval mode when freeze_backbone asked for it.
   Module& train(bool mode = true) override;
