@@ -186,6 +186,23 @@ PY
     fail "SIGINT: exit status $code, expected 130: $(cat "$tmp/c.out")"
   fi
 
+  # SWA with a patch and a frozen backbone: the average's files under the HybridModel's names,
+  # which tvc eval loads.
+  "$tvc" train --backbone resnet18 --data "$tmp/imgs" --image-size 32 --batch-size 8 --epochs 2 --val-split 0.25 \
+    --workers 0 --patches '{"layer3": {"wrap": "se"}}' --freeze-backbone true --unfreeze-stages '[3]' \
+    --swa '{start_epoch: 2, swa_lr: 0.01, anneal_epochs: 1}' --out "$tmp/s" >"$tmp/s.out" 2>&1 ||
+    fail "the SWA run failed: $(cat "$tmp/s.out")"
+  tail -n 2 "$tmp/s.out" | head -n 1 | grep -Eq '^test accuracy on .*: [0-9.]+%, swa [0-9.]+%$' ||
+    fail "the SWA run does not give the raw and SWA test accuracy: $(cat "$tmp/s.out")"
+  [[ -s $tmp/s/final_swa.safetensors && -s $tmp/s/final_swa.pth ]] || fail "the SWA run did not write final_swa.*"
+  /usr/bin/python3 -c "
+import sys, torch
+sd = torch.load(sys.argv[1], weights_only=True)
+assert any(k.startswith('stages.2.1.') for k in sd), list(sd)[:5]  # the SE block, HybridModel names
+" "$tmp/s/final_swa.pth" || fail "final_swa.pth does not hold the HybridModel's names"
+  "$tvc" eval "$tmp/s" --weights "$tmp/s/final_swa.pth" >"$tmp/se.out" 2>&1 ||
+    fail "tvc eval of the SWA run failed: $(cat "$tmp/se.out")"
+
   expect 2 "unknown key 'batch_szie'; did you mean 'batch_size'" train --backbone resnet18 --batch-szie 8
   printf 'backbone: resnet18\nlearning_rate: 0.1\n' >"$tmp/bad.yaml"
   expect 2 "recipe $tmp/bad.yaml: unknown key 'learning_rate'" train --recipe "$tmp/bad.yaml"
@@ -195,6 +212,11 @@ PY
   cat "$tmp/e.out"
   grep -Eq '^accuracy on .*\(12 images\): [0-9.]+%$' "$tmp/e.out" || fail "tvc eval: no accuracy line"
   grep -q 'class2' "$tmp/e.out" && grep -q '<svg' "$tmp/confusion.svg" || fail "tvc eval: no confusion matrix"
+  "$tvc" predict --recipe "$tmp/a" --weights "$tmp/a/best.pth" "$tmp/imgs/class0/00.jpg" "$tmp/imgs/class2/01.png" \
+    >"$tmp/p.out" 2>&1 || fail "tvc predict --recipe failed: $(cat "$tmp/p.out")"
+  cat "$tmp/p.out"
+  [[ $(grep -cE '^ +[0-9.]+%  [0-2]  class[0-2]$' "$tmp/p.out") -eq 6 ]] ||
+    fail "tvc predict --recipe: not three classes per image: $(cat "$tmp/p.out")"
 
   # The exported .pth (torchvision's names: no patches) in torchvision's resnet18, strict=True,
   # gives tvc's outputs.

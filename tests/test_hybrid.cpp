@@ -214,6 +214,34 @@ TEST(Hybrid, StateDictNamesOfThePythonLibrary) {
   EXPECT_TRUE(top->state_dict().contains("head.2.weight"));
 }
 
+TEST(Hybrid, TorchvisionNamesLoadIntoTheTorchvisionModelStrictly) {
+  // Families whose heads tvc restructures (densenet, mobilenet_v2, vgg, convnext) and a plain one:
+  // every torchvision key, in torchvision's order, holding the hybrid's tensor; back again.
+  for (const char* backbone : {"resnet18", "densenet121", "mobilenet_v2", "convnext_tiny"}) {
+    SCOPED_TRACE(backbone);
+    HybridModelPtr m = HybridBuilder().from_torchvision(backbone, {.weights = "", .num_classes = 7, .dropout = 0.2,
+                                                                   .verbose = false});
+    const nn::StateDict own = m->state_dict();
+    const nn::StateDict tv = m->to_torchvision_names(own);
+    models::BackbonePtr reference = models::create(backbone, {.num_classes = 7});
+    const nn::StateDict expected = reference->state_dict();
+    ASSERT_EQ(tv.size(), expected.size());
+    auto e = expected.begin();
+    for (const auto& [key, t] : tv) {
+      EXPECT_EQ(key, e->first);
+      EXPECT_EQ(t.shape(), e->second.shape()) << key;
+      ++e;
+    }
+    EXPECT_TRUE(reference->load_state_dict(tv, /*strict=*/true).missing_keys.empty());
+    const nn::StateDict back = m->from_torchvision_names(tv);
+    ASSERT_EQ(back.size(), own.size());
+    for (const auto& [key, t] : own) EXPECT_TRUE(back.at(key).is_same(t)) << key;
+  }
+  HybridModelPtr patched = HybridBuilder().from_torchvision(
+      "resnet18", {.weights = "", .patches = parse_patches(R"({"layer3": {"wrap": "se"}})"), .verbose = false});
+  EXPECT_THROW(patched->to_torchvision_names(patched->state_dict()), Error);
+}
+
 TEST(Hybrid, HeadWidthIsTheBackbonesOutputNotABlocksConv) {
   // The Python library reads the CBAM block's 1-channel conv here and builds Linear(1, ...).
   HybridModelPtr m = HybridBuilder().from_torchvision(

@@ -71,19 +71,23 @@ void predict(const PredictOptions& options) {
   models::BackbonePtr model = load_model(options.model, options.weights, 1000);
   model->eval();
   NoGradGuard no_grad;
-  Tensor probs = softmax(model->forward(stack(inputs)), 1);
-  auto [top_probs, top_classes] = topk(probs, 5, 1);
+  print_top_classes(options.images, softmax(model->forward(stack(inputs)), 1), models::imagenet_categories(), 5);
+}
+
+void print_top_classes(const std::vector<std::string>& images, const Tensor& probs,
+                       const std::vector<std::string>& names, int64_t k) {
+  k = std::min<int64_t>(k, probs.size(1));
+  auto [top_probs, top_classes] = topk(probs, k, 1);
   top_probs = top_probs.contiguous();
   top_classes = top_classes.contiguous();
   const float* p = top_probs.data_ptr<float>();
   const int64_t* c = top_classes.data_ptr<int64_t>();
-  const auto& names = models::imagenet_categories();
-  for (size_t i = 0; i < options.images.size(); ++i) {
-    std::printf("%s\n", options.images[i].c_str());
-    for (size_t j = 0; j < 5; ++j) {
-      const int64_t cls = c[i * 5 + j];
-      std::printf("  %6.2f%%  %lld  %s\n", 100.0 * p[i * 5 + j], static_cast<long long>(cls),
-                  names.at(static_cast<size_t>(cls)).c_str());
+  for (size_t i = 0; i < images.size(); ++i) {
+    std::printf("%s\n", images[i].c_str());
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t cls = c[i * k + j];
+      std::printf("  %6.2f%%  %lld  %s\n", 100.0 * p[i * k + j], static_cast<long long>(cls),
+                  static_cast<size_t>(cls) < names.size() ? names[static_cast<size_t>(cls)].c_str() : "?");
     }
   }
 }

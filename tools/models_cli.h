@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "tvc/tensor.h"
+
 namespace tvc::tools {
 
 // Prints every model name, one per line.
@@ -35,5 +37,10 @@ struct PredictOptions {
 // prints, for each image, its path then the five likeliest ImageNet classes:
 // "  <probability %6.2f>%  <class index>  <class name>".
 void predict(const PredictOptions& options);
+
+// For each image, its path then the k likeliest classes of its row of probs (N, classes):
+// "  <probability %6.2f>%  <class index>  <class name>".
+void print_top_classes(const std::vector<std::string>& images, const Tensor& probs,
+                       const std::vector<std::string>& names, int64_t k);
 
 }  // namespace tvc::tools

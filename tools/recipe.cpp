@@ -149,6 +149,11 @@ void set_map(const YAML::Node& n, const std::string& key, Sub& sub,
   }
 }
 
+// `ema: off` (or false, or nothing) removes an average the recipe had.
+bool turns_off(const YAML::Node& n) {
+  return n.IsNull() || (n.IsScalar() && (n.Scalar() == "false" || n.Scalar() == "off"));
+}
+
 const std::vector<Key>& keys() {
   static const std::vector<Key> table = {
       {"backbone",
@@ -223,10 +228,7 @@ const std::vector<Key>& keys() {
       {"clip_grad_norm", [](Recipe& r, const YAML::Node& n, const std::string& k) { r.clip_grad_norm = number_in(n, k, 0, 1e12, "[0, 1e12]"); }},
       {"ema",
        [](Recipe& r, const YAML::Node& n, const std::string& k) {
-         if (n.IsNull() || (n.IsScalar() && (n.Scalar() == "false" || n.Scalar() == "off"))) {
-           r.ema.reset();
-           return;
-         }
+         if (turns_off(n)) return r.ema.reset();
          EmaRecipe e = r.ema.value_or(EmaRecipe{});
          if (n.IsScalar()) e.decay = number_in(n, k + ".decay", 0, 1, "[0, 1]");  // --ema 0.999
          else set_map(n, k, e, ema_fields());
@@ -234,10 +236,7 @@ const std::vector<Key>& keys() {
        }},
       {"swa",
        [](Recipe& r, const YAML::Node& n, const std::string& k) {
-         if (n.IsNull() || (n.IsScalar() && (n.Scalar() == "false" || n.Scalar() == "off"))) {
-           r.swa.reset();
-           return;
-         }
+         if (turns_off(n)) return r.swa.reset();
          SwaRecipe s = r.swa.value_or(SwaRecipe{});
          set_map(n, k, s, swa_fields());
          r.swa = s;
@@ -326,10 +325,18 @@ Recipe load_recipe(const std::string& name_or_path) {
   return r;
 }
 
-void set_recipe_key(Recipe& recipe, const std::string& flag, const std::string& value) {
+namespace {
+
+std::string key_of_flag(const std::string& flag) {
   std::string key = flag;
   std::replace(key.begin(), key.end(), '-', '_');
-  if (key == "data_dir") key = "fashion_mnist_dir";  // the first tvc train's spelling
+  return key == "data_dir" ? "fashion_mnist_dir" : key;  // the first tvc train's spelling
+}
+
+}  // namespace
+
+void set_recipe_key(Recipe& recipe, const std::string& flag, const std::string& value) {
+  const std::string key = key_of_flag(flag);
   YAML::Node node = load_yaml(value, "--" + flag);
   try {
     set_node(recipe, key, node);

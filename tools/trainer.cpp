@@ -22,6 +22,7 @@
 
 #include "curves.h"
 #include "image_data.h"
+#include "models_cli.h"
 #include "progress.h"
 #include "tvc/autograd.h"
 #include "tvc/error.h"
@@ -417,7 +418,12 @@ Run::Run(const Recipe& recipe, const std::string& resume_dir) : r_(recipe), out_
   if (!resume_dir.empty()) {
     load_checkpoint(out_ / "checkpoints" / "last.pth");
   } else {
+    if (!r_.dump_batches.empty())  // the starting point of tools/train_torch.py's replay
+      io::save_safetensors((fs::path(r_.dump_batches) / "initial.safetensors").string(), model_->state_dict());
     io::write_file_atomic((out_ / "recipe.yaml").string(), recipe_to_yaml(r_));
+    std::string classes;
+    for (const std::string& c : data_.classes) classes += c + "\n";
+    io::write_file_atomic((out_ / "classes.txt").string(), classes);
     write_metrics(out_, history_);
   }
 }
@@ -449,8 +455,10 @@ void Run::make_optimizer() {
 void Run::make_schedulers(int64_t steps) {
   // The step schedule spans the epochs before SWA takes over.
   const int64_t epochs = r_.swa ? r_.swa->start_epoch - 1 : r_.epochs;
-  const int64_t total = std::max<int64_t>(epochs * steps, 1);
-  if (r_.scheduler == "cosine") {
+  const int64_t total = epochs * steps;
+  if (total == 0) {
+    // SWA from the first epoch: SWALR alone.
+  } else if (r_.scheduler == "cosine") {
     const int64_t warmup = std::min<int64_t>(std::llround(r_.warmup_epochs * steps), total - 1);
     auto cosine = std::make_shared<sched::CosineAnnealingLR>(*optimizer_, total - warmup, r_.min_lr);
     if (warmup > 0)
@@ -639,7 +647,7 @@ void Run::finish() {
   const double raw = accuracy(*model_, test_loader);
   std::printf("test accuracy on %s (%zu images): %.2f%%", data_.test_name.c_str(), data_.test_indices.size(), 100 * raw);
   if (average_) std::printf(", %s %.2f%%", average_name(), 100 * accuracy(*average_, test_loader));
-  std::printf("\nfiles in %s: recipe.yaml, metrics.csv, curves.svg, final.{safetensors,pth}, best.{safetensors,pth}%s, checkpoints/last.pth\n",
+  std::printf("\nfiles in %s: recipe.yaml, classes.txt, metrics.csv, curves.svg, final.{safetensors,pth}, best.{safetensors,pth}%s, checkpoints/last.pth\n",
               out_.c_str(), average_ ? cat_str(", final_", average_name(), ".{safetensors,pth}").c_str() : "");
 }
 
@@ -654,22 +662,57 @@ int train_recipe(const Recipe& recipe, const std::string& resume_dir) {
   return run.train();
 }
 
+namespace {
+
+// The recipe's model with weights of train's exports (torchvision's names or the HybridModel's).
+hybrid::HybridModelPtr load_trained(const Recipe& r, int64_t num_classes, const std::string& weights) {
+  manual_seed(r.seed);
+  hybrid::HybridModelPtr model = build_model(r, num_classes, "", /*verbose=*/false);
+  nn::StateDict file = io::load_state_dict(weights, {.unwrap = true});
+  const bool torchvision_names = model->modifications().empty() && !file.contains(model->state_dict().begin()->first);
+  io::load_converted(*model, torchvision_names ? model->from_torchvision_names(file) : file);
+  model->eval();
+  return model;
+}
+
+Recipe run_recipe(const std::string& run_or_recipe) {
+  const fs::path path = fs::is_directory(run_or_recipe) ? fs::path(run_or_recipe) / "recipe.yaml" : fs::path(run_or_recipe);
+  Recipe r = load_recipe(path.string());
+  if (r.threads > 0) set_num_threads(static_cast<int>(r.threads));
+  return r;
+}
+
+}  // namespace
+
+void predict_with_recipe(const std::string& run, const std::string& weights, const std::vector<std::string>& images) {
+  TVC_CHECK(!images.empty(), "predict: no image given");
+  TVC_CHECK(fs::is_directory(run), "predict --recipe ", run, ": not a tvc train output folder");
+  Recipe r = run_recipe(run);
+  std::vector<std::string> classes;
+  {
+    std::ifstream in(fs::path(run) / "classes.txt");
+    TVC_CHECK(in.good(), "predict --recipe ", run, ": no classes.txt there");
+    for (std::string line; std::getline(in, line);) classes.push_back(line);
+  }
+  hybrid::HybridModelPtr model =
+      load_trained(r, r.num_classes > 0 ? r.num_classes : static_cast<int64_t>(classes.size()), weights);
+  const Transform t = eval_transform(r);
+  SampleRng unused(0, 0, 0);  // the eval transform draws nothing
+  std::vector<Tensor> inputs;
+  for (const std::string& path : images) inputs.push_back(apply_transform(models::decode_image(path), t, unused));
+  NoGradGuard no_grad;
+  print_top_classes(images, softmax((*model)(stack(inputs)), 1), classes, 5);
+}
+
 void evaluate(const EvalOptions& o) {
-  const fs::path recipe_path = fs::is_directory(o.recipe) ? fs::path(o.recipe) / "recipe.yaml" : fs::path(o.recipe);
-  Recipe r = load_recipe(recipe_path.string());
+  Recipe r = run_recipe(o.recipe);
   if (!o.data.empty()) {
     r.data = o.data;
     r.val_data = "";
   }
-  if (r.threads > 0) set_num_threads(static_cast<int>(r.threads));
   Data d = load_data(r, /*need_train=*/false);
   const int64_t num_classes = r.num_classes > 0 ? r.num_classes : static_cast<int64_t>(d.classes.size());
-  manual_seed(r.seed);
-  hybrid::HybridModelPtr model = build_model(r, num_classes, "", /*verbose=*/false);
-  // The exports hold torchvision's names (no patches) or the HybridModel's: load either.
-  nn::StateDict file = io::load_state_dict(o.weights, {.unwrap = true});
-  const bool torchvision_names = model->modifications().empty() && !file.contains(model->state_dict().begin()->first);
-  io::load_converted(*model, torchvision_names ? model->from_torchvision_names(file) : file);
+  hybrid::HybridModelPtr model = load_trained(r, num_classes, o.weights);
   BatchLoader loader(d.test, d.test_indices, eval_loader_options(r, o.batch_size > 0 ? o.batch_size : r.batch_size));
   auto [predicted, labels] = predict_all(*model, loader);
   const size_t k = d.classes.size();

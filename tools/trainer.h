@@ -3,6 +3,7 @@
 //
 // OUT (recipe.out) receives:
 //   recipe.yaml                 the effective recipe (what --resume and tvc eval read)
+//   classes.txt                 the class names, one per line in label order (tvc predict)
 //   metrics.csv                 one row per epoch (rewritten from the checkpoint's history on resume)
 //   curves.svg                  loss and accuracy per epoch, raw vs averaged, redrawn each epoch
 //   checkpoints/last.pth        model, average, optimizer, schedulers, step, RNG, loader position
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "recipe.h"
 
@@ -35,5 +37,10 @@ struct EvalOptions {
   int64_t batch_size = 0;  // 0: the recipe's
 };
 void evaluate(const EvalOptions& options);
+
+// `tvc predict --recipe RUN`: the images (JPEG/PNG) through the eval transform of the run's
+// recipe and the weights, printing each image's five likeliest of the run's classes
+// (RUN/classes.txt) with probabilities, as `tvc predict` does.
+void predict_with_recipe(const std::string& run, const std::string& weights, const std::vector<std::string>& images);
 
 }  // namespace tvc::tools

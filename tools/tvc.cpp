@@ -10,6 +10,7 @@
 //   tvc backbones | tvc blocks | tvc info BACKBONE
 //   tvc explain BACKBONE [--patches JSON] [--num-classes N] [--dropout P]
 //   tvc predict MODEL --weights W [--preprocess-tag TAG] IMAGE...
+//   tvc predict --recipe RUN --weights W IMAGE...
 //   tvc inspect FILE [--widen]
 //   tvc convert IN OUT [--dtype float16|bfloat16|float32] [--widen] [--unwrap]
 //   tvc average --out OUT [--swa | --ema DECAY] [--use-buffers] [--plain] FILE...
@@ -54,11 +55,10 @@ int run_train(const std::string& recipe_name, const std::string& resume, const s
     if (auto eq = key.find('='); eq != std::string::npos) {
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
-    } else if (i + 1 < flags.size()) {
+    } else if (i + 1 < flags.size() && flags[i + 1].rfind("--", 0) != 0) {
       value = flags[++i];
     } else {
-      std::fprintf(stderr, "error: train: --%s needs a value\n", key.c_str());
-      return 2;
+      value = "true";  // a bare flag: --nesterov, --freeze-backbone
     }
     keys.emplace_back(key, value);
   }
@@ -220,13 +220,16 @@ int run(int argc, char** argv) {
   tvc::tools::PredictOptions predict;
   CLI::App* predict_cmd = app.add_subcommand(
       "predict", "Classify JPEG/PNG images: the five likeliest ImageNet classes of each, with probabilities");
-  predict_cmd->add_option("MODEL", predict.model, "A model name (tvc list)")->required();
+  std::string predict_run;
+  predict_cmd->add_option("MODEL", predict.model, "A model name (tvc list); not given with --recipe")->required();
   predict_cmd->add_option("--weights", predict.weights, "A torchvision tag (DEFAULT, IMAGENET1K_V1, ...) or a .pth/.safetensors file")
       ->required();
+  predict_cmd->add_option("--recipe", predict_run,
+                          "A tvc train output folder: its recipe's model, preprocessing and classes (weights: its exports)");
   predict_cmd->add_option("--preprocess-tag", predict.preprocess_tag,
                           "The tag whose preprocessing (resize, crop, normalisation) to apply; default: the weights' "
                           "tag, or DEFAULT when the weights are a file");
-  predict_cmd->add_option("IMAGE", predict.images, "JPEG or PNG files")->required();
+  predict_cmd->add_option("IMAGE", predict.images, "JPEG or PNG files");
 
   try {
     app.parse(argc, argv);
@@ -263,7 +266,13 @@ int run(int argc, char** argv) {
   if (blocks_cmd->parsed()) tvc::tools::list_blocks();
   if (info_cmd->parsed()) tvc::tools::backbone_info(info_backbone);
   if (explain_cmd->parsed()) tvc::tools::explain_hybrid(explain);
-  if (predict_cmd->parsed()) tvc::tools::predict(predict);
+  if (predict_cmd->parsed() && !predict_run.empty()) {
+    // Without MODEL, CLI11 gave the first image to MODEL.
+    predict.images.insert(predict.images.begin(), predict.model);
+    tvc::tools::predict_with_recipe(predict_run, predict.weights, predict.images);
+  } else if (predict_cmd->parsed()) {
+    tvc::tools::predict(predict);
+  }
   if (inspect_cmd->parsed()) tvc::tools::inspect_weights(inspect_path, inspect);
   if (convert_cmd->parsed()) {
     if (convert_dtype == "float16") convert.dtype = tvc::DType::Float16;
