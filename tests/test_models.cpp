@@ -302,13 +302,12 @@ TEST(ModelZoo, InitialisationIsTorchvisions) {
   expect_torchvision_init("swin_t", {ConvInit::uniform_in, LinearInit::trunc_normal_002});
 }
 
-TEST(ModelConformance, Resnet50) { test::check_model({.model = "resnet50"}); }
 TEST(ModelStages, Resnet50) { test::check_stages("resnet50", {"relu", "layer1", "layer2", "layer3", "layer4"}); }
 TEST(ModelConformance, Resnext50_32x4d) { test::check_model({.model = "resnext50_32x4d"}); }
 TEST(ModelConformance, Resnet18With10Classes) { test::check_model({.model = "resnet18", .num_classes = 10}); }
 TEST(ModelConformanceFull, ResNet) {
-  for (const char* name : {"resnet18", "resnet34", "resnet101", "resnet152", "resnext101_32x8d", "resnext101_64x4d",
-                           "wide_resnet50_2", "wide_resnet101_2"})
+  for (const char* name : {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext101_32x8d",
+                           "resnext101_64x4d", "wide_resnet50_2", "wide_resnet101_2"})
     test::check_model({.model = name});
 }
 
@@ -336,13 +335,12 @@ TEST(MobileNet, DropoutIsAnOption) {
 
 // ---------------------------------------------------------------- VGG and DenseNet (vgg.cpp, densenet.cpp)
 
-TEST(ModelConformance, Vgg11Bn) { test::check_model({.model = "vgg11_bn"}); }
 TEST(ModelConformance, Densenet121) { test::check_model({.model = "densenet121"}); }
 
 // The rest of both families, slow (half a minute per VGG): excluded from the `models` meson
 // test, run by tools/conformance.sh (results in docs/conformance.md).
 TEST(ModelConformanceFull, Vgg) {
-  for (const char* name : {"vgg11", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn"})
+  for (const char* name : {"vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn"})
     test::check_model({.model = name});
   test::check_model({.model = "vgg11", .num_classes = 10});
 }
