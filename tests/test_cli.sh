@@ -157,13 +157,14 @@ PY
     fail "the line before the last does not give the raw and EMA test accuracy"
   tail -n 1 "$tmp/a.out" | grep -q "^files in $tmp/a: " || fail "the last line does not say where the files are"
 
-  # SIGKILL once a mid-epoch checkpoint exists, then --resume: the same final weights, bit for bit.
+  # SIGKILL once a mid-epoch checkpoint exists, then --resume with another thread and worker
+  # count: the same final weights, bit for bit.
   "$tvc" train "${common[@]}" --out "$tmp/b" >"$tmp/b.out" 2>&1 &
   pid=$!
   for _ in $(seq 600); do [[ -f $tmp/b/checkpoints/last.pth ]] && break; sleep 0.05; done
   kill -9 $pid
   wait $pid 2>/dev/null
-  "$tvc" train --resume "$tmp/b" >"$tmp/b2.out" 2>&1 || fail "--resume failed: $(cat "$tmp/b2.out")"
+  "$tvc" train --resume "$tmp/b" --threads 1 --workers 0 >"$tmp/b2.out" 2>&1 || fail "--resume failed: $(cat "$tmp/b2.out")"
   grep -q '^resumed ' "$tmp/b2.out" || fail "--resume did not say where it resumed: $(cat "$tmp/b2.out")"
   cmp -s "$tmp/a/final.safetensors" "$tmp/b/final.safetensors" || fail "final.safetensors differs after SIGKILL and --resume"
   cmp -s "$tmp/a/final_ema.safetensors" "$tmp/b/final_ema.safetensors" || fail "final_ema.safetensors differs after SIGKILL and --resume"
