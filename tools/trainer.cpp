@@ -287,11 +287,13 @@ void write_metrics(const fs::path& out, const std::vector<EpochMetrics>& history
   std::ostringstream csv;
   csv << csv_header() << "\n";
   for (const EpochMetrics& m : history) {
+    char average[32] = "";  // empty without an average (yet)
+    if (!std::isnan(m.val_accuracy_average)) std::snprintf(average, sizeof average, "%.6f", m.val_accuracy_average);
     char line[512];
     std::snprintf(line, sizeof line, "%lld,%lld,%.8g,%.6f,%.6f,%.6f,%s,%.3f,%.1f,%.1f\n",
                   static_cast<long long>(m.epoch), static_cast<long long>(m.step), m.lr, m.train_loss,
-                  m.train_accuracy, m.val_accuracy, std::isnan(m.val_accuracy_average) ? "" : cat_str(m.val_accuracy_average).c_str(),
-                  m.epoch_seconds, m.model_images_per_s, m.loader_images_per_s);
+                  m.train_accuracy, m.val_accuracy, average, m.epoch_seconds, m.model_images_per_s,
+                  m.loader_images_per_s);
     csv << line;
   }
   io::write_file_atomic((out / "metrics.csv").string(), csv.str());
