@@ -278,24 +278,27 @@ void im2col_samples(const Operand<const T>& x, int64_t n0, int64_t m, int64_t gi
     im2col(x.p + (n0 + i) * x.s[0] + gi * g.Cg * x.s[1], x.s, g, col + i * g.P, m * g.P);
 }
 
+// The (K, m*P) matrix of samples [n0, n0+m), group gi, of x: the input itself for a pointwise
+// conv (gather_columns), else its receptive fields (im2col) in buf.
+template <typename T>
+Columns<T> input_columns(const Operand<const T>& x, int64_t n0, int64_t m, int64_t gi, const ConvGeom& g,
+                         std::vector<T>& buf) {
+  if (is_pointwise(g)) return gather_columns(x, n0, m, gi * g.Cg, g.Cg, g.H, g.W, buf);
+  buf.resize(g.K * m * g.P);
+  im2col_samples(x, n0, m, gi, g, buf.data());
+  return {buf.data(), m * g.P, 1};
+}
+
 template <typename T>
 void conv_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y,
                   const ConvGeom& g) {
   if (g.Cg == 1 && g.G > 1) return depthwise_forward(x, w, bias, y, g);
   const int64_t nb = samples_per_gemm(g, g.N), batches = (g.N + nb - 1) / nb;
   for_items(batches * g.G, nb * g.Og * g.K * g.P, [&](int64_t b, int64_t e) {
-    std::vector<T> col, xbuf, out;
+    std::vector<T> xbuf, out;
     for (int64_t it = b; it < e; ++it) {
       int64_t n0 = it / g.G * nb, gi = it % g.G, m = std::min(nb, g.N - n0), cols = m * g.P;
-      // B (K, cols): the input itself for a pointwise conv, else its receptive fields.
-      Columns<T> B;
-      if (is_pointwise(g)) {
-        B = gather_columns(x, n0, m, gi * g.Cg, g.Cg, g.H, g.W, xbuf);
-      } else {
-        col.resize(g.K * cols);
-        im2col_samples(x, n0, m, gi, g, col.data());
-        B = {col.data(), cols, 1};
-      }
+      const Columns<T> B = input_columns(x, n0, m, gi, g, xbuf);  // (K, cols)
       const T* wg = w + gi * g.Og * g.K;
       T* yg = y.p + n0 * y.s[0] + gi * g.Og * y.s[1];
       // Y (Og, cols) = W_g (Og, K) @ B, into y itself when one dense sample, else through out.
@@ -366,20 +369,12 @@ void conv_backward_weight(const Operand<const T>& dy, const Operand<const T>& x,
   std::vector<T> partial((chunks - 1) * wsize);
   auto run_chunk = [&](int64_t ch) {
     T* acc = ch == 0 ? dw : partial.data() + (ch - 1) * wsize;
-    std::vector<T> col, xbuf, dybuf;
+    std::vector<T> xbuf, dybuf;
     int64_t n0 = g.N * ch / chunks, n1 = g.N * (ch + 1) / chunks;
     for (int64_t s = n0; s < n1; s += nb) {
       int64_t m = std::min(nb, n1 - s), cols = m * g.P;
       for (int64_t gi = 0; gi < g.G; ++gi) {
-        // B (cols, K) = col^T: the input itself for a pointwise conv, else its receptive fields.
-        Columns<T> B;
-        if (is_pointwise(g)) {
-          B = gather_columns(x, s, m, gi * g.Cg, g.Cg, g.H, g.W, xbuf);
-        } else {
-          col.resize(g.K * cols);
-          im2col_samples(x, s, m, gi, g, col.data());
-          B = {col.data(), cols, 1};
-        }
+        const Columns<T> B = input_columns(x, s, m, gi, g, xbuf);  // (K, cols), used transposed
         Columns<T> dY = gather_columns(dy, s, m, gi * g.Og, g.Og, g.Ho, g.Wo, dybuf);
         // dW_g (Og, K) += dY_g (Og, cols) @ col^T (cols, K)
         gemm<T>(g.Og, g.K, cols, dY.p, dY.rs, dY.cs, B.p, B.cs, B.rs, acc + gi * g.Og * g.K, g.K, 1,
