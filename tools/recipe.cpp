@@ -100,10 +100,6 @@ struct Key {
   Setter set;
 };
 
-template <typename Sub>
-void set_map(const YAML::Node& n, const std::string& key, Sub& sub,
-             const std::vector<std::pair<const char*, std::function<void(Sub&, const YAML::Node&, const std::string&)>>>& fields);
-
 const std::vector<std::pair<const char*, std::function<void(EmaRecipe&, const YAML::Node&, const std::string&)>>>&
 ema_fields() {
   static const std::vector<std::pair<const char*, std::function<void(EmaRecipe&, const YAML::Node&, const std::string&)>>> f = {
