@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include "compare.h"
 #include "torch_golden.h"
 #include "tvc/autograd.h"
 #include "tvc/models/models.h"
+#include "tvc/nn/layers.h"
 #include "tvc/ops.h"
 #include "tvc/serialize.h"
 
@@ -40,15 +42,117 @@ models::BackbonePtr load_model(const ModelCheck& check, const std::string& weigh
 
 double norm(const Tensor& t) { return std::sqrt(t.to(DType::Float64).pow(2).sum().item<double>()); }
 
+// For each output of `pool` on input (N, C, H, W) giving out_shape (N, C, OH, OW), the input it
+// takes, as the flat index h * W + w of the first largest value of its window (PyTorch's rule):
+// (N, C, OH * OW) int64.
+Tensor pool_choices(const Tensor& input, const nn::MaxPool2d& pool, const Shape& out_shape) {
+  NoGradGuard no_grad;
+  Tensor x = input.to(DType::Float64).contiguous();
+  const auto [kh, kw] = pool.kernel_size.pair("kernel_size");
+  const auto [sh, sw] = pool.stride.pair("stride");
+  const auto [ph, pw] = pool.padding.pair("padding");
+  const auto [dh, dw] = pool.dilation.pair("dilation");
+  const int64_t planes = x.shape()[0] * x.shape()[1], h_in = x.shape()[2], w_in = x.shape()[3];
+  const int64_t h_out = out_shape[2], w_out = out_shape[3];
+  const double* data = x.data_ptr<double>();
+  std::vector<int64_t> choices;
+  choices.reserve(static_cast<size_t>(planes * h_out * w_out));
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const double* in = data + plane * h_in * w_in;
+    for (int64_t oh = 0; oh < h_out; ++oh) {
+      for (int64_t ow = 0; ow < w_out; ++ow) {
+        int64_t best = -1;
+        for (int64_t i = 0; i < kh; ++i) {
+          for (int64_t j = 0; j < kw; ++j) {
+            const int64_t h = oh * sh - ph + i * dh, w = ow * sw - pw + j * dw;
+            if (h < 0 || h >= h_in || w < 0 || w >= w_in) continue;
+            if (best < 0 || in[h * w_in + w] > in[best]) best = h * w_in + w;
+          }
+        }
+        choices.push_back(best);
+      }
+    }
+  }
+  return tensor(choices, Shape{x.shape()[0], x.shape()[1], h_out * w_out});
+}
+
+// The ReLU and max-pool decisions of one run (which inputs pass; which input each output takes),
+// per module and call, replayed in another: the float32 gradient run replays the float64 run's.
+// A near-tie that float32 rounding decides the other way moves a gradient by far more than
+// rounding, which would measure the input's distance from a tie rather than the kernels'
+// accuracy; tools/model_goldens.py pins PyTorch's float32 runs the same way.
+class PinnedDecisions {
+ public:
+  // Hooks model's ReLU and MaxPool2d modules to record their decisions (record) or replay them.
+  void attach(nn::Module& model, bool record) {
+    calls_.clear();
+    for (const auto& [path, module] : model.named_modules()) {
+      const std::string name = path;  // a variable the hooks can capture (not a binding)
+      if (auto* relu = dynamic_cast<nn::ReLU*>(module.get())) {
+        relu->inplace = false;  // the hook reads the input
+        module->register_forward_hook(
+            [this, name, record](nn::Module&, const nn::TensorList& args,
+                                                    const nn::TensorList&) -> std::optional<nn::TensorList> {
+              const Tensor& x = args[0];
+              Tensor passes;
+              {
+                NoGradGuard no_grad;
+                passes = (x > 0.0).to(x.dtype());
+              }
+              Tensor pinned = decision(name, record, passes);
+              if (record) return std::nullopt;
+              return nn::TensorList{x * pinned.to(x.dtype())};
+            });
+      } else if (auto* pool = dynamic_cast<nn::MaxPool2d*>(module.get())) {
+        module->register_forward_hook(
+            [this, name, record, pool](nn::Module&, const nn::TensorList& args,
+                                                          const nn::TensorList& output) -> std::optional<nn::TensorList> {
+              const Tensor& x = args[0];
+              const Shape out_shape = output[0].shape();
+              Tensor pinned = decision(name, record, pool_choices(x, *pool, out_shape));
+              if (record) return std::nullopt;
+              const Shape& s = x.shape();
+              return nn::TensorList{gather(x.reshape({s[0], s[1], s[2] * s[3]}), 2, pinned).reshape(out_shape)};
+            });
+      }
+    }
+  }
+  // Decisions the replaying run would have taken otherwise.
+  int64_t flipped() const { return flipped_; }
+
+ private:
+  // Records taken as the next call's decision of module `name`, or returns the recorded one
+  // (counting the elements where taken differs).
+  Tensor decision(const std::string& name, bool record, const Tensor& taken) {
+    std::vector<Tensor>& calls = decisions_[name];
+    const size_t call = calls_[name]++;
+    if (record) {
+      calls.push_back(taken);
+      return taken;
+    }
+    EXPECT_LT(call, calls.size()) << name << " was called more often than in the recorded run";
+    if (call >= calls.size()) return taken;
+    NoGradGuard no_grad;
+    flipped_ += (taken.to(DType::Float64) != calls[call].to(DType::Float64)).to(DType::Int64).sum().item<int64_t>();
+    return calls[call];
+  }
+
+  std::map<std::string, std::vector<Tensor>> decisions_;  // per module, per call
+  std::map<std::string, size_t> calls_;                    // calls so far, per module
+  int64_t flipped_ = 0;
+};
+
 // The gradient checks of check_model (see model_conformance.h).
 void check_gradients(const ModelCheck& check, const std::string& weights, const io::SafetensorsFile& goldens,
                      ModelErrors& errors) {
   auto golden = [&](const std::string& name) { return goldens.tensor(name); };
   Tensor cotangent = golden("grad.cotangent");
+  PinnedDecisions pins;
   auto gradients = [&](DType dtype) {
     models::BackbonePtr m = load_model(check, weights);
     m->to(dtype);
     m->eval();
+    pins.attach(*m, dtype == DType::Float64);
     Tensor out = m->forward(golden("grad.input").to(dtype));
     (out * cotangent.to(dtype)).sum().backward();
     return m->named_parameters();
@@ -64,10 +168,9 @@ void check_gradients(const ModelCheck& check, const std::string& weights, const 
     errors.grad64 = std::max(errors.grad64, err);
   }
   // float32: the error of all gradients together (per tensor, the ratio of two rounding errors
-  // is noise on tensors of a few elements), ours against PyTorch's own, both to float64.
-  // PyTorch's own is the larger of its contiguous and channels_last runs: a near-tie in max
-  // pooling or ReLU decided the other way in float32 moves a gradient, and which layout does
-  // that depends on rounding (seen: vgg11, densenet169).
+  // is noise on tensors of a few elements), ours against PyTorch's own, both to float64, both
+  // runs with the float64 run's ReLU and max-pool decisions (PinnedDecisions). PyTorch's own is
+  // the larger of its contiguous and channels_last runs.
   double ours_sq = 0, torch_sq = 0, torch_cl_sq = 0;
   for (const auto& [name, p] : gradients(DType::Float32)) {
     Tensor want = golden("grad64." + name);
@@ -79,6 +182,7 @@ void check_gradients(const ModelCheck& check, const std::string& weights, const 
   errors.grad32 = std::sqrt(ours_sq / total);
   errors.grad32_torch = torch_err / std::sqrt(total);
   errors.grad32_ratio = std::sqrt(ours_sq) / std::max(torch_err, 1e-7 * std::sqrt(total));
+  errors.grad32_pinned = pins.flipped();
   EXPECT_LE(errors.grad32_ratio, 3.0) << check.model << " float32 gradients: our error " << errors.grad32
                                       << ", PyTorch's " << errors.grad32_torch;
 }
@@ -176,12 +280,13 @@ ModelErrors check_model(const ModelCheck& check) {
   };
   const bool grads = check.grad_size > 0;
   std::printf("conformance %s (num_classes %lld%s): eval %.2e, train %.2e, running %s (torch32 %s), "
-              "grad64 %s, grad32 %s (torch32 %s), %.1f s\n",
+              "grad64 %s, grad32 %s (torch32 %s), pinned %s, %.1f s\n",
               check.model.c_str(), static_cast<long long>(check.num_classes),
               check.image_size ? (", image_size " + std::to_string(*check.image_size)).c_str() : "", errors.eval,
               errors.train, shown(errors.running, has_running).c_str(),
               shown(errors.running_torch, has_running).c_str(), shown(errors.grad64, grads).c_str(),
-              shown(errors.grad32, grads).c_str(), shown(errors.grad32_torch, grads).c_str(), errors.seconds);
+              shown(errors.grad32, grads).c_str(), shown(errors.grad32_torch, grads).c_str(),
+              grads ? std::to_string(errors.grad32_pinned).c_str() : "-", errors.seconds);
   drop_goldens(dir);
   return errors;
 }

@@ -11,8 +11,8 @@
 //   - unless grad_size is 0: float64 gradients of every parameter err <= 1e-8 (denominator
 //     floored at 1e-10 of the norm of all gradients); float32 gradients, all together, within
 //     3x of PyTorch's own float32-vs-float64 error (per tensor that ratio is noise on tensors
-//     of a few elements; PyTorch's is the larger of its contiguous and channels_last runs, see
-//     the .cpp)
+//     of a few elements; PyTorch's is the larger of its contiguous and channels_last runs), both
+//     sides' float32 runs taking the float64 run's ReLU and max-pool decisions (see the .cpp)
 // where err = ||a - b||2 / ||b||2 per tensor. Failures are recorded with GoogleTest.
 #pragma once
 
@@ -45,6 +45,7 @@ struct ModelErrors {
   double grad32 = 0;         // our float32 gradients against float64, all parameters together
   double grad32_torch = 0;   // PyTorch's (the larger of contiguous and channels_last)
   double grad32_ratio = 0;   // grad32 / grad32_torch
+  int64_t grad32_pinned = 0;  // ReLU and max-pool decisions our float32 run took otherwise than float64
   double seconds = 0;        // tvc's time for all of the above
 };
 

@@ -76,12 +76,12 @@ text = "\n".join(l for t in suite if t in latest for l in latest[t][1])
 order = subprocess.run([tvc, "list"], capture_output=True, text=True, check=True).stdout.split()
 rows = re.findall(r"^conformance (\S+) \(num_classes (\d+)(?:, image_size (\d+))?\): eval (\S+), "
                   r"train (\S+), running (\S+) \(torch32 (\S+)\), grad64 (\S+), grad32 (\S+) "
-                  r"\(torch32 (\S+)\), (\S+) s$", text, re.M)
+                  r"\(torch32 (\S+)\)(?:, pinned (\S+))?, (\S+) s$", text, re.M)
 stages = re.findall(r"^stages (\S+): (\d+) nodes, err (\S+)$", text, re.M)
 hybrids = re.findall(r"^hybrid (\S+) (.*): eval32 (\S+), eval64 (\S+), stages64 (\S+), grad64 (\S+)$", text, re.M)
 rows.sort(key=lambda r: (order.index(r[0]), -int(r[1]), int(r[2] or 0)))
 # A model built for one image size (ViT) shows it: "vit_b_32 (64 px)".
-rows = [(r[0] + (f" ({r[2]} px)" if r[2] else ""),) + r[1:2] + r[3:] for r in rows]
+rows = [(r[0] + (f" ({r[2]} px)" if r[2] else ""),) + r[1:2] + r[3:10] + (r[10] or "-", r[11]) for r in rows]
 stages.sort(key=lambda r: order.index(r[0]))
 cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"],
                      capture_output=True, text=True).stdout.strip()
@@ -98,18 +98,21 @@ depth off), running statistics <= 1e-4 each
 (where PyTorch's own float32 error on a statistic, against float64, is larger than that, ours
 against float64 within 3x of PyTorch's own), float64 parameter gradients <= 1e-8 (64 px),
 float32 gradients of all parameters together within 3x of PyTorch's own float32-vs-float64
-error (the larger of its contiguous and channels_last runs). The gradients' input is, of eight
-random draws, the one whose closest ReLU, max-pool or hard-activation decision is farthest from
-a tie (relative to its tensor's RMS), so that float32 rounding decides as float64 does. "torch32"
-columns: PyTorch's own float32 error against float64 on the same weights and input. Time: tvc's
+error (the larger of its contiguous and channels_last runs). A piecewise decision near a tie
+that float32 rounding takes otherwise than float64 moves a gradient by far more than rounding:
+the gradients' input is, of eight random draws, the one whose closest ReLU, max-pool or
+hard-activation decision is farthest from a tie (relative to its tensor's RMS), and both sides'
+float32 runs take the float64 run's ReLU and max-pool decisions ("pinned": how many of ours
+float32 alone would have taken otherwise). "torch32" columns: PyTorch's own float32 error
+against float64 on the same weights and input. Time: tvc's
 time for all of these checks of one model, 2 threads. A ViT takes only the image size it is built
 for: its plain row is eval (batch 2) and train mode at 224 px without gradients, its "(64 px)" row
 every check on the model built for 64 px, and "(160 px)" the model built for 160 px loading
 224-px weights (position embedding interpolated as torchvision's interpolate_embeddings).
 """)
 print("| model | classes | eval | train | running stats | running: torch32 | grad float64 "
-      "| grad float32 | grad float32: torch32 | time (s) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+      "| grad float32 | grad float32: torch32 | pinned | time (s) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in rows:
     print("| " + " | ".join(r) + " |")
 if stages:

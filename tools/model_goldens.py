@@ -29,7 +29,8 @@ Writes into OUT_DIR:
                         grad64.NAME / grad32.NAME      d(sum(output * cotangent)) / d(parameter)
                         grad32cl.NAME                  in float64, and in float32 from the same
                                                        (rounded) weights and input, contiguous
-                                                       and channels_last
+                                                       and channels_last, with the float64
+                                                       run's ReLU and max-pool decisions
   complete              written last: the folder is usable
 """
 import dis
@@ -204,15 +205,62 @@ def decision_margin(model, x):
     return min(margins, default=float("inf"))
 
 
+class PinnedDecisions:
+    """Within `with pins:`, every ReLU and max pooling (each call of torch.nn.functional.relu and
+    max_pool2d, which nn.ReLU, nn.MaxPool2d and torchvision's functional calls go through)
+    records its decisions while pins.record is true (which inputs pass; which input each output
+    takes) and replays them, call by call, once it is false. The float32 runs replay the float64
+    run's decisions: a near-tie that float32 rounding decides the other way moves a gradient by
+    far more than rounding, which would measure the input's distance from a tie rather than the
+    kernels' accuracy. tests/model_conformance.cpp pins tvc's float32 run the same way."""
+
+    def __init__(self):
+        self.record, self.relu, self.pool = True, [], []
+
+    def __enter__(self):
+        functional = torch.nn.functional
+        self.saved = relu, max_pool2d = functional.relu, functional.max_pool2d
+        calls = {"relu": 0, "pool": 0}
+
+        def next_decision(kind, taken):
+            calls[kind] += 1
+            return taken[calls[kind] - 1]
+
+        def pinned_relu(x, inplace=False):
+            if self.record:
+                self.relu.append(x.detach() > 0)
+                return relu(x)
+            return x * next_decision("relu", self.relu).to(x.dtype)
+
+        def pinned_max_pool2d(x, *args, return_indices=False, **kwargs):
+            assert not return_indices, "max_pool2d(return_indices=True) is not pinned"
+            out, taken = max_pool2d(x, *args, return_indices=True, **kwargs)
+            if self.record:
+                self.pool.append(taken)
+                return out
+            taken = next_decision("pool", self.pool)
+            picked = x.flatten(2).gather(2, taken.flatten(2)).view(out.shape)
+            return picked.contiguous(memory_format=torch.channels_last) if x.is_contiguous(
+                memory_format=torch.channels_last) else picked
+
+        functional.relu, functional.max_pool2d = pinned_relu, pinned_max_pool2d
+        return self
+
+    def __exit__(self, *exc):
+        torch.nn.functional.relu, torch.nn.functional.max_pool2d = self.saved
+
+
 def gradients(build, model, grad_size, gen, tensors):
     """Adds the grad.* / grad64.* / grad32.* / grad32cl.* tensors (see above) to tensors; build()
     makes a new model.
 
-    The float32 gradients are compared with float64 ones, so a ReLU or max-pool decision that
-    float32 rounding can flip (a near-tie) would move them by far more than rounding: of eight
-    random inputs, the one whose closest decision is farthest from a tie is used (measured in
-    float32, whose error, ~1e-7 of the RMS, is far below the margins told apart, ~1e-6; models
-    with no such decisions take the first)."""
+    The float32 gradients are compared with float64 ones, so a piecewise decision that float32
+    rounding can flip (a near-tie) would move them by far more than rounding. ReLU and max-pool
+    decisions are pinned to the float64 run's (PinnedDecisions); for the others (ReLU6, Hardtanh,
+    Hardswish, Hardsigmoid) and to keep pinning rare, of eight random inputs, the one whose
+    closest decision is farthest from a tie is used (measured in float32, whose error, ~1e-7 of
+    the RMS, is far below the margins told apart, ~1e-6; models with no such decisions take the
+    first)."""
     candidates = [torch.randn(2, 3, grad_size, grad_size, generator=gen) for _ in range(8)]
     deciding = (torch.nn.ReLU, torch.nn.ReLU6, torch.nn.Hardtanh, torch.nn.Hardswish, torch.nn.Hardsigmoid,
                 torch.nn.MaxPool2d)
@@ -228,12 +276,15 @@ def gradients(build, model, grad_size, gen, tensors):
     layouts = ((torch.float64, "grad64", torch.contiguous_format),
                (torch.float32, "grad32", torch.contiguous_format),
                (torch.float32, "grad32cl", torch.channels_last))
+    pins = PinnedDecisions()
     for dtype, prefix, layout in layouts:
         m = build()
         m.load_state_dict(model.state_dict())
         m.eval().to(dtype=dtype, memory_format=layout)
         xi = x.to(dtype).contiguous(memory_format=layout)
-        out_ = m(xi)
+        pins.record = dtype == torch.float64
+        with pins:
+            out_ = m(xi)
         if prefix == "grad64":
             cot = torch.randn(out_.shape, generator=gen, dtype=torch.float64)
             tensors["grad.input"] = x.to(torch.float64)
