@@ -1,4 +1,4 @@
-// The op test table: one row per op of tvc/op_list.h (KERNEL and COMPOSED kinds).
+// The op test table: one row per op of tvc/internal/op_list.h (KERNEL and COMPOSED kinds).
 //
 // For every row, every sample and every CPU instruction-set path, tests/test_op_table.cpp:
 //  - runs a float64 finite-difference gradcheck of the differentiable inputs;
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "tvc/op_list.h"
+#include "tvc/internal/op_list.h"
 #include "tvc/ops.h"
 
 namespace tvc::test {

@@ -5,6 +5,7 @@
 
 #include "compare.h"
 #include "tvc/autograd.h"
+#include "tvc/internal/autograd.h"
 #include "tvc/ops.h"
 
 using namespace tvc;

@@ -6,7 +6,8 @@
 
 #include <string>
 
-#include "tvc/kernel.h"
+#include "tvc/cuda.h"
+#include "tvc/internal/kernel.h"
 #include "tvc/ops.h"
 
 namespace {
@@ -17,6 +18,7 @@ std::string no_gpu_reason() {
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) return std::string("cudaGetDeviceCount: ") + cudaGetErrorString(status);
   if (count == 0) return "no CUDA device";
+  EXPECT_TRUE(tvc::cuda::is_available());
   return "";
 }
 
@@ -28,12 +30,27 @@ tvc::Tensor cuda_add(const tvc::Tensor& a, const tvc::Tensor& b) {
   return out;
 }
 
+// Before tvc::cuda::enable() (this test runs first), Device::CUDA is an error that says how to
+// get it.
+TEST(Cuda, NeedsEnable) {
+  EXPECT_FALSE(tvc::kernel_registry().supports(tvc::Op::add, tvc::Device::CUDA));
+  try {
+    tvc::empty({16}, {.device = tvc::Device::CUDA});
+    FAIL() << "a CUDA tensor was made before tvc::cuda::enable()";
+  } catch (const tvc::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tvc::cuda::enable()"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Cuda, RegistersAddAndMemory) {
+  tvc::cuda::enable();
+  tvc::cuda::enable();  // once is enough; again does nothing
   EXPECT_TRUE(tvc::kernel_registry().supports(tvc::Op::add, tvc::Device::CUDA));
   EXPECT_NE(tvc::kernel_registry().memory(tvc::Device::CUDA), nullptr);
 }
 
 TEST(Cuda, AllocationFailsClearlyWithoutGpu) {
+  tvc::cuda::enable();
   std::string reason = no_gpu_reason();
   if (reason.empty()) GTEST_SKIP() << "a GPU is present";
   try {
@@ -45,6 +62,7 @@ TEST(Cuda, AllocationFailsClearlyWithoutGpu) {
 }
 
 TEST(Cuda, CopyRoundTrip) {
+  tvc::cuda::enable();
   std::string reason = no_gpu_reason();
   if (!reason.empty()) GTEST_SKIP() << reason;
   tvc::Generator gen(1);
@@ -61,6 +79,7 @@ TEST(Cuda, CopyRoundTrip) {
 }
 
 TEST(Cuda, AddMatchesCpu) {
+  tvc::cuda::enable();
   std::string reason = no_gpu_reason();
   if (!reason.empty()) GTEST_SKIP() << reason;
   tvc::Generator gen(2);
@@ -77,6 +96,7 @@ TEST(Cuda, AddMatchesCpu) {
 }
 
 TEST(Cuda, AddRejectsOtherDtypes) {
+  tvc::cuda::enable();
   std::string reason = no_gpu_reason();
   if (!reason.empty()) GTEST_SKIP() << reason;
   tvc::Tensor a = tvc::arange(6).to(tvc::Device::CUDA);

@@ -118,6 +118,26 @@ TEST(ModelWeights, OtherNumClassesSkipsOnlyTheClassifier) {
             test::tensor_bytes(source->state_dict().at("layer4.1.bn2.running_var")));
 }
 
+// create() with weights and no num_classes takes the weights' class count (nothing skipped);
+// with another num_classes the report lists the classifier's tensors, never silently.
+TEST(ModelWeights, CreateTakesTheClassCountOfTheWeights) {
+  test::TempDir dir;
+  manual_seed(10);
+  models::BackbonePtr source = models::create("mobilenet_v3_small", {.num_classes = 7});
+  io::save_safetensors(dir / "w7.safetensors", source->state_dict());
+  models::LoadReport report;
+  models::BackbonePtr loaded = models::create("mobilenet_v3_small", {.weights = dir / "w7.safetensors"}, &report);
+  EXPECT_EQ(report.file, dir / "w7.safetensors");
+  EXPECT_TRUE(report.skipped.empty());
+  EXPECT_TRUE(same_state(*loaded, *source));
+  models::BackbonePtr other =
+      models::create("mobilenet_v3_small", {.num_classes = 3, .weights = dir / "w7.safetensors"}, &report);
+  EXPECT_EQ(report.skipped, (std::vector<std::string>{"classifier.3.weight", "classifier.3.bias"}));
+  EXPECT_EQ(other->state_dict().at("classifier.3.weight").shape(), (Shape{3, 1024}));
+  EXPECT_EQ(models::create("mobilenet_v3_small")->state_dict().at("classifier.3.bias").shape(), (Shape{1000}));
+  EXPECT_EQ(models::classifier_path("mobilenet_v3_small"), "classifier.3");
+}
+
 // resnet50's weights do not fit resnet101: an error naming the keys, the model unchanged.
 TEST(ModelWeights, WeightsThatDoNotFitLeaveTheModelUnchanged) {
   test::TempDir dir;

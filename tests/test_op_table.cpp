@@ -13,7 +13,7 @@
 #include "op_table.h"
 #include "torch_golden.h"
 #include "tvc/autograd.h"
-#include "tvc/kernel.h"
+#include "tvc/internal/kernel.h"
 
 namespace tvc::test {
 namespace {

@@ -1,4 +1,4 @@
-// Image decoding and preprocessing (tvc/models/preprocess.h) against PIL 9.4 and torchvision
+// Image decoding and preprocessing (tvc/vision/preprocess.h) against PIL 9.4 and torchvision
 // 0.14 on the same files, stage by stage: the decoded pixels and PIL's bilinear and bicubic
 // resizes exactly, the normalised tensor of weights.transforms() within err = ||a - b|| / ||b||
 // <= 1e-3 and, for torchvision's tags, byte for byte; the tag table of the 47 models against
@@ -18,7 +18,7 @@
 #include "test_helpers.h"
 #include "torch_golden.h"
 #include "tvc/models/models.h"
-#include "tvc/models/preprocess.h"
+#include "tvc/vision/preprocess.h"
 #include "tvc/models/weights.h"
 #include "tvc/ops.h"
 #include "tvc/serialize.h"
@@ -157,7 +157,7 @@ test::TempDir* Preprocess::dir_ = nullptr;
 bool Preprocess::ok_ = false;
 
 // Where two uint8 images differ: "" when equal, else the count and the largest difference.
-std::string pixel_diff(const models::Image& ours, const Tensor& want) {
+std::string pixel_diff(const vision::Image& ours, const Tensor& want) {
   if (want.shape() != Shape{ours.height, ours.width, 3})
     return cat_str("shape ", Shape{ours.height, ours.width, 3}, " vs PIL's ", want.shape());
   Tensor w = want.contiguous();
@@ -173,24 +173,24 @@ std::string pixel_diff(const models::Image& ours, const Tensor& want) {
 
 TEST_F(Preprocess, DecodingGivesPilsPixels) {
   for (const auto& name : kImages) {
-    models::Image image = models::decode_image(path(name));
+    vision::Image image = vision::decode_image(path(name));
     EXPECT_EQ(pixel_diff(image, golden(name + ".decoded")), "") << name;
   }
 }
 
 TEST_F(Preprocess, ResizeGivesPilsPixels) {
   for (const auto& name : kImages) {
-    models::Image image = models::decode_image(path(name));
+    vision::Image image = vision::decode_image(path(name));
     for (int64_t size : {232, 256, 160})
-      EXPECT_EQ(pixel_diff(models::resize_shorter_side(image, size), golden(cat_str(name, ".resized.", size))), "")
+      EXPECT_EQ(pixel_diff(vision::resize_shorter_side(image, size), golden(cat_str(name, ".resized.", size))), "")
           << name << " resized to " << size;
   }
   for (const auto& [name, sizes] : std::vector<std::pair<std::string, std::vector<std::pair<int, int>>>>{
            {"land.jpg", {{123, 457}, {500, 100}, {37, 375}, {1000, 20}, {499, 376}}},
            {"small.png", {{7, 5}, {90, 300}}}}) {
-    models::Image image = models::decode_image(path(name));
+    vision::Image image = vision::decode_image(path(name));
     for (auto [w, h] : sizes)
-      EXPECT_EQ(pixel_diff(models::resize(image, w, h, models::Interpolation::Bilinear),
+      EXPECT_EQ(pixel_diff(vision::resize(image, w, h, models::Interpolation::Bilinear),
                            golden(cat_str(name, ".resize.", w, "x", h))),
                 "")
           << name << " resized to " << w << "x" << h;
@@ -200,9 +200,9 @@ TEST_F(Preprocess, ResizeGivesPilsPixels) {
 // PIL's bicubic (negative lobes, so sums below 0 and above 255 that clip) through the same path.
 TEST_F(Preprocess, BicubicResizeGivesPilsPixels) {
   for (const auto& name : kImages) {
-    models::Image image = models::decode_image(path(name));
+    vision::Image image = vision::decode_image(path(name));
     for (int64_t size : {256, 480, 160})
-      EXPECT_EQ(pixel_diff(models::resize_shorter_side(image, size, models::Interpolation::Bicubic),
+      EXPECT_EQ(pixel_diff(vision::resize_shorter_side(image, size, models::Interpolation::Bicubic),
                            golden(cat_str(name, ".resized_bicubic.", size))),
                 "")
           << name << " resized (bicubic) to " << size;
@@ -210,9 +210,9 @@ TEST_F(Preprocess, BicubicResizeGivesPilsPixels) {
   for (const auto& [name, sizes] : std::vector<std::pair<std::string, std::vector<std::pair<int, int>>>>{
            {"land.jpg", {{123, 457}, {500, 100}, {37, 375}, {1000, 20}, {499, 376}}},
            {"small.png", {{7, 5}, {90, 300}}}}) {
-    models::Image image = models::decode_image(path(name));
+    vision::Image image = vision::decode_image(path(name));
     for (auto [w, h] : sizes)
-      EXPECT_EQ(pixel_diff(models::resize(image, w, h, models::Interpolation::Bicubic),
+      EXPECT_EQ(pixel_diff(vision::resize(image, w, h, models::Interpolation::Bicubic),
                            golden(cat_str(name, ".resize_bicubic.", w, "x", h))),
                 "")
           << name << " resized (bicubic) to " << w << "x" << h;
@@ -221,9 +221,9 @@ TEST_F(Preprocess, BicubicResizeGivesPilsPixels) {
 
 TEST_F(Preprocess, CenterCropPadsAndRoundsAsTorchvision) {
   for (const std::string name : {"small.png", "tiny.jpg"}) {
-    models::Image image = models::decode_image(path(name));
+    vision::Image image = vision::decode_image(path(name));
     for (int64_t size : {224, 95, 84, 81, 79})
-      EXPECT_EQ(pixel_diff(models::center_crop(image, size), golden(cat_str(name, ".crop.", size))), "")
+      EXPECT_EQ(pixel_diff(vision::center_crop(image, size), golden(cat_str(name, ".crop.", size))), "")
           << name << " cropped to " << size;
   }
 }
@@ -241,10 +241,10 @@ TEST_F(Preprocess, MatchesTorchvisionTransforms) {
   padded.crop_size = 176;
   double worst = 0;
   for (const auto& name : kImages) {
-    models::Image image = models::decode_image(path(name));
+    vision::Image image = vision::decode_image(path(name));
     for (const auto& p : {r50_default, r50_v1, mnv3, padded}) {
       Tensor want = golden(cat_str(name, ".out.", p.resize_size, ".", p.crop_size));
-      Tensor got = models::preprocess(image, p);
+      Tensor got = vision::preprocess(image, p);
       ASSERT_EQ(got.shape(), want.shape()) << name;
       ASSERT_EQ(got.dtype(), DType::Float32);
       double err = test::relative_error(got, want);
@@ -262,7 +262,7 @@ TEST_F(Preprocess, TagTransformsAreTorchvisionsByteForByte) {
     const models::Preprocessing& p = models::weights_tag(model, tag).preprocessing;
     for (const auto& name : kImages) {
       Tensor want = golden(cat_str(name, ".tag.", model, ".", tag));
-      Tensor got = models::preprocess(models::decode_image(path(name)), p);
+      Tensor got = vision::preprocess(vision::decode_image(path(name)), p);
       ASSERT_EQ(got.shape(), want.shape()) << name << " with " << model << " " << tag;
       EXPECT_TRUE(test::tensor_bytes(got) == test::tensor_bytes(want))
           << name << " with " << model << " " << tag << " (" << models::interpolation_name(p.interpolation)
@@ -275,11 +275,11 @@ TEST_F(Preprocess, TagTransformsAreTorchvisionsByteForByte) {
 TEST_F(Preprocess, MalformedFilesAreErrors) {
   auto error_for = [](const std::string& file, const std::string& bytes) {
     test::write_file(path(file), bytes);
-    return test::error_of([&] { models::decode_image(path(file)); });
+    return test::error_of([&] { vision::decode_image(path(file)); });
   };
   std::string jpeg = test::read_file(path("land.jpg")), png = test::read_file(path("rgb.png"));
 
-  EXPECT_THAT(test::error_of([] { models::decode_image(path("absent.jpg")); }),
+  EXPECT_THAT(test::error_of([] { vision::decode_image(path("absent.jpg")); }),
               HasSubstr("cannot open image '" + path("absent.jpg") + "': No such file or directory"));
   EXPECT_THAT(error_for("empty.jpg", ""), HasSubstr("'" + path("empty.jpg") + "': the file is empty"));
   EXPECT_THAT(error_for("notes.jpg", "these are not pixels\n"),
@@ -305,9 +305,9 @@ TEST_F(Preprocess, MalformedFilesAreErrors) {
   std::string bad_data = png;
   bad_data[idat + 10] = static_cast<char>(bad_data[idat + 10] ^ 0x5a);
   EXPECT_THAT(error_for("bad_data.png", bad_data), HasSubstr("cannot decode PNG '" + path("bad_data.png") + "': IDAT: "));
-  EXPECT_THAT(test::error_of([] { models::decode_image(path("cmyk.jpg")); }),
+  EXPECT_THAT(test::error_of([] { vision::decode_image(path("cmyk.jpg")); }),
               HasSubstr("cannot decode JPEG '" + path("cmyk.jpg") + "': it has 4 color components"));
-  EXPECT_THAT(test::error_of([] { models::decode_image(path("gray16.png")); }),
+  EXPECT_THAT(test::error_of([] { vision::decode_image(path("gray16.png")); }),
               HasSubstr("cannot decode PNG '" + path("gray16.png") + "': 16-bit grayscale PNGs are not supported"));
   EXPECT_THAT(error_for("cut.png", png.substr(0, png.size() / 2)),
               HasSubstr("cannot decode PNG '" + path("cut.png") + "': the file is truncated"));

@@ -8,6 +8,7 @@
 #include "compare.h"
 #include "torch_golden.h"
 #include "tvc/autograd.h"
+#include "tvc/internal/tensor_impl.h"
 #include "tvc/ops.h"
 
 using namespace tvc;

@@ -20,7 +20,7 @@
 #include "fashion_mnist.h"
 #include "image_data.h"
 #include "test_helpers.h"
-#include "tvc/models/preprocess.h"
+#include "tvc/vision/preprocess.h"
 
 namespace tvc {
 namespace {
@@ -58,7 +58,7 @@ TEST(FashionMnistSource, SizesLabelsClassesAndPixels) {
   EXPECT_EQ(per_class, std::vector<int>(10, 1000));
 
   for (int64_t i : {int64_t{0}, int64_t{1234}, int64_t{9999}}) {
-    const models::Image image = test->load(i);
+    const vision::Image image = test->load(i);
     ASSERT_EQ(image.height, 28);
     ASSERT_EQ(image.width, 28);
     ASSERT_EQ(image.rgb.size(), 28u * 28 * 3);
@@ -138,8 +138,8 @@ TEST(SampleRng, DeterministicUniformAndOneStreamPerSample) {
 // ---------------------------------------------------------------- transforms
 
 // A height x width image with structure in every channel (resizes and crops change it).
-models::Image pattern_image(int64_t height, int64_t width, int salt = 0) {
-  models::Image image{.height = height, .width = width, .rgb = std::vector<uint8_t>(height * width * 3)};
+vision::Image pattern_image(int64_t height, int64_t width, int salt = 0) {
+  vision::Image image{.height = height, .width = width, .rgb = std::vector<uint8_t>(height * width * 3)};
   for (int64_t y = 0; y < height; ++y)
     for (int64_t x = 0; x < width; ++x) {
       uint8_t* p = &image.rgb[(y * width + x) * 3];
@@ -150,8 +150,8 @@ models::Image pattern_image(int64_t height, int64_t width, int salt = 0) {
   return image;
 }
 
-models::Image crop(const models::Image& image, int64_t top, int64_t left, int64_t height, int64_t width) {
-  models::Image out{.height = height, .width = width, .rgb = {}};
+vision::Image crop(const vision::Image& image, int64_t top, int64_t left, int64_t height, int64_t width) {
+  vision::Image out{.height = height, .width = width, .rgb = {}};
   for (int64_t y = top; y < top + height; ++y)
     for (int64_t x = left; x < left + width; ++x)
       for (int c = 0; c < 3; ++c) out.rgb.push_back(image.rgb[(y * image.width + x) * 3 + c]);
@@ -173,11 +173,11 @@ TEST(Transform, EvalIsResizeShorterSideThenCenterCrop) {
   const Transform t{.size = 24, .resize_size = 28, .augment = false};
   for (const auto& [h, w] :
        std::vector<std::pair<int64_t, int64_t>>{{37, 50}, {61, 30}, {28, 28}, {20, 16}}) {
-    const models::Image image = pattern_image(h, w);
+    const vision::Image image = pattern_image(h, w);
     SampleRng rng(1, 2, 3), untouched(1, 2, 3);
     const Tensor got = tools::apply_transform(image, t, rng);
-    const Tensor want = models::to_normalized_tensor(
-        models::center_crop(models::resize_shorter_side(image, 28, models::Interpolation::Bilinear), 24),
+    const Tensor want = vision::to_normalized_tensor(
+        vision::center_crop(vision::resize_shorter_side(image, 28, models::Interpolation::Bilinear), 24),
         t.mean, t.std);
     ASSERT_EQ(got.shape(), (Shape{3, 24, 24}));
     EXPECT_EQ(got.dtype(), DType::Float32);
@@ -188,7 +188,7 @@ TEST(Transform, EvalIsResizeShorterSideThenCenterCrop) {
 
 TEST(Transform, AugmentShapeAndDeterminism) {
   const Transform t{.size = 16, .augment = true};
-  const models::Image image = pattern_image(45, 60);
+  const vision::Image image = pattern_image(45, 60);
   std::set<std::string> outputs;  // hex of the bytes
   for (int64_t sample = 0; sample < 20; ++sample) {
     SampleRng a(9, 0, sample), b(9, 0, sample);
@@ -208,7 +208,7 @@ TEST(Transform, AugmentShapeAndDeterminism) {
 // (ratio 1 is within [3/4, 4/3]). So the result is the eval resize, flipped when the flip draw
 // says so: always at hflip 1, never at 0, about half the time at 0.5.
 TEST(Transform, AugmentWithFullScaleOnASquareImageIsTheResizedImage) {
-  const models::Image image = pattern_image(40, 40, 5);
+  const vision::Image image = pattern_image(40, 40, 5);
   SampleRng unused(0, 0, 0);
   const Tensor eval = tools::apply_transform(image, {.size = 24, .resize_size = 24}, unused);
   const std::vector<double> plain = eval.to_vector(), mirrored = flipped(eval);
@@ -240,9 +240,9 @@ TEST(Transform, AugmentFallbackIsTheCentralCropWithClampedRatio) {
     int64_t height, width, top, left, crop_height, crop_width;
   };
   for (const Case& c : {Case{20, 40, 0, 6, 20, 27}, Case{40, 20, 6, 0, 27, 20}}) {
-    const models::Image image = pattern_image(c.height, c.width, 3);
+    const vision::Image image = pattern_image(c.height, c.width, 3);
     const Tensor want =
-        models::to_normalized_tensor(models::resize(crop(image, c.top, c.left, c.crop_height, c.crop_width),
+        vision::to_normalized_tensor(vision::resize(crop(image, c.top, c.left, c.crop_height, c.crop_width),
                                                     16, 16, models::Interpolation::Bilinear),
                                      {0.485, 0.456, 0.406}, {0.229, 0.224, 0.225});
     for (int64_t sample = 0; sample < 20; ++sample) {
@@ -258,7 +258,7 @@ TEST(Transform, AugmentFallbackIsTheCentralCropWithClampedRatio) {
 // documented draw order (per try: scale, log ratio; on success: top row, left column; then the
 // flip): the transform's output is the crop of that box, resized, flipped when drawn.
 TEST(Transform, AugmentFollowsRandomResizedCropGetParams) {
-  const models::Image image = pattern_image(48, 64, 1);
+  const vision::Image image = pattern_image(48, 64, 1);
   const std::array<double, 2> scale = {0.08, 1.0};
   for (int64_t sample = 0; sample < 100; ++sample) {
     SampleRng draws(11, 3, sample);
@@ -275,8 +275,8 @@ TEST(Transform, AugmentFollowsRandomResizedCropGetParams) {
     }
     ASSERT_GE(top, 0) << "the fallback is tested elsewhere; pick other samples";
     const bool flip = draws.uniform() < 0.5;
-    const Tensor resized = models::to_normalized_tensor(
-        models::resize(crop(image, top, left, h, w), 16, 16, models::Interpolation::Bilinear), {0, 0, 0},
+    const Tensor resized = vision::to_normalized_tensor(
+        vision::resize(crop(image, top, left, h, w), 16, 16, models::Interpolation::Bilinear), {0, 0, 0},
         {1, 1, 1});
 
     SampleRng rng(11, 3, sample);
@@ -297,9 +297,9 @@ class PatternSource : public tools::ImageSource {
   explicit PatternSource(int64_t n, int64_t failing = -1) : n_(n), failing_(failing) {}
   int64_t size() const override { return n_; }
   int64_t label(int64_t i) const override { return i % 3; }
-  models::Image load(int64_t i) const override {
+  vision::Image load(int64_t i) const override {
     TVC_CHECK(i != failing_, "cannot open image 'sample-", i, ".png': gone");
-    models::Image image = pattern_image(12 + i % 5, 10 + (i * 7) % 9, static_cast<int>(i));
+    vision::Image image = pattern_image(12 + i % 5, 10 + (i * 7) % 9, static_cast<int>(i));
     for (int64_t p = 0; p < image.height * image.width; ++p) image.rgb[p * 3] = static_cast<uint8_t>(i);
     return image;
   }
@@ -547,7 +547,7 @@ TempDir* ImageFolder::dir_ = nullptr;
 bool ImageFolder::ok_ = false;
 
 TEST_F(ImageFolder, SortedClassesAndFilesSkippedOnesReported) {
-  ASSERT_THROW(models::decode_image(path("dog/broken.jpg")), Error) << "the corrupt test file decodes";
+  ASSERT_THROW(vision::decode_image(path("dog/broken.jpg")), Error) << "the corrupt test file decodes";
   testing::internal::CaptureStderr();
   auto source = tools::image_folder_source(root(), {.threads = 2});
   const std::string err = testing::internal::GetCapturedStderr();
@@ -560,7 +560,7 @@ TEST_F(ImageFolder, SortedClassesAndFilesSkippedOnesReported) {
   ASSERT_EQ(source->size(), 4);
   for (int64_t i = 0; i < 4; ++i) {
     EXPECT_EQ(source->label(i), labels[i]) << files[i];
-    const models::Image image = source->load(i), want = models::decode_image(path(files[i]));
+    const vision::Image image = source->load(i), want = vision::decode_image(path(files[i]));
     EXPECT_EQ(image.height, want.height) << files[i];
     EXPECT_EQ(image.width, want.width) << files[i];
     EXPECT_EQ(image.rgb, want.rgb) << files[i];
@@ -633,8 +633,8 @@ TEST_F(ImageFolder, LinksFollowedAndVanishedFilesNamed) {
   EXPECT_EQ(source->classes(), (std::vector<std::string>{"cls", "linked"}));
   // cls: link.jpg, one.png, two.png; linked (= cat): a.png, z.png, sub/b.jpg (notes.txt skipped).
   ASSERT_EQ(source->size(), 6);
-  EXPECT_EQ(source->load(0).rgb, models::decode_image(path("cat/sub/b.jpg")).rgb);
-  EXPECT_EQ(source->load(5).rgb, models::decode_image(path("cat/sub/b.jpg")).rgb);
+  EXPECT_EQ(source->load(0).rgb, vision::decode_image(path("cat/sub/b.jpg")).rgb);
+  EXPECT_EQ(source->load(5).rgb, vision::decode_image(path("cat/sub/b.jpg")).rgb);
   EXPECT_EQ(source->label(5), 1);
   EXPECT_THAT(err, HasSubstr("warning: skipped 1 of 7 files in " + (dir / "data")));
 

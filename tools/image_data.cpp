@@ -62,10 +62,10 @@ class FashionMnistSource : public ImageSource {
     check_index(i);
     return set_.labels[static_cast<size_t>(i)];
   }
-  models::Image load(int64_t i) const override {
+  vision::Image load(int64_t i) const override {
     check_index(i);
     const int64_t pixels = set_.rows * set_.cols;
-    models::Image image{.height = set_.rows, .width = set_.cols, .rgb = std::vector<uint8_t>(pixels * 3)};
+    vision::Image image{.height = set_.rows, .width = set_.cols, .rgb = std::vector<uint8_t>(pixels * 3)};
     const uint8_t* grey = set_.pixels.data() + i * pixels;
     for (int64_t p = 0; p < pixels; ++p)
       image.rgb[p * 3] = image.rgb[p * 3 + 1] = image.rgb[p * 3 + 2] = grey[p];
@@ -101,9 +101,9 @@ class ImageFolderSource : public ImageSource {
     return labels_[static_cast<size_t>(i)];
   }
   // decode_image's error names the file (one that was readable when the source was made).
-  models::Image load(int64_t i) const override {
+  vision::Image load(int64_t i) const override {
     check_index(i);
-    return models::decode_image(paths_[static_cast<size_t>(i)]);
+    return vision::decode_image(paths_[static_cast<size_t>(i)]);
   }
   const std::vector<std::string>& classes() const override { return classes_; }
   std::string description() const override { return root_; }
@@ -171,7 +171,7 @@ std::vector<std::string> check_files(const std::vector<std::string>& paths, int 
         else if (std::error_code ec; !fs::is_regular_file(paths[i], ec))
           faults[i] = "not a regular file";  // a dangling link, a device, a FIFO
         else
-          models::decode_image(paths[i]);
+          vision::decode_image(paths[i]);
       } catch (const Error& e) {
         faults[i] = fault_of(e, paths[i]);
       } catch (...) {
@@ -198,14 +198,14 @@ std::vector<std::string> check_files(const std::vector<std::string>& paths, int 
 int64_t round_half_even(double x) { return static_cast<int64_t>(std::nearbyint(x)); }
 
 // The rows [top, top + height) and columns [left, left + width) of image (PIL's crop inside it).
-models::Image crop(const models::Image& image, int64_t top, int64_t left, int64_t height, int64_t width) {
-  models::Image out{.height = height, .width = width, .rgb = std::vector<uint8_t>(height * width * 3)};
+vision::Image crop(const vision::Image& image, int64_t top, int64_t left, int64_t height, int64_t width) {
+  vision::Image out{.height = height, .width = width, .rgb = std::vector<uint8_t>(height * width * 3)};
   for (int64_t y = 0; y < height; ++y)
     std::memcpy(&out.rgb[y * width * 3], &image.rgb[((top + y) * image.width + left) * 3], width * 3);
   return out;
 }
 
-void flip_horizontally(models::Image& image) {
+void flip_horizontally(vision::Image& image) {
   for (int64_t y = 0; y < image.height; ++y) {
     uint8_t* row = &image.rgb[y * image.width * 3];
     for (int64_t l = 0, r = image.width - 1; l < r; ++l, --r)
@@ -335,23 +335,23 @@ double SampleRng::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1
 
 double SampleRng::uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
 
-Tensor apply_transform(const models::Image& image, const Transform& t, SampleRng& rng) {
+Tensor apply_transform(const vision::Image& image, const Transform& t, SampleRng& rng) {
   TVC_CHECK(t.size > 0, "transform: the size must be positive, got ", t.size);
   TVC_CHECK(image.height > 0 && image.width > 0 &&
                 image.rgb.size() == static_cast<size_t>(image.height * image.width * 3),
             "transform: the image is ", image.width, "x", image.height, " with ", image.rgb.size(),
             " bytes (expected a non-empty RGB image)");
   if (!t.augment)
-    return models::to_normalized_tensor(
-        models::center_crop(models::resize_shorter_side(image, t.resize_size), t.size), t.mean, t.std);
+    return vision::to_normalized_tensor(
+        vision::center_crop(vision::resize_shorter_side(image, t.resize_size), t.size), t.mean, t.std);
   TVC_CHECK(0 <= t.scale[0] && t.scale[0] <= t.scale[1], "transform: the crop scale (", t.scale[0], ", ",
             t.scale[1], ") must be 0 <= min <= max");
   const auto [top, left, h, w] = random_resized_crop_box(image.height, image.width, t.scale, rng);
-  models::Image out =
-      models::resize(crop(image, top, left, h, w), t.size, t.size, models::Interpolation::Bilinear);
+  vision::Image out =
+      vision::resize(crop(image, top, left, h, w), t.size, t.size, models::Interpolation::Bilinear);
   // RandomHorizontalFlip: torch.rand(1) < p. Drawn whatever p is, so the stream stays aligned.
   if (rng.uniform() < t.hflip) flip_horizontally(out);
-  return models::to_normalized_tensor(out, t.mean, t.std);
+  return vision::to_normalized_tensor(out, t.mean, t.std);
 }
 
 // ---------------------------------------------------------------- loader

@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "tvc/models/preprocess.h"
+#include "tvc/vision/preprocess.h"
 #include "tvc/tensor.h"
 
 namespace tvc::tools {
@@ -40,7 +40,7 @@ class ImageSource {
   // The class index of sample i, in [0, classes().size()).
   virtual int64_t label(int64_t i) const = 0;
   // Sample i as an 8-bit RGB image (grey replicated to three channels).
-  virtual models::Image load(int64_t i) const = 0;
+  virtual vision::Image load(int64_t i) const = 0;
   // The class names, in label order.
   virtual const std::vector<std::string>& classes() const = 0;
   // Where the images come from, for messages ("fashion-mnist train", "/data/pets/train").
@@ -101,7 +101,7 @@ class SampleRng {
 };
 
 // Applies t to image; rng is used only when t.augment.
-Tensor apply_transform(const models::Image& image, const Transform& t, SampleRng& rng);
+Tensor apply_transform(const vision::Image& image, const Transform& t, SampleRng& rng);
 
 // ---------------------------------------------------------------- loader
 

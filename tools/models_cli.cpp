@@ -6,10 +6,10 @@
 #include "tvc/autograd.h"
 #include "tvc/error.h"
 #include "tvc/models/models.h"
-#include "tvc/models/preprocess.h"
 #include "tvc/models/weights.h"
 #include "tvc/ops.h"
 #include "tvc/serialize.h"
+#include "tvc/vision/preprocess.h"
 
 namespace tvc::tools {
 
@@ -19,9 +19,10 @@ void list_models() {
 
 namespace {
 
-models::BackbonePtr load_model(const std::string& name, const std::string& weights, int64_t num_classes) {
-  models::BackbonePtr model = models::create(name, {.num_classes = num_classes});
-  models::LoadReport report = models::load_weights(*model, weights);
+models::BackbonePtr load_model(const std::string& name, const std::string& weights,
+                               std::optional<int64_t> num_classes) {
+  models::LoadReport report;
+  models::BackbonePtr model = models::create(name, {.num_classes = num_classes, .weights = weights}, &report);
   std::fprintf(stderr, "%s: weights from %s", name.c_str(), report.file.c_str());
   if (!report.skipped.empty()) {
     std::fprintf(stderr, " (kept initial values of the classifier, whose size differs:");
@@ -66,7 +67,7 @@ void predict(const PredictOptions& options) {
   }
   const models::Preprocessing& prep = models::weights_tag(options.model, prep_tag).preprocessing;
   std::vector<Tensor> inputs;
-  for (const auto& path : options.images) inputs.push_back(models::preprocess(models::decode_image(path), prep));
+  for (const auto& path : options.images) inputs.push_back(vision::preprocess(vision::decode_image(path), prep));
 
   models::BackbonePtr model = load_model(options.model, options.weights, 1000);
   model->eval();

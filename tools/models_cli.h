@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,7 @@ struct RunOptions {
   std::string weights;  // a tag or a .pth/.safetensors path
   std::string input;    // safetensors file holding float32 `input` (N, 3, H, W)
   std::string output;   // safetensors file to write: `output` (N, num_classes), stage tensors
-  int64_t num_classes = 1000;
+  std::optional<int64_t> num_classes;  // unset: the weights' class count
   bool train_mode = false;  // batch statistics, dropout off
   bool features = false;    // also write forward_stages under their node names
 };

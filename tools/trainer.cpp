@@ -701,7 +701,7 @@ void predict_with_recipe(const std::string& run, const std::string& weights, con
   const Transform t = eval_transform(r);
   SampleRng unused(0, 0, 0);  // the eval transform draws nothing
   std::vector<Tensor> inputs;
-  for (const std::string& path : images) inputs.push_back(apply_transform(models::decode_image(path), t, unused));
+  for (const std::string& path : images) inputs.push_back(apply_transform(vision::decode_image(path), t, unused));
   NoGradGuard no_grad;
   print_top_classes(images, softmax((*model)(stack(inputs)), 1), classes, 5);
 }

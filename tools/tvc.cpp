@@ -187,8 +187,8 @@ int run(int argc, char** argv) {
       ->required();
   run_cmd->add_option("--input", run.input, "A safetensors file with `input`, float32 (N, 3, H, W)")->required();
   run_cmd->add_option("--output", run.output, "The safetensors file to write: `output` (N, num_classes)")->required();
-  run_cmd->add_option("--num-classes", run.num_classes, "Outputs of the classifier")
-      ->capture_default_str()
+  run_cmd->add_option("--num-classes", run.num_classes,
+                      "Outputs of the classifier (default: the weights' class count; --hybrid: 1000)")
       ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
   run_cmd->add_flag("--train-mode", run.train_mode,
                     "Batch norm uses batch statistics (dropout and stochastic depth stay off)");
@@ -253,7 +253,7 @@ int run(int argc, char** argv) {
   if (list_cmd->parsed()) tvc::tools::list_models();
   if (run_cmd->parsed() && run_hybrid) {
     run_hybrid_options.backbone = run.model;
-    run_hybrid_options.num_classes = run.num_classes;
+    run_hybrid_options.num_classes = run.num_classes.value_or(1000);
     TVC_CHECK(!run.train_mode, "run --hybrid: --train-mode is not supported (the hybrid runs in eval mode)");
     tvc::tools::run_hybrid({.hybrid = run_hybrid_options, .weights = run.weights, .input = run.input,
                             .output = run.output, .features = run.features});

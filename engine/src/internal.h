@@ -4,7 +4,9 @@
 #include <vector>
 
 #include "tvc/autograd.h"
-#include "tvc/kernel.h"
+#include "tvc/internal/autograd.h"
+#include "tvc/internal/kernel.h"
+#include "tvc/internal/tensor_impl.h"
 #include "tvc/ops.h"
 #include "tvc/tensor.h"
 

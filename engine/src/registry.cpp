@@ -1,11 +1,13 @@
 // The op list's name table, the kernel registry and the choice of CPU instruction set.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 
 #include "tvc/autograd.h"
-#include "tvc/kernel.h"
+#include "tvc/internal/kernel.h"
 #include "tvc/ops.h"
 
 #ifdef _OPENMP
@@ -69,9 +71,13 @@ Isa isa_from_env() {
 }
 
 struct RegistryState {
-  KernelRegistry registry;
+  std::mutex mutex;  // serialises the making of tables
+  std::atomic<const KernelRegistry*> table{nullptr};
+  // Every table published stays alive: a thread may still be running a kernel it looked up in
+  // an older one (a few KB each; only set_isa and add_backend make new ones).
+  std::vector<std::unique_ptr<KernelRegistry>> tables;
   Isa isa = Isa::generic;
-  std::once_flag once;
+  std::vector<BackendRegistration> backends;
 };
 
 RegistryState& state() {
@@ -79,25 +85,29 @@ RegistryState& state() {
   return s;
 }
 
-void fill(RegistryState& s, Isa isa) {
-  s.registry = KernelRegistry();
+// Makes the table of isa with every added backend and publishes it. The caller holds s.mutex.
+void publish(RegistryState& s, Isa isa) {
+  auto table = std::make_unique<KernelRegistry>();
+  register_cpu_kernels(*table, isa);
+  for (BackendRegistration add : s.backends) add(*table);
   s.isa = isa;
-  register_cpu_kernels(s.registry, isa);
-#ifdef TVC_HAVE_CUDA
-  register_cuda_kernels(s.registry);
-#endif
+  s.table.store(table.get(), std::memory_order_release);
+  s.tables.push_back(std::move(table));
 }
 
 }  // namespace
 
-KernelRegistry& kernel_registry() {
+const KernelRegistry& kernel_registry() {
   RegistryState& s = state();
-  std::call_once(s.once, [&] { fill(s, isa_from_env()); });
-  return s.registry;
+  if (const KernelRegistry* table = s.table.load(std::memory_order_acquire)) return *table;
+  std::lock_guard lock(s.mutex);
+  if (!s.table.load(std::memory_order_relaxed)) publish(s, isa_from_env());
+  return *s.table.load(std::memory_order_acquire);
 }
 
 Isa active_isa() {
   kernel_registry();
+  std::lock_guard lock(state().mutex);
   return state().isa;
 }
 
@@ -106,7 +116,18 @@ void set_isa(Isa isa) {
   for (Isa h : available_isas()) ok |= h == isa;
   TVC_CHECK(ok, "set_isa: this CPU does not support ", isa_name(isa));
   kernel_registry();
-  fill(state(), isa);
+  std::lock_guard lock(state().mutex);
+  publish(state(), isa);
+}
+
+void add_backend(BackendRegistration registration) {
+  kernel_registry();
+  RegistryState& s = state();
+  std::lock_guard lock(s.mutex);
+  for (BackendRegistration added : s.backends)
+    if (added == registration) return;
+  s.backends.push_back(registration);
+  publish(s, s.isa);
 }
 
 // ---------------------------------------------------------------- registry
@@ -128,6 +149,13 @@ void KernelRegistry::set_memory(Device device, const DeviceMemory& memory) {
 const DeviceMemory* KernelRegistry::memory(Device device) const {
   const DeviceMemory& m = memory_[static_cast<int>(device)];
   return m.allocate ? &m : nullptr;
+}
+
+const DeviceMemory& device_memory(Device device, const char* op) {
+  const DeviceMemory* memory = kernel_registry().memory(device);
+  TVC_CHECK(memory != nullptr, op, ": device ", device_name(device), " is not enabled: link the tvc-",
+            device_name(device), " library and call tvc::", device_name(device), "::enable() first");
+  return *memory;
 }
 
 namespace {

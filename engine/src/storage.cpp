@@ -11,7 +11,7 @@
 #include <new>
 
 #include "tvc/error.h"
-#include "tvc/kernel.h"
+#include "tvc/internal/kernel.h"
 
 namespace tvc {
 
@@ -21,11 +21,9 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
             " bytes is beyond any real allocation");
   if (device != Device::CPU) {
     // Device memory comes from the backend that registered it (kernels/<device>).
-    const DeviceMemory* memory = kernel_registry().memory(device);
-    TVC_CHECK(memory != nullptr, "Storage::allocate: device ", device_name(device),
-              " has no allocator in this build");
-    void* data = nbytes ? memory->allocate(nbytes) : nullptr;
-    return std::shared_ptr<Storage>(new Storage(data, nbytes, memory->release, device));
+    const DeviceMemory& memory = device_memory(device, "Storage::allocate");
+    void* data = nbytes ? memory.allocate(nbytes) : nullptr;
+    return std::shared_ptr<Storage>(new Storage(data, nbytes, memory.release, device));
   }
   size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
   void* data = rounded ? std::aligned_alloc(kAlign, rounded) : nullptr;

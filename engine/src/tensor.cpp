@@ -57,6 +57,20 @@ Shape contiguous_strides(const Shape& shape, MemoryFormat format) {
 
 // ---------------------------------------------------------------- metadata
 
+TensorImpl& Tensor::checked() const {
+  TVC_CHECK(impl_ != nullptr, "tensor is undefined");
+  return *impl_;
+}
+
+const Shape& Tensor::shape() const { return checked().shape; }
+const Shape& Tensor::strides() const { return checked().strides; }
+DType Tensor::dtype() const { return checked().dtype; }
+int64_t Tensor::storage_offset() const { return checked().offset; }
+const std::shared_ptr<Storage>& Tensor::storage() const { return checked().storage; }
+bool Tensor::requires_grad() const { return checked().requires_grad; }
+const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const { return checked().grad_fn; }
+bool Tensor::retains_grad() const { return checked().retains_grad; }
+
 int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
 int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
 int64_t Tensor::numel() const { return shape_numel(shape()); }
@@ -435,13 +449,11 @@ Tensor Tensor::to(Device target) const {
   Device source = device();
   if (target == source) return *this;
   // The copy goes through the memory functions of the non-CPU side's backend.
-  const DeviceMemory* memory = kernel_registry().memory(source == Device::CPU ? target : source);
-  TVC_CHECK(memory != nullptr, "to: moving a tensor from ", device_name(source), " to ",
-            device_name(target), " is not supported in this build");
+  const DeviceMemory& memory = device_memory(source == Device::CPU ? target : source, "to");
   Tensor src = contiguous();
   Tensor out = empty(shape(), {.dtype = dtype(), .device = target});
   if (size_t bytes = static_cast<size_t>(numel()) * element_size())
-    memory->copy(out.raw_data(), target, src.raw_data(), source, bytes);
+    memory.copy(out.raw_data(), target, src.raw_data(), source, bytes);
   if (is_floating(dtype()))
     autograd::record("ToCopyBackward0", {*this}, {out},
                      [source](const GradList& g) -> GradList { return {g[0].to(source)}; });

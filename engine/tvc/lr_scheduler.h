@@ -28,9 +28,9 @@ namespace tvc::optim::lr_scheduler {
 struct SchedulerStateDict {
   int64_t last_epoch = -1;
   int64_t step_count = 0;
-  std::vector<double> base_lrs;  // one per parameter group
-  std::vector<double> last_lr;   // one per parameter group
-  std::vector<SchedulerStateDict> schedulers;  // SequentialLR: those of its schedulers
+  std::vector<double> base_lrs{};  // one per parameter group
+  std::vector<double> last_lr{};  // one per parameter group
+  std::vector<SchedulerStateDict> schedulers{};  // SequentialLR: those of its schedulers
 };
 
 class LRScheduler {
@@ -148,7 +148,7 @@ class CosineAnnealingLR : public LRScheduler {
 
 // The 1cycle policy. Values given as lists hold one per parameter group, or one for all.
 struct OneCycleLROptions {
-  std::vector<double> max_lr;  // required
+  std::vector<double> max_lr{};  // required
   int64_t total_steps = 0;     // or epochs * steps_per_epoch when 0
   int64_t epochs = 0;
   int64_t steps_per_epoch = 0;
@@ -176,8 +176,8 @@ class OneCycleLR : public LRScheduler {
 
  private:
   struct Phase {
-    double end_step;
-    std::string start_lr, end_lr, start_momentum, end_momentum;  // group option names
+    double end_step{};
+    std::string start_lr{}, end_lr{}, start_momentum{}, end_momentum{};  // group option names
   };
   double anneal(double start, double end, double pct) const;
   int64_t total_steps_;

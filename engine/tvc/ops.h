@@ -1,4 +1,4 @@
-// tvc's ops, as free functions (the op list is tvc/op_list.h).
+// tvc's ops, as free functions.
 //
 // All ops are differentiable where PyTorch's are, broadcast and promote types as PyTorch does,
 // and raise tvc::Error naming the op, the argument and the shapes on bad input.

@@ -51,8 +51,8 @@ class Options {
 // A group of parameters sharing hyper-parameters. Entries missing from options are filled from
 // the optimizer's defaults when the group is added.
 struct ParamGroup {
-  std::vector<Tensor> params;
-  Options options;
+  std::vector<Tensor> params{};
+  Options options{};
 };
 
 // The state of one parameter by name ("step", "momentum_buffer", "exp_avg", ...). An undefined
@@ -66,8 +66,8 @@ struct OptimizerStateDict {
     Options options;
     std::vector<int64_t> params;
   };
-  std::map<int64_t, ParamState> state;
-  std::vector<Group> param_groups;
+  std::map<int64_t, ParamState> state{};
+  std::vector<Group> param_groups{};
 };
 
 class Optimizer {

@@ -155,9 +155,9 @@ WeightFormat format_for_extension(const std::string& path);
 
 // One tensor of a safetensors header.
 struct SafetensorsEntry {
-  std::string name;
-  FileDType dtype;
-  Shape shape;
+  std::string name{};
+  FileDType dtype{};
+  Shape shape{};
   uint64_t begin = 0;   // data_offsets, relative to the data section
   uint64_t nbytes = 0;  // end - begin
 };
@@ -194,9 +194,9 @@ class SafetensorsFile {
 
 // A tensor to write as raw bytes of a file dtype (used to copy types tvc cannot hold).
 struct RawTensor {
-  FileDType dtype;
-  Shape shape;
-  std::vector<uint8_t> bytes;  // little-endian, row-major; size checked against shape and dtype
+  FileDType dtype{};
+  Shape shape{};
+  std::vector<uint8_t> bytes{};  // little-endian, row-major; size checked against shape and dtype
 };
 
 // Writes tensors (any strides; written row-major) and metadata. The header lists the tensors
@@ -235,7 +235,7 @@ Value load(const std::string& path, const ReadOptions& options = {});
 // one applies) and drop a "module." prefix that every key has (DataParallel/DDP). Nested dicts
 // flatten to dotted names; a non-tensor leaf is an error naming its path.
 struct StateDictOptions {
-  ReadOptions read;
+  ReadOptions read{};
   bool unwrap = false;
 };
 nn::StateDict load_state_dict(const std::string& path, const StateDictOptions& options = {});

@@ -42,24 +42,8 @@ struct TensorOptions {
 class Tensor;
 using TensorHook = std::function<Tensor(const Tensor& grad)>;  // may return an undefined tensor
 
-// The state behind a Tensor handle. Not used directly.
-struct TensorImpl {
-  std::shared_ptr<Storage> storage;
-  Shape shape;
-  Shape strides;
-  int64_t offset = 0;
-  DType dtype = DType::Float32;
-
-  // autograd
-  bool requires_grad = false;
-  bool retains_grad = false;
-  std::shared_ptr<TensorImpl> grad;
-  std::shared_ptr<autograd::Node> grad_fn;  // null for leaves
-  uint32_t output_nr = 0;                   // which output of grad_fn this is
-  std::weak_ptr<autograd::Node> grad_accumulator;
-  std::vector<std::pair<int, TensorHook>> leaf_hooks;  // hooks of a leaf, by handle
-  std::shared_ptr<TensorImpl> view_base;              // set on views made by view ops
-};
+// The state behind a Tensor handle (internal: tvc/internal/tensor_impl.h).
+struct TensorImpl;
 
 class Tensor {
  public:
@@ -72,18 +56,18 @@ class Tensor {
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
 
   // ---- metadata ----
-  const Shape& shape() const { return checked().shape; }
+  const Shape& shape() const;
   const Shape& sizes() const { return shape(); }
   int64_t size(int64_t dim) const;  // negative dims count from the end
-  const Shape& strides() const { return checked().strides; }
+  const Shape& strides() const;
   int64_t stride(int64_t dim) const;
-  int64_t dim() const { return static_cast<int64_t>(checked().shape.size()); }
+  int64_t dim() const { return static_cast<int64_t>(shape().size()); }
   int64_t numel() const;
-  DType dtype() const { return checked().dtype; }
-  Device device() const { return checked().storage->device(); }
+  DType dtype() const;
+  Device device() const { return storage()->device(); }
   size_t element_size() const { return dtype_size(dtype()); }
-  int64_t storage_offset() const { return checked().offset; }
-  const std::shared_ptr<Storage>& storage() const { return checked().storage; }
+  int64_t storage_offset() const;
+  const std::shared_ptr<Storage>& storage() const;
   bool is_contiguous(MemoryFormat format = MemoryFormat::Contiguous) const;
   // ChannelsLast when this 4-d tensor is NHWC-strided but not NCHW-contiguous, else Contiguous.
   MemoryFormat suggest_memory_format() const;
@@ -138,14 +122,14 @@ class Tensor {
   Tensor& detach_();
 
   // ---- autograd ----
-  bool requires_grad() const { return checked().requires_grad; }
+  bool requires_grad() const;
   Tensor& requires_grad_(bool requires_grad = true);
-  bool is_leaf() const { return checked().grad_fn == nullptr; }
+  bool is_leaf() const { return grad_fn() == nullptr; }
   Tensor grad() const;
   void set_grad(const Tensor& grad) const;
-  const std::shared_ptr<autograd::Node>& grad_fn() const { return checked().grad_fn; }
+  const std::shared_ptr<autograd::Node>& grad_fn() const;  // null for leaves
   void retain_grad() const;
-  bool retains_grad() const { return checked().retains_grad; }
+  bool retains_grad() const;
   // Computes gradients of this tensor w.r.t. the graph leaves. grad defaults to ones for a
   // one-element tensor. Without retain_graph the graph's saved tensors are freed.
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
@@ -190,10 +174,7 @@ class Tensor {
   std::string repr() const;  // like PyTorch's repr: tensor([...], dtype=...)
 
  private:
-  TensorImpl& checked() const {
-    TVC_CHECK(impl_ != nullptr, "tensor is undefined");
-    return *impl_;
-  }
+  TensorImpl& checked() const;  // throws for an undefined tensor
   std::shared_ptr<TensorImpl> impl_;
 };
 

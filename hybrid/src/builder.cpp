@@ -12,7 +12,6 @@
 #include <sstream>
 
 #include "hybrid_internal.h"
-#include "registry.h"
 #include "tvc/autograd.h"
 #include "tvc/error.h"
 #include "tvc/hybrid/backbone.h"
@@ -362,7 +361,7 @@ detail::BuiltHybrid detail::build_hybrid(models::BackbonePtr model, const std::v
     const HybridModel names_of(tiers.stem, stages, head, name, modifications, tiers.layout);
     std::map<const TensorImpl*, std::string> hybrid_names;
     for (const auto& [key, t] : names_of.state_dict("", /*keep_vars=*/true)) hybrid_names[t.impl()] = key;
-    const std::string classifier = models::detail::spec(name).classifier + ".";
+    const std::string classifier = models::classifier_path(name) + ".";
     for (const auto& [key, t] : torchvision_state) {
       auto found = hybrid_names.find(t.impl());
       if (found != hybrid_names.end()) tiers.layout.torchvision_names.emplace_back(key, found->second);

@@ -1,7 +1,7 @@
 // Registration entry points of the CPU kernel families (one file each in kernels/cpu).
 #pragma once
 
-#include "tvc/kernel.h"
+#include "tvc/internal/kernel.h"
 
 namespace tvc::cpu {
 

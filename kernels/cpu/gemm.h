@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "tvc/kernel.h"
+#include "tvc/internal/kernel.h"
 
 namespace tvc::cpu {
 

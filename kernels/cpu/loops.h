@@ -13,7 +13,7 @@
 #include <numeric>
 #include <vector>
 
-#include "tvc/kernel.h"
+#include "tvc/internal/kernel.h"
 
 #ifdef _OPENMP
 #include <omp.h>

@@ -5,7 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "tvc/error.h"
-#include "tvc/kernel.h"
+#include "tvc/internal/kernel.h"
 
 // Raises tvc::Error naming the call and CUDA's message when a runtime call fails.
 #define TVC_CUDA_CHECK(call)                                                                  \

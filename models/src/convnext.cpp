@@ -119,7 +119,7 @@ class ConvNeXt : public nn::Cloneable<ConvNeXt, Backbone> {
 detail::ModelSpec convnext(const std::string& name, std::vector<StageConfig> stages, double stochastic_depth_prob) {
   return {.name = name,
           .make = [name, stages, stochastic_depth_prob](const Options& o) -> BackbonePtr {
-            return std::make_shared<ConvNeXt>(name, stages, stochastic_depth_prob, o.num_classes);
+            return std::make_shared<ConvNeXt>(name, stages, stochastic_depth_prob, *o.num_classes);
           },
           .classifier = "classifier.2"};
 }

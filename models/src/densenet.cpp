@@ -161,7 +161,7 @@ class DenseNet : public nn::Cloneable<DenseNet, Backbone> {
 detail::ModelSpec densenet(const std::string& name, const DenseNetConfig& config) {
   return {.name = name,
           .make = [name, config](const Options& o) -> BackbonePtr {
-            return std::make_shared<DenseNet>(name, config, o.num_classes);
+            return std::make_shared<DenseNet>(name, config, *o.num_classes);
           },
           .classifier = "classifier"};
 }

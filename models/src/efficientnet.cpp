@@ -173,7 +173,7 @@ std::vector<StageConfig> v1_stages(double width_mult, double depth_mult) {
 detail::ModelSpec efficientnet(const std::string& name, const EfficientNetConfig& config) {
   return {.name = name,
           .make = [name, config](const Options& o) -> BackbonePtr {
-            return std::make_shared<EfficientNet>(name, config, o.num_classes, o.dropout.value_or(config.dropout));
+            return std::make_shared<EfficientNet>(name, config, *o.num_classes, o.dropout.value_or(config.dropout));
           },
           .has_dropout = true,
           .default_dropout = config.dropout,

@@ -262,7 +262,7 @@ const MobileNetV3Config kV3Small = {
 detail::ModelSpec mobilenet_v3(const std::string& name, const MobileNetV3Config& config) {
   return {.name = name,
           .make = [name, config](const Options& o) -> BackbonePtr {
-            return std::make_shared<MobileNetV3>(name, config, o.num_classes, *o.dropout);
+            return std::make_shared<MobileNetV3>(name, config, *o.num_classes, *o.dropout);
           },
           .has_dropout = true,
           .default_dropout = 0.2,
@@ -277,7 +277,7 @@ std::vector<ModelSpec> mobilenet_models() {
   return {
       {.name = "mobilenet_v2",
        .make = [](const Options& o) -> BackbonePtr {
-         return std::make_shared<MobileNetV2>("mobilenet_v2", o.num_classes, *o.dropout);
+         return std::make_shared<MobileNetV2>("mobilenet_v2", *o.num_classes, *o.dropout);
        },
        .has_dropout = true,
        .default_dropout = 0.2,

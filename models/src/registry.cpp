@@ -6,6 +6,7 @@
 #include "torchvision_ops.h"
 #include "tvc/error.h"
 #include "tvc/nn/layers.h"
+#include "tvc/serialize.h"
 
 namespace tvc::models {
 
@@ -48,9 +49,12 @@ std::vector<std::string> list() {
   return names;
 }
 
-BackbonePtr create(const std::string& name, const Options& options) {
+const std::string& classifier_path(const std::string& name) { return detail::spec(name).classifier; }
+
+BackbonePtr create(const std::string& name, const Options& options, LoadReport* report) {
   const detail::ModelSpec& s = detail::spec(name);
-  TVC_CHECK(options.num_classes >= 1, name, ": num_classes must be at least 1, got ", options.num_classes);
+  TVC_CHECK(!options.num_classes || *options.num_classes >= 1, name, ": num_classes must be at least 1, got ",
+            options.num_classes.value_or(0));
   TVC_CHECK(!options.dropout || s.has_dropout, name, " has no dropout option (torchvision's ", name,
             " has no dropout layer)");
   if (options.dropout)
@@ -65,8 +69,19 @@ BackbonePtr create(const std::string& name, const Options& options) {
   if (s.default_image_size && !o.image_size)
     o.image_size = is_weights_tag(options.weights) ? weights_tag(name, options.weights).preprocessing.crop_size
                                                            : s.default_image_size;
+  LoadReport loaded;
+  nn::StateDict state;
+  if (!options.weights.empty()) {
+    loaded.file = weights_file(name, options.weights);
+    state = io::load_state_dict(loaded.file);
+    // Without num_classes, the classifier takes the weights' class count.
+    const Tensor* classifier = state.find(s.classifier + ".weight");
+    if (!o.num_classes && classifier && classifier->dim() >= 1) o.num_classes = classifier->shape()[0];
+  }
+  if (!o.num_classes) o.num_classes = 1000;
   BackbonePtr model = s.make(o);
-  if (!options.weights.empty()) load_weights(*model, options.weights);
+  if (!options.weights.empty()) detail::load_state(*model, std::move(state), loaded);
+  if (report) *report = std::move(loaded);
   return model;
 }
 

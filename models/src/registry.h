@@ -28,6 +28,11 @@ struct ModelSpec {
   std::optional<int64_t> default_image_size;
 };
 
+// Loads state (from report.file) into model as load_weights does: a classifier of another size
+// keeps its initial values and is listed in report.skipped; anything else that does not fit is
+// an error naming the file, and leaves the model unchanged.
+void load_state(Backbone& model, nn::StateDict state, LoadReport& report);
+
 std::vector<ModelSpec> resnet_models();     // resnet.cpp: ResNet, ResNeXt, Wide ResNet
 std::vector<ModelSpec> vgg_models();        // vgg.cpp
 std::vector<ModelSpec> densenet_models();   // densenet.cpp

@@ -134,7 +134,7 @@ class ResNet : public nn::Cloneable<ResNet, Backbone> {
 detail::ModelSpec resnet(const std::string& name, const ResNetConfig& config) {
   return {.name = name,
           .make = [name, config](const Options& o) -> BackbonePtr {
-            return std::make_shared<ResNet>(name, config, o.num_classes);
+            return std::make_shared<ResNet>(name, config, *o.num_classes);
           },
           .classifier = "fc"};
 }

@@ -228,7 +228,7 @@ class SwinTransformer : public nn::Cloneable<SwinTransformer, Backbone> {
 detail::ModelSpec swin(const std::string& name, const SwinConfig& config) {
   return {.name = name,
           .make = [name, config](const Options& o) -> BackbonePtr {
-            return std::make_shared<SwinTransformer>(name, config, o.num_classes);
+            return std::make_shared<SwinTransformer>(name, config, *o.num_classes);
           },
           .classifier = "head"};
 }

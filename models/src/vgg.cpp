@@ -84,7 +84,7 @@ class VGG : public nn::Cloneable<VGG, Backbone> {
 detail::ModelSpec vgg(const std::string& name, const VggConfig& config, bool batch_norm) {
   return {.name = name,
           .make = [name, config, batch_norm](const Options& o) -> BackbonePtr {
-            return std::make_shared<VGG>(name, config, batch_norm, o.num_classes, *o.dropout);
+            return std::make_shared<VGG>(name, config, batch_norm, *o.num_classes, *o.dropout);
           },
           .has_dropout = true,
           .default_dropout = 0.5,

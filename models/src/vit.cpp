@@ -189,7 +189,7 @@ class VisionTransformer : public nn::Cloneable<VisionTransformer, Backbone> {
 detail::ModelSpec vit(const std::string& name, const ViTConfig& config) {
   return {.name = name,
           .make = [name, config](const Options& o) -> BackbonePtr {
-            return std::make_shared<VisionTransformer>(name, config, *o.image_size, o.num_classes, *o.dropout);
+            return std::make_shared<VisionTransformer>(name, config, *o.image_size, *o.num_classes, *o.dropout);
           },
           .has_dropout = true,
           .default_dropout = 0.0,

@@ -67,25 +67,36 @@ bool is_weights_tag(const std::string& weights) {
   return weights == "DEFAULT" || weights.rfind("IMAGENET", 0) == 0;
 }
 
-LoadReport load_weights(Backbone& model, const std::string& weights) {
-  const detail::ModelSpec& spec = detail::spec(model.model_name());
-  LoadReport report;
-  report.file = is_weights_tag(weights) ? find_weights(spec.name, weights) : weights;
-  nn::StateDict sd = io::load_state_dict(report.file);
+std::string weights_file(const std::string& model, const std::string& weights) {
+  return is_weights_tag(weights) ? find_weights(model, weights) : weights;
+}
+
+namespace detail {
+
+void load_state(Backbone& model, nn::StateDict state, LoadReport& report) {
+  const ModelSpec& spec = detail::spec(model.model_name());
   // A classifier of another size keeps its own initial values (they "load" unchanged).
   std::string prefix = spec.classifier + ".";
   for (const auto& [name, own] : model.state_dict()) {
-    Tensor* theirs = sd.find(name);
+    Tensor* theirs = state.find(name);
     if (name.compare(0, prefix.size(), prefix) == 0 && theirs && theirs->shape() != own.shape()) {
       *theirs = own;
       report.skipped.push_back(name);
     }
   }
   try {
-    io::load_converted(model, std::move(sd));
+    io::load_converted(model, std::move(state));
   } catch (const Error& e) {
     throw Error(cat_str(spec.name, ": the weights in '", report.file, "' do not fit: ", e.what()));
   }
+}
+
+}  // namespace detail
+
+LoadReport load_weights(Backbone& model, const std::string& weights) {
+  LoadReport report;
+  report.file = weights_file(model.model_name(), weights);
+  detail::load_state(model, io::load_state_dict(report.file), report);
   return report;
 }
 

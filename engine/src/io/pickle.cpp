@@ -1,5 +1,7 @@
 #include "io/pickle.h"
 
+#include "tvc/internal/tensor_impl.h"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>

@@ -11,6 +11,7 @@
 #include "io/file.h"
 #include "io/file_dtype.h"
 #include "tvc/error.h"
+#include "tvc/internal/tensor_impl.h"
 #include "tvc/serialize.h"
 
 namespace tvc::io {

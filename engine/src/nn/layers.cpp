@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "tvc/autograd.h"
+#include "tvc/internal/autograd.h"
 #include "tvc/nn/init.h"
 
 namespace tvc::nn {

@@ -12,6 +12,7 @@
 #include <typeinfo>
 
 #include "tvc/autograd.h"
+#include "tvc/internal/autograd.h"
 
 namespace tvc::nn {
 

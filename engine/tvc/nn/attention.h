@@ -26,8 +26,8 @@ struct MultiheadAttentionOptions {
   bool bias = true;                 // in_proj_bias and out_proj.bias
   bool add_bias_kv = false;         // bias_k, bias_v (1, 1, E) appended to the key/value sequences
   bool add_zero_attn = false;       // a zero key/value appended to each head's sequence
-  std::optional<int64_t> kdim;      // key features (default E)
-  std::optional<int64_t> vdim;      // value features (default E)
+  std::optional<int64_t> kdim{};    // key features (default E)
+  std::optional<int64_t> vdim{};    // value features (default E)
   bool batch_first = false;         // (N, L, E) instead of (L, N, E)
 };
 
@@ -35,10 +35,10 @@ struct MultiheadAttentionOptions {
 struct AttentionArgs {
   // (N, S) or (S) for unbatched input: bool (true = ignore that key) or floating (added to the
   // scores). Undefined: none.
-  Tensor key_padding_mask;
+  Tensor key_padding_mask{};
   bool need_weights = true;
   // (L, S) or (N*H, L, S): bool (true = not allowed to attend) or floating (added to the scores).
-  Tensor attn_mask;
+  Tensor attn_mask{};
   bool average_attn_weights = true;  // weights averaged over heads (N, L, S), else (N, H, L, S)
 };
 

@@ -24,7 +24,7 @@ namespace tvc::nn {
 
 // Sizes given as one int (for every spatial dim) or a tuple, printed as given: 2 or (3, 2).
 struct Sizes {
-  std::vector<int64_t> values;
+  std::vector<int64_t> values{};
   bool scalar = true;
   Sizes(int64_t v) : values{v} {}  // NOLINT: implicit like Python's int
   Sizes(std::initializer_list<int64_t> v) : values(v), scalar(false) {}
@@ -73,7 +73,7 @@ class Flatten : public Cloneable<Flatten> {
 // padding_mode: "zeros", "reflect", "replicate" or "circular".
 struct ConvPadding {
   Sizes sizes = 0;
-  std::string mode;  // "", "same" or "valid"
+  std::string mode{};  // "", "same" or "valid"
   template <std::integral I>
   ConvPadding(I v) : sizes(static_cast<int64_t>(v)) {}           // NOLINT
   ConvPadding(std::initializer_list<int64_t> v) : sizes(v) {}    // NOLINT

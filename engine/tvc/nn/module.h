@@ -105,8 +105,8 @@ using StateDict = OrderedDict<Tensor>;
 // What load_state_dict found: keys the module expects but the dict lacks, and keys the dict
 // has that the module does not expect.
 struct IncompatibleKeys {
-  std::vector<std::string> missing_keys;
-  std::vector<std::string> unexpected_keys;
+  std::vector<std::string> missing_keys{};
+  std::vector<std::string> unexpected_keys{};
 };
 
 // Hooks. A hook returning std::nullopt leaves things as they are; a returned list replaces

@@ -201,7 +201,7 @@ class DepthwiseBlock : public nn::Cloneable<DepthwiseBlock, MapBlock> {
 // 3x3, norm), branch_5x5 (1x1, norm, 5x5, norm), branch_pool (3x3/1 max pool, 1x1, norm).
 // (N, C_in, H, W) -> (N, out_1x1 + out_3x3 + out_5x5 + out_pool, H, W).
 struct InceptionModuleOptions {
-  std::optional<int64_t> out_pool;
+  std::optional<int64_t> out_pool{};
   std::string activation = "relu", norm_type = "batch";
 };
 class InceptionModule : public nn::Cloneable<InceptionModule, MapBlock> {
@@ -284,7 +284,7 @@ class GroupedBottleneck : public nn::Cloneable<GroupedBottleneck, BottleneckBloc
 struct CoordConvOptions {
   int64_t kernel_size = 3;
   bool with_r = false;
-  nn::ConvOptions conv;
+  nn::ConvOptions conv{};
 };
 class CoordConv : public nn::Cloneable<CoordConv, MapBlock> {
  public:
@@ -302,7 +302,7 @@ class CoordConv : public nn::Cloneable<CoordConv, MapBlock> {
 // (N, C_in, H, W) -> (N, out_channels, H', W').
 struct ConvBNActOptions {
   int64_t kernel_size = 3, stride = 1;
-  std::optional<int64_t> padding;
+  std::optional<int64_t> padding{};
   int64_t groups = 1;
   std::string activation = "relu";
   bool use_bn = true;

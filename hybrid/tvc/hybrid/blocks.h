@@ -36,8 +36,8 @@ const char* layout_name(Layout layout);  // "(N, C, H, W)", "(N, H, W, C)", "(N,
 // Channels inferred from the patched module (its input's and output's channel dim; for a wrap
 // both are the module's output channels).
 struct InferredChannels {
-  std::optional<int64_t> in_channels;
-  std::optional<int64_t> out_channels;
+  std::optional<int64_t> in_channels{};
+  std::optional<int64_t> out_channels{};
   Layout layout = Layout::NCHW;
 };
 
@@ -48,11 +48,11 @@ enum class ChannelRole { In, Out };
 
 // One parameter a block type accepts.
 struct ParamSpec {
-  std::string name;                        // "reduction"
+  std::string name{};                      // "reduction"
   ParamKind kind = ParamKind::Int;
-  std::optional<ParamValue> default_value;  // unset: required (Channels: inferred)
+  std::optional<ParamValue> default_value{};  // unset: required (Channels: inferred)
   ChannelRole role = ChannelRole::Out;      // for Channels: the inferred count it takes
-  std::vector<std::string> choices;         // for String: the allowed values (empty: any)
+  std::vector<std::string> choices{};       // for String: the allowed values (empty: any)
   // Without default_value: may be left out, standing for Python's None ("auto": ECA's
   // kernel_size, ConvBNAct's padding); the block asks BlockArgs::has.
   bool optional = false;
@@ -84,12 +84,12 @@ class BlockArgs {
 
 // A block type: its names, parameters and constructor.
 struct BlockType {
-  std::string name;                   // canonical name: "se"
-  std::vector<std::string> aliases;   // "squeeze_excitation", "seblock", "SEBlock"
-  std::string category;               // "block", "attention" or "other"
-  std::string class_name;             // the library's class: "SEBlock"
-  std::string description;            // one line, shown by `tvc blocks`
-  std::vector<ParamSpec> params;      // accepted parameters, in the class's argument order
+  std::string name{};                 // canonical name: "se"
+  std::vector<std::string> aliases{};  // "squeeze_excitation", "seblock", "SEBlock"
+  std::string category{};             // "block", "attention" or "other"
+  std::string class_name{};           // the library's class: "SEBlock"
+  std::string description{};          // one line, shown by `tvc blocks`
+  std::vector<ParamSpec> params{};    // accepted parameters, in the class's argument order
   // The layouts the block takes; a patch whose target has another layout is an error naming
   // both. Blocks on NCHW maps also take NHWC ones (they permute around their computation).
   std::vector<Layout> layouts = {Layout::NCHW, Layout::NHWC};

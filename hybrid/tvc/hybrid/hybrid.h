@@ -39,10 +39,10 @@ enum class PatchOp { Wrap, Inject, Replace };
 const char* patch_op_name(PatchOp op);  // "wrap", "inject", "replace"
 
 struct Patch {
-  std::string target;  // a dotted module path of the torchvision model: "layer3", "features.5"
+  std::string target{};  // a dotted module path of the torchvision model: "layer3", "features.5"
   PatchOp op = PatchOp::Wrap;
-  std::string block;   // a block name or alias of the registry (blocks.h)
-  BlockParams params;  // the block's parameters; channels not given are inferred
+  std::string block{};  // a block name or alias of the registry (blocks.h)
+  BlockParams params{};  // the block's parameters; channels not given are inferred
 };
 
 // Patches from JSON text, in the text's order:
@@ -58,19 +58,19 @@ std::vector<Patch> parse_patches(const std::string& json);
 struct HybridLayout {
   // The family: "resnet" (also ResNeXt, Wide ResNet), "efficientnet", "vgg", "densenet",
   // "mobilenet_v2", "mobilenet_v3", "convnext", "vit", "swin".
-  std::string family;
+  std::string family{};
   // The module of each resolution stage's output, as a path in the hybrid ("stages.2",
   // "stages.0.5", "stages.0.layers.encoder_layer_5").
-  std::vector<std::string> stage_nodes;
+  std::vector<std::string> stage_nodes{};
   // The parameter-name prefixes of each resolution stage (for freeze_backbone), and of the stem.
-  std::vector<std::vector<std::string>> stage_prefixes;
-  std::vector<std::string> stem_prefixes;
+  std::vector<std::vector<std::string>> stage_prefixes{};
+  std::vector<std::string> stem_prefixes{};
   // The layout of the stem's and stages' outputs (converted to NCHW by get_stage_outputs).
   Layout stem_layout = Layout::NCHW;
   Layout stage_layout = Layout::NCHW;
   // Each key of the torchvision model's state_dict (before patches) -> the hybrid's key of the
   // same tensor, in torchvision's order; the classifier's keys -> the new Linear's.
-  std::vector<std::pair<std::string, std::string>> torchvision_names;
+  std::vector<std::pair<std::string, std::string>> torchvision_names{};
 };
 
 // stem -> stages -> head, each a registered child ("stem", "stages", "head"), so the state_dict
@@ -138,25 +138,25 @@ struct BuildOptions {
   // A torchvision tag ("DEFAULT", "IMAGENET1K_V1", ...), a .pth/.safetensors file of the
   // torchvision model, or "" for torchvision's random initialisation.
   std::string weights = "DEFAULT";
-  std::vector<Patch> patches;
+  std::vector<Patch> patches{};
   int64_t num_classes = 1000;
   double dropout = 0;  // before the new classifier (a Dropout only when > 0)
   bool freeze_backbone = false;
-  std::vector<int64_t> unfreeze_stages;  // with freeze_backbone: stages kept trainable
+  std::vector<int64_t> unfreeze_stages{};  // with freeze_backbone: stages kept trainable
   bool freeze_batchnorm = false;         // with freeze_backbone: frozen BatchNorms stay in eval
   bool verbose = true;                   // print what was loaded, patched and initialised
-  std::optional<int64_t> image_size;     // ViT only: the input size it is built for (224)
+  std::optional<int64_t> image_size{};   // ViT only: the input size it is built for (224)
 };
 
 struct CheckpointOptions {
-  std::vector<Patch> patches;
+  std::vector<Patch> patches{};
   int64_t num_classes = 1000;
   double dropout = 0;
   // Every tensor of the model must come from the file with its shape, and every tensor of the
   // file must be used; otherwise a mismatch is reported and the rest loads.
   bool strict = false;
   bool verbose = true;
-  std::optional<int64_t> image_size;
+  std::optional<int64_t> image_size{};
   // When set, receives partial_load's report of the checkpoint.
   WeightLoadingReport* report = nullptr;
 };

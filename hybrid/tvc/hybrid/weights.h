@@ -16,19 +16,19 @@
 namespace tvc::hybrid {
 
 struct ShapeMismatch {
-  std::string name;
-  Shape source;  // the state_dict's tensor
-  Shape target;  // the model's
+  std::string name{};
+  Shape source{};  // the state_dict's tensor
+  Shape target{};  // the model's
 };
 
 // What a load did, by state_dict key (model order for the model's keys, source order for the
 // source's).
 struct WeightLoadingReport {
-  std::vector<std::string> loaded;
-  std::vector<ShapeMismatch> skipped_shape_mismatch;
-  std::vector<std::string> skipped_missing;     // the model's keys the source lacks
-  std::vector<std::string> skipped_unexpected;  // the source's keys the model lacks
-  std::vector<std::string> newly_initialized;   // parameters initialised by init_new_layers
+  std::vector<std::string> loaded{};
+  std::vector<ShapeMismatch> skipped_shape_mismatch{};
+  std::vector<std::string> skipped_missing{};   // the model's keys the source lacks
+  std::vector<std::string> skipped_unexpected{};  // the source's keys the model lacks
+  std::vector<std::string> newly_initialized{};  // parameters initialised by init_new_layers
 
   int64_t total_loaded() const { return static_cast<int64_t>(loaded.size()); }
   int64_t total_skipped() const {
@@ -65,9 +65,9 @@ WeightLoadingReport partial_load(nn::Module& model, const nn::StateDict& state_d
                                  const PartialLoadOptions& options = {});
 
 struct TransferOptions {
-  std::map<std::string, std::string> layer_mapping;  // source key -> target key
-  std::vector<std::string> include_patterns;  // regular expressions (std::regex ECMAScript,
-  std::vector<std::string> exclude_patterns;  // searched anywhere in the source key)
+  std::map<std::string, std::string> layer_mapping{};  // source key -> target key
+  std::vector<std::string> include_patterns{};  // regular expressions (std::regex ECMAScript,
+  std::vector<std::string> exclude_patterns{};  // searched anywhere in the source key)
 };
 
 // Copies source's state_dict into target by name: only source keys matching an include pattern

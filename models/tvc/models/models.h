@@ -20,20 +20,21 @@
 namespace tvc::models {
 
 struct Options {
-  // Outputs of the classifier. With weights, every tensor but the classifier's loads when
-  // this is not 1000 (the load report lists the classifier's keys as skipped).
-  int64_t num_classes = 1000;
+  // Outputs of the classifier. Unset: the class count of the weights (their classifier's rows),
+  // 1000 without weights. Set to another count than the weights', every tensor but the
+  // classifier's loads (the load report lists the classifier's keys as skipped).
+  std::optional<int64_t> num_classes{};
   // torchvision's dropout argument, for the models that have one: VGG and MobileNet (before the
   // classifier; defaults 0.5, 0.2), ViT (in the encoder and its blocks; default 0). Unset:
   // torchvision's default. An error for the others.
-  std::optional<double> dropout;
+  std::optional<double> dropout{};
   // The one input size (S x S) a ViT is built for (torchvision's image_size): a multiple of the
   // patch size; unset: 224. Weights made for another size load with their position embedding
   // interpolated. An error for the other models (they take any size).
-  std::optional<int64_t> image_size;
+  std::optional<int64_t> image_size{};
   // "" (random initialisation), a torchvision tag ("DEFAULT", "IMAGENET1K_V1", "IMAGENET1K_V2")
   // resolved to torchvision's file name (see weights.h), or a path to a .pth/.safetensors file.
-  std::string weights;
+  std::string weights{};
 };
 
 // A classification backbone: forward maps images (N, 3, H, W) to logits (N, num_classes).
@@ -63,9 +64,20 @@ using BackbonePtr = std::shared_ptr<Backbone>;
 // Every name create() knows, as torchvision spells them, sorted.
 std::vector<std::string> list();
 
-// A new model, initialised as torchvision initialises it, then loaded with options.weights.
-// An unknown name is an error naming the closest known one.
-BackbonePtr create(const std::string& name, const Options& options = {});
+// What create() or load_weights() (tvc/models/weights.h) loaded.
+struct LoadReport {
+  std::string file{};                // the file loaded ("" without weights)
+  std::vector<std::string> skipped{};  // classifier tensors not loaded (num_classes != the file's)
+};
+
+// A new model, initialised as torchvision initialises it, then loaded with options.weights. An
+// unknown name is an error naming the closest known one. report, when given, receives what was
+// loaded and what was not.
+BackbonePtr create(const std::string& name, const Options& options = {}, LoadReport* report = nullptr);
+
+// The state_dict prefix of a model's final classifier layer, torchvision's: "fc" (ResNet),
+// "classifier.6" (VGG), "heads.head" (ViT), ...
+const std::string& classifier_path(const std::string& name);
 
 // Training mode without randomness: model.train(), then every Dropout and StochasticDepth back in
 // eval mode (the identity), so BatchNorm uses and updates batch statistics and the output is

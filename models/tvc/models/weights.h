@@ -26,20 +26,20 @@ const char* interpolation_name(Interpolation interpolation);
 // (antialiased, with interpolation's filter), center-crop crop_size, scale to [0, 1], normalise
 // with mean and std.
 struct Preprocessing {
-  int64_t resize_size;
-  int64_t crop_size;
-  std::array<double, 3> mean;
-  std::array<double, 3> std;
+  int64_t resize_size{};
+  int64_t crop_size{};
+  std::array<double, 3> mean{};
+  std::array<double, 3> std{};
   Interpolation interpolation = Interpolation::Bilinear;
 };
 
 // One of torchvision's weights for a model.
 struct WeightsTag {
-  std::string model;      // "resnet50"
-  std::string tag;        // "IMAGENET1K_V2"
-  bool is_default;        // what "DEFAULT" names
-  std::string file_name;  // torchvision's file, "resnet50-11ad3fa6.pth"
-  Preprocessing preprocessing;
+  std::string model{};    // "resnet50"
+  std::string tag{};      // "IMAGENET1K_V2"
+  bool is_default{};      // what "DEFAULT" names
+  std::string file_name{};  // torchvision's file, "resnet50-11ad3fa6.pth"
+  Preprocessing preprocessing{};
 };
 
 // The tags of model ("IMAGENET1K_V1", ...), in torchvision's order. The table holds torchvision's
@@ -59,12 +59,8 @@ std::string find_weights(const std::string& model, const std::string& tag);
 
 // Whether weights names a tag ("DEFAULT", "IMAGENET1K_V1", ...) rather than a file.
 bool is_weights_tag(const std::string& weights);
-
-// What load_weights did.
-struct LoadReport {
-  std::string file;                  // the file loaded
-  std::vector<std::string> skipped;  // classifier tensors not loaded (num_classes != the file's)
-};
+// The file weights names for model: find_weights(model, weights) for a tag, else weights itself.
+std::string weights_file(const std::string& model, const std::string& weights);
 
 // Loads weights (a tag, or a path to a .pth/.safetensors file) into model. Every tensor must
 // fit, except the classifier's when the model has another num_classes than the file: those

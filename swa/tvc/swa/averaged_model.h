@@ -63,15 +63,15 @@ AvgFn get_swa_avg_fn();
 
 struct AveragedModelOptions {
   // Where the average lives (default: where the model is).
-  std::optional<Device> device;
+  std::optional<Device> device{};
   // Averaging: multi_avg_fn if given, else avg_fn if given, else SWA (the fused multi form).
-  AvgFn avg_fn;
-  MultiAvgFn multi_avg_fn;
+  AvgFn avg_fn{};
+  MultiAvgFn multi_avg_fn{};
   // Average the floating buffers too (else they follow the model's at each update).
   bool use_buffers = false;
   // The dtype of the average's floating tensors. Default: the model's, except that float16 and
   // bfloat16 tensors are averaged in float32. Float64 keeps the average in double precision.
-  std::optional<DType> dtype;
+  std::optional<DType> dtype{};
   // Update only on every k-th call of update_parameters (calls k, 2k, ...), e.g. an EMA kept
   // every 4 optimizer steps. The call counter is not part of state_dict.
   int64_t update_every = 1;
@@ -107,8 +107,8 @@ class AveragedModel : public nn::Cloneable<AveragedModel> {
 
   // The dtype and device of each parameter and buffer of the model the copy was made from.
   struct SourceTensor {
-    DType dtype;
-    Device device;
+    DType dtype{};
+    Device device{};
   };
 
   AveragedModelOptions options_;

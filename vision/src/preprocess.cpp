@@ -1,6 +1,6 @@
 // Image decoding (libjpeg, libpng) and torchvision's classification preprocessing on PIL images,
 // reproduced step by step (see preprocess.h).
-#include "tvc/models/preprocess.h"
+#include "tvc/vision/preprocess.h"
 
 #include <jpeglib.h>
 // jerror.h after jpeglib.h (it uses its types): the message codes of warnings.
@@ -19,7 +19,10 @@
 
 #include "tvc/error.h"
 
-namespace tvc::models {
+namespace tvc::vision {
+
+using models::Interpolation;
+using models::Preprocessing;
 
 namespace {
 
@@ -491,4 +494,4 @@ Tensor preprocess(const Image& image, const Preprocessing& p) {
                               p.mean, p.std);
 }
 
-}  // namespace tvc::models
+}  // namespace tvc::vision

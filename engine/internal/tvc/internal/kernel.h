@@ -1,8 +1,9 @@
-// The kernel registry: for each KERNEL op of tvc/op_list.h and each device, one function.
+// The kernel registry: for each KERNEL op of tvc/internal/op_list.h and each device, one function.
 //
 // Ops in engine/src allocate their outputs, then call run_kernel(op, inputs, outputs, params).
 // Backends fill the registry explicitly (no static initialisers, which a static library drops):
-// kernels/cpu/register.cpp defines register_cpu_kernels(), kernels/cuda the CUDA one. A missing
+// kernels/cpu/register.cpp defines register_cpu_kernels(); the CUDA backend, a library of its
+// own (tvc-cuda), is added by tvc::cuda::enable() through add_backend. A missing
 // kernel is a clear error naming the op and device; a kernel that does not support a dtype
 // raises naming the op, dtype and device.
 //
@@ -15,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "tvc/op_list.h"
+#include "tvc/internal/op_list.h"
 #include "tvc/tensor.h"
 
 namespace tvc {
@@ -65,8 +66,18 @@ class KernelRegistry {
   DeviceMemory memory_[2] = {};
 };
 
-// The registry, filled on first use.
-KernelRegistry& kernel_registry();
+// The registry, filled on first use. set_isa and add_backend publish a new table atomically:
+// a lookup sees the old table or the new one, and every table stays valid until exit.
+const KernelRegistry& kernel_registry();
+
+// A backend's registration function, which sets its kernels and memory in a table.
+using BackendRegistration = void (*)(KernelRegistry& registry);
+// Adds a backend (e.g. tvc::cuda::enable(), tvc/cuda.h) to every table from now on, once.
+void add_backend(BackendRegistration registration);
+
+// The memory functions of a device other than the CPU; throws naming op when its backend is not
+// enabled (tvc::cuda::enable()).
+const DeviceMemory& device_memory(Device device, const char* op);
 
 // Runs op's kernel for the device of the first input (or output).
 void run_kernel(Op op, std::span<const Tensor> in, std::span<Tensor> out,
@@ -75,11 +86,8 @@ void run_kernel(Op op, std::span<const Tensor> in, std::span<Tensor> out,
 // Raised by kernels for a dtype they do not implement.
 [[noreturn]] void unsupported_dtype(Op op, DType dtype, Device device);
 
-// Backend entry points (called by kernel_registry()).
+// The CPU backend's entry point (every table has it).
 void register_cpu_kernels(KernelRegistry& registry, Isa isa);
-#ifdef TVC_HAVE_CUDA
-void register_cuda_kernels(KernelRegistry& registry);
-#endif
 
 // ---- parameters of kernels that take any ----
 

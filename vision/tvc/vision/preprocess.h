@@ -1,8 +1,9 @@
-// Images into a classifier's input, as torchvision's weights.transforms() prepares them.
+// Images into a classifier's input, as torchvision's weights.transforms() prepares them (library
+// tvc-vision: the only one that needs libjpeg and libpng).
 //
-//   tvc::models::Image image = tvc::models::decode_image("cat.jpg");  // = PIL's .convert("RGB")
+//   tvc::vision::Image image = tvc::vision::decode_image("cat.jpg");  // = PIL's .convert("RGB")
 //   const auto& prep = tvc::models::weights_tag("resnet50", "DEFAULT").preprocessing;
-//   tvc::Tensor x = tvc::models::preprocess(image, prep);            // float32 (3, 224, 224)
+//   tvc::Tensor x = tvc::vision::preprocess(image, prep);            // float32 (3, 224, 224)
 //
 // Every step gives the same values as torchvision 0.14 on a PIL 9.4 image: decoding through the
 // same libjpeg/libpng with PIL's settings, PIL's antialiased bilinear or bicubic resize (the
@@ -18,13 +19,13 @@
 #include "tvc/models/weights.h"
 #include "tvc/tensor.h"
 
-namespace tvc::models {
+namespace tvc::vision {
 
 // An 8-bit RGB image, rows top to bottom, pixels left to right, channels R, G, B (HWC).
 struct Image {
   int64_t height = 0;
   int64_t width = 0;
-  std::vector<uint8_t> rgb;  // height * width * 3
+  std::vector<uint8_t> rgb{};  // height * width * 3
 };
 
 // The most pixels an image may have (decoding refuses larger headers before allocating).
@@ -41,11 +42,11 @@ Image decode_image(const std::string& path);
 // antialiased (the filter widens by the scale when shrinking), horizontal pass then vertical,
 // each rounded to uint8 (bicubic's overshoot clipped to 0..255). The two interpolations share
 // one resampling path; only the filter differs.
-Image resize(const Image& image, int64_t width, int64_t height, Interpolation interpolation);
+Image resize(const Image& image, int64_t width, int64_t height, models::Interpolation interpolation);
 
 // torchvision's F.resize(img, [size], interpolation) of a PIL image: the shorter side becomes
 // size, the longer int(size * long / short); an image already that size is returned as it is.
-Image resize_shorter_side(const Image& image, int64_t size, Interpolation interpolation = Interpolation::Bilinear);
+Image resize_shorter_side(const Image& image, int64_t size, models::Interpolation interpolation = models::Interpolation::Bilinear);
 
 // torchvision's F.center_crop(img, [size]) of a PIL image: zero padding (left/top get the
 // smaller half) where the image is smaller than size, then the crop at
@@ -58,6 +59,6 @@ Tensor to_normalized_tensor(const Image& image, const std::array<double, 3>& mea
 
 // weights.transforms()(image): resize_shorter_side(resize_size, interpolation),
 // center_crop(crop_size), to_normalized_tensor(mean, std). float32 (3, crop_size, crop_size).
-Tensor preprocess(const Image& image, const Preprocessing& p);
+Tensor preprocess(const Image& image, const models::Preprocessing& p);
 
-}  // namespace tvc::models
+}  // namespace tvc::vision
