@@ -61,6 +61,10 @@ TEST(Confusion, TextRowsWithAccuraciesAndAnEscapedSvg) {
   const std::string svg = confusion_svg(classes, confusion);
   EXPECT_NE(svg.find("dog &amp; wolf"), std::string::npos);
   EXPECT_EQ(count(svg, "<rect x="), 4);
+  // A class folder's name that would clear the screen prints escaped, the columns aligned to it.
+  const std::string hostile = confusion_text({"\x1b[2Jcat", "dog"}, confusion);
+  EXPECT_NE(hostile.find("  0 \\x1b[2Jcat     8   2    80.00%"), std::string::npos) << hostile;
+  EXPECT_NE(hostile.find("  1 dog            1   9    90.00%"), std::string::npos) << hostile;
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -71,6 +72,25 @@ inline std::string hex(const std::vector<uint8_t>& bytes) {
   std::string s;
   for (uint8_t b : bytes) s += digits[b >> 4], s += digits[b & 15];
   return s;
+}
+
+// Whether text can reach a terminal as it is, as printable() makes the untrusted parts of
+// messages: valid UTF-8 without control characters (C0 but '\n', and '\t' where the format itself
+// has tabs; DEL; C1). A failure names the first offending byte and shows the text escaped.
+inline ::testing::AssertionResult IsTerminalSafe(const std::string& text, bool tabs = false) {
+  for (size_t i = 0; i < text.size();) {
+    auto lead = static_cast<unsigned char>(text[i]);
+    size_t len = utf8_char_length(text, i);
+    bool c1_control = len == 2 && lead == 0xc2 && static_cast<unsigned char>(text[i + 1]) < 0xa0;
+    bool allowed_control = lead == '\n' || (tabs && lead == '\t');
+    if (len == 0 || (lead < 0x20 && !allowed_control) || lead == 0x7f || c1_control) {
+      std::string offending = text.substr(i, std::max<size_t>(len, 1));
+      return ::testing::AssertionFailure() << "byte " << i << " (" << printable(offending)
+                                           << ") is a control character or not UTF-8 in:\n" << printable(text);
+    }
+    i += len;
+  }
+  return ::testing::AssertionSuccess();
 }
 
 struct TvcRun {

@@ -479,6 +479,17 @@ TEST(PickleUnpickler, GlobalRefusedByName) {
   EXPECT_THAT(msg, HasSubstr("STACK_GLOBAL builtins.eval is not allowed"));
 }
 
+// Names and keys come from the file: escape sequences and bytes that are not UTF-8 in them
+// reach the message escaped.
+TEST(PickleUnpickler, NamesFromTheFilePrintEscaped) {
+  std::string msg = unpickle_error(kProto + "cos\x1b]0;x\x07\nsys\xfftem\n" + pstr("ls") + "\x85R.");
+  EXPECT_THAT(msg, HasSubstr("GLOBAL os\\x1b]0;x\\x07.sys\\xfftem is not allowed"));
+  EXPECT_TRUE(test::IsTerminalSafe(msg));
+  msg = unpickle_error(kProto + "}" + pstr("k\x1b[2J\xc2\x9b\xc0") + "ccollections\nOrderedDict\ns.");
+  EXPECT_THAT(msg, HasSubstr("holds a class or function at 'k\\x1b[2J\\xc2\\x9b\\xc0'"));
+  EXPECT_TRUE(test::IsTerminalSafe(msg));
+}
+
 TEST(PickleUnpickler, DisallowedOpcodeNamed) {
   EXPECT_THAT(unpickle_error(kProto + "(ios\nsystem\n."), HasSubstr("opcode INST (0x69) at byte 3 is not allowed"));
   EXPECT_THAT(unpickle_error(kProto + "\x82\x01."), HasSubstr("opcode EXT1 (0x82) at byte 2 is not allowed"));

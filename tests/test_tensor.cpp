@@ -189,6 +189,39 @@ TEST(Tensor, ErrorsNameOpAndShapes) {
   EXPECT_THROW(ones({3}, {.dtype = DType::Int64}).data_ptr<float>(), Error);
 }
 
+// Untrusted text in messages: printable text stays, control characters and bytes that break
+// UTF-8 become \xNN (both bytes of a C1 control), a backslash \\.
+TEST(Errors, PrintableEscapesControlCharactersAndInvalidUtf8) {
+  struct Case {
+    std::string text, printed;
+  };
+  const Case cases[] = {
+      {"", ""},
+      {"layer1.0.conv1.weight", "layer1.0.conv1.weight"},
+      {"café 层 😀 \xc2\xa0", "café 层 😀 \xc2\xa0"},  // 2-, 3- and 4-byte characters, U+00A0 is no control
+      {"\x1b]0;pwned\x07", "\\x1b]0;pwned\\x07"},           // sets the terminal's title (ESC, BEL)
+      {"\x1b[2J\x1b[31m", "\\x1b[2J\\x1b[31m"},             // clears the screen, turns red (CSI)
+      {"a\x9b" "2J", "a\\x9b2J"},                           // the 8-bit CSI byte alone: not UTF-8
+      {"a\xc2\x9b" "2J", "a\\xc2\\x9b2J"},                   // U+009B (CSI) in UTF-8: a C1 control
+      {"\xc2\x80 \xc2\x9f", "\\xc2\\x80 \\xc2\\x9f"},       // the ends of the C1 range
+      {std::string("a\0b", 3), "a\\x00b"},                  // NUL inside the text
+      {"\x7f\x01\x1f", "\\x7f\\x01\\x1f"},                  // DEL, the ends of C0
+      {"line\nnext\ttab\r", "line\\x0anext\\x09tab\\x0d"},  // a name is one line
+      {"back\\slash \\x1b", "back\\\\slash \\\\x1b"},       // unambiguous: not an escape
+      {"\xff", "\\xff"},                                    // never in UTF-8
+      {"\xe5\xb1", "\\xe5\\xb1"},                           // 3-byte sequence cut short by the end
+      {"\xe5\xb1x", "\\xe5\\xb1x"},                         // ... and by an ASCII byte
+      {"\xc0\xaf", "\\xc0\\xaf"},                           // overlong '/'
+      {"\xe0\x80\xaf", "\\xe0\\x80\\xaf"},                  // overlong, 3 bytes
+      {"\xed\xa0\x80", "\\xed\\xa0\\x80"},                  // surrogate U+D800
+      {"\xf4\x90\x80\x80", "\\xf4\\x90\\x80\\x80"},         // U+110000, past Unicode
+      {"\xf4\x8f\xbf\xbf", "\xf4\x8f\xbf\xbf"},             // U+10FFFF, the last code point
+  };
+  for (const Case& c : cases) EXPECT_EQ(printable(c.text), c.printed) << c.printed;
+  EXPECT_EQ(utf8_char_length("层", 0), 3u);
+  EXPECT_EQ(utf8_char_length("a\xe5\xb1", 1), 0u);
+}
+
 TEST(Tensor, ReductionsAreThreadCountIndependent) {
   Tensor x = randn({257, 1031});
   set_num_threads(1);

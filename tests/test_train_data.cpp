@@ -618,6 +618,26 @@ TEST_F(ImageFolder, MissingEmptyOrImagelessRootIsAnError) {
   EXPECT_THAT(error_of([&] { tools::image_folder_source(path("cat/a.png")); }), HasSubstr("is not a folder"));
 }
 
+// A crafted file or class folder name can neither retitle nor clear the terminal of whoever
+// trains on the folder: warnings and errors print it escaped.
+TEST_F(ImageFolder, HostileNamesPrintEscaped) {
+  TempDir dir;
+  const std::string hostile = "\x1b]0;pwned\x07\x1b[2J\xff", printed = "\\x1b]0;pwned\\x07\\x1b[2J\\xff";
+  fs::create_directories(dir / ("data/cls" + hostile));
+  fs::copy_file(path("cat/a.png"), dir / ("data/cls" + hostile + "/a.png"));
+  test::write_file(dir / ("data/cls" + hostile + "/" + hostile + ".jpg"), "");
+  testing::internal::CaptureStderr();
+  auto source = tools::image_folder_source(dir / "data");
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(source->size(), 1);
+  EXPECT_TRUE(test::IsTerminalSafe(err));
+  EXPECT_THAT(err, HasSubstr("warning: skipping " + (dir / ("data/cls" + printed + "/" + printed + ".jpg")) +
+                             ": cannot decode image: the file is empty\n"));
+  const std::string message = error_of([&] { tools::image_folder_source(dir / "data", {.classes = {"cat"}}); });
+  EXPECT_TRUE(test::IsTerminalSafe(message));
+  EXPECT_THAT(message, HasSubstr("class folder 'cls" + printed + "' is not one of the 1 classes"));
+}
+
 // Links are followed (a linked file, a linked class folder); a file removed after the check
 // makes load throw naming it.
 TEST_F(ImageFolder, LinksFollowedAndVanishedFilesNamed) {

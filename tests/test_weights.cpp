@@ -1,8 +1,10 @@
 // The malformed-file table: every broken safetensors and .pth file must make `tvc inspect` exit
 // with status 1 and a message naming the file and the fault, under a memory cap that a lying
 // size would break (ulimit -v; in AddressSanitizer builds, ASan's allocation limit instead,
-// since ASan reserves terabytes of address space). Also: format detection, checkpoint
-// unwrapping and `tvc convert` between formats.
+// since ASan reserves terabytes of address space), and print no control character, also under
+// a file name of escape sequences. Also: names, metadata and pickled strings holding escape
+// sequences printed escaped, format detection, checkpoint unwrapping and `tvc convert` between
+// formats.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -52,12 +54,28 @@ TvcRun run_tvc_capped(const TempDir& dir, const std::string& args) {
   return test::run_tvc(dir, args, limit);
 }
 
-// `tvc inspect path` exits with status 1 and `error: 'path': ...fault...`.
+// A file name that, printed as it is, would set the terminal's title, ring its bell and clear the
+// screen, with bytes that are not UTF-8 (a lone C1 CSI byte, 0xff, an overlong form); and how
+// messages print it.
+const std::string kHostileName = "evil\x1b]0;pwned\x07\x1b[2J\x9b\xff\xc0\xaf-";
+const std::string kHostileNamePrinted = "evil\\x1b]0;pwned\\x07\\x1b[2J\\x9b\\xff\\xc0\\xaf-";
+
+// `tvc inspect path` exits with status 1 and `error: 'path': ...fault...`; so does the file
+// copied under a hostile name, whose message names it escaped. No output has a control byte.
 void expect_inspect_fails(const TempDir& dir, const std::string& path, const std::string& fault) {
   TvcRun r = run_tvc_capped(dir, "inspect " + path);
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("error: '" + path + "'"));
   EXPECT_THAT(r.err, HasSubstr(fault));
+  EXPECT_TRUE(test::IsTerminalSafe(r.out + r.err));
+
+  std::string name = fs::path(path).filename().string();
+  fs::copy_file(path, dir / (kHostileName + name), fs::copy_options::overwrite_existing);
+  TvcRun hostile = run_tvc_capped(dir, "inspect \"" + dir / (kHostileName + name) + "\"");
+  EXPECT_EQ(hostile.status, 1) << hostile.err;
+  EXPECT_THAT(hostile.err, HasSubstr("error: '" + dir / (kHostileNamePrinted + name) + "'"));
+  EXPECT_THAT(hostile.err, HasSubstr(fault));
+  EXPECT_TRUE(test::IsTerminalSafe(hostile.out + hostile.err));
 }
 
 // ---------------------------------------------------------------- safetensors cases
@@ -145,6 +163,16 @@ std::vector<Malformed> safetensors_cases() {
        "(a hole)"},
       {"partial-byte-f4", one_tensor(R"({"dtype":"F4","shape":[3],"data_offsets":[0,2]})", 2), "does not fill whole bytes"},
       {"nested-arrays", safetensors(nested, std::string(4, '\0')), "an array where"},
+      // Control characters in names, keys and the JSON itself reach the message escaped.
+      {"tensor-name-with-controls",
+       safetensors(R"({"\u001b]0;x\u0007\u009b":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})", ""),
+       "tensor '\\x1b]0;x\\x07\\xc2\\x9b' has unknown dtype 'F33'"},
+      {"dtype-with-controls", one_tensor(R"({"dtype":"F\u001b[2J","shape":[1],"data_offsets":[0,4]})", 4),
+       "unknown dtype 'F\\x1b[2J'"},
+      {"metadata-key-with-controls", safetensors(R"({"__metadata__":{"\u001b[2J":1}})", ""),
+       "value of '\\x1b[2J' is a number"},
+      {"header-control-bytes-in-json", safetensors("{\"a\x1b[2J\x07\":{}}", ""), "not valid JSON"},
+      {"header-c1-outside-strings", safetensors("{\xc2\x9b\x1b]0;x\x07}", ""), "not valid JSON"},
   };
 }
 
@@ -284,6 +312,63 @@ TEST(Malformed, PthFilesFailInspectWithTheirFault) {
     SCOPED_TRACE(c.file);
     expect_inspect_fails(dir, dir / c.file, c.fault);
   }
+}
+
+// ---------------------------------------------------------------- hostile text
+
+// Escape sequences that set the terminal's title, ring its bell, clear the screen and (the C1
+// CSI, U+009B) start a colour change, as crafted names and strings in weight files may hold.
+const std::string kEscapes = "\x1b]0;pwned\x07\x1b[2J\xc2\x9b" "31m";
+const std::string kEscapesPrinted = "\\x1b]0;pwned\\x07\\x1b[2J\\xc2\\x9b31m";
+
+// Names and metadata of a safetensors file (JSON's \u escapes, NUL included) print escaped;
+// printable text prints as it is.
+TEST(HostileText, InspectPrintsSafetensorsNamesAndMetadataEscaped) {
+  TempDir dir;
+  std::string path = dir / (kHostileName + "names.safetensors");
+  std::string header = R"({"__metadata__":{"k\u001b[31m":"v\u0007\u009b2J\u0000"},)"
+                       R"("caf\u00e9.\u5c42":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                       R"("w\u001b]0;pwned\u0007\u001b[2J\u009b31m":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  write_file(path, safetensors(header, std::string(8, '\0')));
+  TvcRun r = run_tvc_capped(dir, "inspect \"" + path + "\"");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(test::IsTerminalSafe(r.out + r.err));
+  EXPECT_THAT(r.out, HasSubstr("file: " + dir / (kHostileNamePrinted + "names.safetensors") + "\n"));
+  EXPECT_THAT(r.out, HasSubstr("\ncafé.层 "));
+  EXPECT_THAT(r.out, HasSubstr("\nw" + kEscapesPrinted + " "));
+  EXPECT_THAT(r.out, HasSubstr("\n  k\\x1b[31m: v\\x07\\xc2\\x9b2J\\x00\n"));
+}
+
+// Pickled strings are any bytes (tvc's writer, like a crafted file, does not check them): keys
+// and str values with escape sequences and bytes that are not UTF-8 print escaped.
+TEST(HostileText, InspectPrintsPickledStringsEscaped) {
+  TempDir dir;
+  std::string path = dir / (kHostileName + "strings.pth");
+  io::save_pth(path, io::Value::dict({{io::Value("w" + kEscapes + "\xff\xed\xa0\x80"), io::Value(ones({1}))},
+                                      {io::Value("note"), io::Value("\x1b[31mred\x7f\xc0\xaf")}}));
+  TvcRun r = run_tvc_capped(dir, "inspect \"" + path + "\"");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(test::IsTerminalSafe(r.out + r.err));
+  EXPECT_THAT(r.out, HasSubstr("file: " + dir / (kHostileNamePrinted + "strings.pth") + "\n"));
+  EXPECT_THAT(r.out, HasSubstr("\nw" + kEscapesPrinted + "\\xff\\xed\\xa0\\x80 "));
+  EXPECT_THAT(r.out, HasSubstr("\n  note: '\\x1b[31mred\\x7f\\xc0\\xaf'\n"));
+}
+
+// A file's keys that do not fit the module reach load_state_dict's message escaped (its own line
+// breaks and tabs stay); the keys it returns are the file's, unchanged.
+TEST(HostileText, LoadStateDictErrorsEscapeTheFilesKeys) {
+  TempDir dir;
+  nn::Linear linear(2, 3);
+  nn::StateDict sd = linear.state_dict();
+  std::string key = "bias" + kEscapes + "\xff";
+  sd.insert(key, ones({3}));
+  std::string path = dir / (kHostileName + "keys.pth");
+  io::save_pth(path, io::Value(sd));
+  std::string msg = test::error_of([&] { io::load_into(linear, path); });
+  EXPECT_TRUE(test::IsTerminalSafe(msg, /*tabs=*/true));
+  EXPECT_THAT(msg, HasSubstr("Error(s) in loading state_dict for Linear:\n\tUnexpected key(s) in state_dict: \"bias" +
+                             kEscapesPrinted + "\\xff\". "));
+  EXPECT_EQ(linear.load_state_dict(sd, /*strict=*/false).unexpected_keys, std::vector<std::string>{key});
 }
 
 // ---------------------------------------------------------------- any format, the CLI

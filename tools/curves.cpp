@@ -6,6 +6,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "tvc/error.h"
 #include "tvc/serialize.h"
 
 namespace tvc::tools {
@@ -115,8 +116,12 @@ void write_curves(const std::string& path, const std::vector<EpochMetrics>& hist
 }
 
 std::string confusion_text(const std::vector<std::string>& classes, const std::vector<std::vector<int64_t>>& confusion) {
+  std::vector<std::string> names;  // class folder names, escaped for the terminal
   size_t name_width = 10;
-  for (const std::string& c : classes) name_width = std::max(name_width, c.size());
+  for (const std::string& c : classes) {
+    names.push_back(printable(c));
+    name_width = std::max(name_width, names.back().size());
+  }
   int64_t largest = 1;
   for (const auto& row : confusion)
     for (int64_t v : row) largest = std::max(largest, v);
@@ -129,7 +134,7 @@ std::string confusion_text(const std::vector<std::string>& classes, const std::v
   out << "  accuracy\n";
   for (size_t i = 0; i < classes.size(); ++i) {
     std::snprintf(buf, sizeof buf, "%3zu ", i);
-    out << buf << classes[i] << std::string(name_width - classes[i].size() + 2, ' ');
+    out << buf << names[i] << std::string(name_width - names[i].size() + 2, ' ');
     int64_t total = 0;
     for (size_t j = 0; j < classes.size(); ++j) {
       out << std::setw(cell) << confusion[i][j];

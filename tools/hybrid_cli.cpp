@@ -74,7 +74,7 @@ void explain_hybrid(const HybridOptions& options) { std::printf("%s\n", random_h
 void run_hybrid(const HybridRunOptions& options) {
   io::SafetensorsFile file = io::SafetensorsFile::open(options.input);
   const Tensor input = file.tensor("input");
-  TVC_CHECK(input.dtype() == DType::Float32 && input.dim() == 4 && input.shape()[1] == 3, "'", options.input,
+  TVC_CHECK(input.dtype() == DType::Float32 && input.dim() == 4 && input.shape()[1] == 3, "'", printable(options.input),
             "': tensor 'input' must be float32 (N, 3, H, W), got ", dtype_name(input.dtype()), " ",
             shape_str(input.shape()));
   const HybridOptions& h = options.hybrid;
@@ -84,17 +84,18 @@ void run_hybrid(const HybridRunOptions& options) {
     model = hybrid::HybridBuilder().from_torchvision(
         h.backbone, {.weights = options.weights, .patches = patches, .num_classes = h.num_classes,
                      .dropout = h.dropout, .verbose = false});
-    std::fprintf(stderr, "%s: weights %s, new layers initialised\n", h.backbone.c_str(), options.weights.c_str());
+    std::fprintf(stderr, "%s: weights %s, new layers initialised\n", h.backbone.c_str(),
+                 printable(options.weights).c_str());
   } else {
     hybrid::WeightLoadingReport report;
     model = hybrid::HybridBuilder().from_checkpoint(
         options.weights, h.backbone,
         {.patches = patches, .num_classes = h.num_classes, .dropout = h.dropout, .verbose = false, .report = &report});
     std::fprintf(stderr, "%s: %lld tensors from %s", h.backbone.c_str(),
-                 static_cast<long long>(report.total_loaded()), options.weights.c_str());
+                 static_cast<long long>(report.total_loaded()), printable(options.weights).c_str());
     std::string kept;
-    for (const std::string& k : report.skipped_missing) kept += " " + k;
-    for (const hybrid::ShapeMismatch& m : report.skipped_shape_mismatch) kept += " " + m.name;
+    for (const std::string& k : report.skipped_missing) kept += cat_str(" ", printable(k));
+    for (const hybrid::ShapeMismatch& m : report.skipped_shape_mismatch) kept += cat_str(" ", printable(m.name));
     if (!kept.empty()) std::fprintf(stderr, " (not in the file or of another shape, kept initial:%s)", kept.c_str());
     std::fprintf(stderr, "\n");
   }
@@ -106,7 +107,8 @@ void run_hybrid(const HybridRunOptions& options) {
     for (size_t k = 0; k < stages.size(); ++k) tensors.emplace_back("stage." + std::to_string(k), stages[k]);
   }
   io::save_safetensors(options.output, tensors, {{"model", h.backbone}, {"hybrid", h.patches}});
-  std::printf("wrote %s: output %s%s\n", options.output.c_str(), shape_str(tensors[0].second.shape()).c_str(),
+  std::printf("wrote %s: output %s%s\n", printable(options.output).c_str(),
+              shape_str(tensors[0].second.shape()).c_str(),
               options.features ? cat_str(" and ", tensors.size() - 1, " stage tensors").c_str() : "");
 }
 

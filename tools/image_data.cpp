@@ -110,7 +110,7 @@ class ImageFolderSource : public ImageSource {
 
  private:
   void check_index(int64_t i) const {
-    TVC_CHECK(i >= 0 && i < size(), root_, ": sample ", i, " is out of range [0, ", size(), ")");
+    TVC_CHECK(i >= 0 && i < size(), printable(root_), ": sample ", i, " is out of range [0, ", size(), ")");
   }
 
   std::string root_;
@@ -150,7 +150,7 @@ std::vector<std::string> files_below(const fs::path& folder) {
 // decode_image's message without the path (the warning names the file first).
 std::string fault_of(const Error& e, const std::string& path) {
   std::string message = e.what();
-  const std::string quoted = " '" + path + "'";
+  const std::string quoted = " '" + printable(path) + "'";  // as decode_image prints it
   if (size_t at = message.find(quoted); at != std::string::npos) message.erase(at, quoted.size());
   return message;
 }
@@ -254,13 +254,13 @@ std::shared_ptr<ImageSource> image_folder_source(const std::string& root, const 
   std::vector<std::string> paths;
   std::vector<size_t> class_of_path;  // index into found_classes
   try {
-    TVC_CHECK(fs::exists(root), "image folder '", root, "' does not exist");
-    TVC_CHECK(fs::is_directory(root), "image folder '", root, "' is not a folder");
+    TVC_CHECK(fs::exists(root), "image folder '", printable(root), "' does not exist");
+    TVC_CHECK(fs::is_directory(root), "image folder '", printable(root), "' is not a folder");
     for (const fs::directory_entry& entry : fs::directory_iterator(root))
       if (entry.is_directory() && !is_hidden(entry.path()))
         found_classes.push_back(entry.path().filename().string());
     std::sort(found_classes.begin(), found_classes.end());
-    TVC_CHECK(!found_classes.empty(), "image folder '", root,
+    TVC_CHECK(!found_classes.empty(), "image folder '", printable(root),
               "' has no class folder (expected root/<class>/<image files>)");
     for (size_t c = 0; c < found_classes.size(); ++c)
       for (std::string& file : files_below(fs::path(root) / found_classes[c])) {
@@ -268,7 +268,7 @@ std::shared_ptr<ImageSource> image_folder_source(const std::string& root, const 
         class_of_path.push_back(c);
       }
   } catch (const fs::filesystem_error& e) {
-    throw Error(cat_str("image folder '", root, "': ", e.what()));
+    throw Error(cat_str("image folder '", printable(root), "': ", printable(e.what())));  // what() names paths
   }
 
   // Labels index the given class list when there is one (a validation folder may lack a class).
@@ -276,8 +276,8 @@ std::shared_ptr<ImageSource> image_folder_source(const std::string& root, const 
   std::vector<int64_t> label_of_class(found_classes.size());
   for (size_t c = 0; c < found_classes.size(); ++c) {
     auto it = std::find(classes.begin(), classes.end(), found_classes[c]);
-    TVC_CHECK(it != classes.end(), "image folder '", root, "': class folder '", found_classes[c],
-              "' is not one of the ", classes.size(), " classes of the training data");
+    TVC_CHECK(it != classes.end(), "image folder '", printable(root), "': class folder '",
+              printable(found_classes[c]), "' is not one of the ", classes.size(), " classes of the training data");
     label_of_class[c] = it - classes.begin();
   }
 
@@ -290,13 +290,14 @@ std::shared_ptr<ImageSource> image_folder_source(const std::string& root, const 
       usable_paths.push_back(paths[i]);
       labels.push_back(label_of_class[class_of_path[i]]);
     } else {
-      std::cerr << "warning: skipping " << paths[i] << ": " << faults[i] << "\n";
+      std::cerr << "warning: skipping " << printable(paths[i]) << ": " << faults[i] << "\n";
       ++skipped;
     }
   }
   if (skipped > 0)
-    std::cerr << "warning: skipped " << skipped << " of " << paths.size() << " files in " << root << "\n";
-  TVC_CHECK(!usable_paths.empty(), "image folder '", root, "' has no usable image (", paths.size(),
+    std::cerr << "warning: skipped " << skipped << " of " << paths.size() << " files in " << printable(root)
+              << "\n";
+  TVC_CHECK(!usable_paths.empty(), "image folder '", printable(root), "' has no usable image (", paths.size(),
             " files in its class folders; images are .jpg, .jpeg or .png)");
   return std::make_shared<ImageFolderSource>(root, classes, std::move(usable_paths), std::move(labels));
 }

@@ -23,10 +23,10 @@ models::BackbonePtr load_model(const std::string& name, const std::string& weigh
                                std::optional<int64_t> num_classes) {
   models::LoadReport report;
   models::BackbonePtr model = models::create(name, {.num_classes = num_classes, .weights = weights}, &report);
-  std::fprintf(stderr, "%s: weights from %s", name.c_str(), report.file.c_str());
+  std::fprintf(stderr, "%s: weights from %s", name.c_str(), printable(report.file).c_str());
   if (!report.skipped.empty()) {
     std::fprintf(stderr, " (kept initial values of the classifier, whose size differs:");
-    for (const auto& key : report.skipped) std::fprintf(stderr, " %s", key.c_str());
+    for (const auto& key : report.skipped) std::fprintf(stderr, " %s", printable(key).c_str());
     std::fprintf(stderr, ")");
   }
   std::fprintf(stderr, "\n");
@@ -38,7 +38,7 @@ models::BackbonePtr load_model(const std::string& name, const std::string& weigh
 void run_model(const RunOptions& options) {
   io::SafetensorsFile file = io::SafetensorsFile::open(options.input);
   Tensor input = file.tensor("input");
-  TVC_CHECK(input.dtype() == DType::Float32 && input.dim() == 4 && input.shape()[1] == 3, "'", options.input,
+  TVC_CHECK(input.dtype() == DType::Float32 && input.dim() == 4 && input.shape()[1] == 3, "'", printable(options.input),
             "': tensor 'input' must be float32 (N, 3, H, W), got ", dtype_name(input.dtype()), " ",
             shape_str(input.shape()));
   models::BackbonePtr model = load_model(options.model, options.weights, options.num_classes);
@@ -51,7 +51,8 @@ void run_model(const RunOptions& options) {
   if (options.features)
     for (auto& stage : model->forward_stages(input)) tensors.push_back(std::move(stage));
   io::save_safetensors(options.output, tensors, {{"model", options.model}});
-  std::printf("wrote %s: output %s%s\n", options.output.c_str(), shape_str(tensors[0].second.shape()).c_str(),
+  std::printf("wrote %s: output %s%s\n", printable(options.output).c_str(),
+              shape_str(tensors[0].second.shape()).c_str(),
               options.features ? cat_str(" and ", tensors.size() - 1, " stage tensors").c_str() : "");
 }
 
@@ -84,11 +85,11 @@ void print_top_classes(const std::vector<std::string>& images, const Tensor& pro
   const float* p = top_probs.data_ptr<float>();
   const int64_t* c = top_classes.data_ptr<int64_t>();
   for (size_t i = 0; i < images.size(); ++i) {
-    std::printf("%s\n", images[i].c_str());
+    std::printf("%s\n", printable(images[i]).c_str());
     for (int64_t j = 0; j < k; ++j) {
       const int64_t cls = c[i * k + j];
       std::printf("  %6.2f%%  %lld  %s\n", 100.0 * p[i * k + j], static_cast<long long>(cls),
-                  static_cast<size_t>(cls) < names.size() ? names[static_cast<size_t>(cls)].c_str() : "?");
+                  static_cast<size_t>(cls) < names.size() ? printable(names[static_cast<size_t>(cls)]).c_str() : "?");
     }
   }
 }

@@ -273,6 +273,7 @@ void set_node(Recipe& r, const std::string& key, const YAML::Node& node) {
   found->set(r, node, key);
 }
 
+// where names the recipe in messages, escaped (printable()) by the caller.
 Recipe parse(const YAML::Node& root, const std::string& where) {
   Recipe r;
   if (root.IsNull()) return r;
@@ -304,19 +305,19 @@ std::vector<std::string> builtin_recipes() { return {"small_cnn"}; }
 Recipe load_recipe(const std::string& name_or_path) {
   if (name_or_path == "small_cnn") return parse(load_yaml(kSmallCnn, name_or_path), name_or_path);
   std::error_code ec;
-  TVC_CHECK(std::filesystem::is_regular_file(name_or_path, ec), "recipe ", name_or_path,
+  TVC_CHECK(std::filesystem::is_regular_file(name_or_path, ec), "recipe ", printable(name_or_path),
             ": no such file (and not the built-in recipe small_cnn)");
   YAML::Node root;
   try {
     root = YAML::LoadFile(name_or_path);
   } catch (const YAML::Exception& e) {
-    throw Error(cat_str("recipe ", name_or_path, ": not valid YAML or JSON: ", e.what()));
+    throw Error(cat_str("recipe ", printable(name_or_path), ": not valid YAML or JSON: ", e.what()));
   }
-  Recipe r = parse(root, "recipe " + name_or_path);
+  Recipe r = parse(root, "recipe " + printable(name_or_path));
   try {
     check_recipe(r);
   } catch (const Error& e) {
-    throw Error(cat_str("recipe ", name_or_path, ": ", e.what()));
+    throw Error(cat_str("recipe ", printable(name_or_path), ": ", e.what()));
   }
   return r;
 }

@@ -72,7 +72,7 @@ struct Data {
   std::shared_ptr<ImageSource> train, val, test;
   std::vector<int64_t> train_indices, val_indices, test_indices;
   std::vector<std::string> classes;
-  std::string test_name;  // "the Fashion-MNIST test set", "the validation folder", ...
+  std::string test_name;  // "the Fashion-MNIST test set", "the validation split of DIR", ... (printable)
 };
 
 std::vector<int64_t> all_indices(int64_t n) {
@@ -90,7 +90,7 @@ Data load_data(const Recipe& r, bool need_train) {
   } else {
     d.train = image_folder_source(r.data);
     if (!r.val_data.empty()) d.test = image_folder_source(r.val_data, {.classes = d.train->classes()});
-    d.test_name = r.val_data.empty() ? "the validation split of " + r.data : r.val_data;
+    d.test_name = r.val_data.empty() ? "the validation split of " + printable(r.data) : printable(r.val_data);
   }
   d.classes = d.train->classes();
   d.test_indices = all_indices(d.test ? d.test->size() : 0);
@@ -117,7 +117,7 @@ Data load_data(const Recipe& r, bool need_train) {
     for (int64_t i : subset) kept.push_back(d.train_indices[i]);
     d.train_indices = std::move(kept);
   }
-  TVC_CHECK(!d.train_indices.empty(), "train: no training images left in ", d.train->description());
+  TVC_CHECK(!d.train_indices.empty(), "train: no training images left in ", printable(d.train->description()));
   return d;
 }
 
@@ -394,7 +394,7 @@ Run::Run(const Recipe& recipe, const std::string& resume_dir) : r_(recipe), out_
             " classes but num_classes is ", num_classes_);
   std::printf("data: %lld training, %lld validation images of %s (%zu classes); test: %s\n",
               static_cast<long long>(data_.train_indices.size()), static_cast<long long>(data_.val_indices.size()),
-              data_.train->description().c_str(), data_.classes.size(), data_.test_name.c_str());
+              printable(data_.train->description()).c_str(), data_.classes.size(), data_.test_name.c_str());
   manual_seed(r_.seed);  // the random initialisation, dropout and stochastic depth
   model_ = build_model(r_, num_classes_, resume_dir.empty() ? r_.weights : "", /*verbose=*/resume_dir.empty());
   if (r_.ema) {
@@ -522,7 +522,7 @@ void Run::train_epoch(int64_t epoch, int64_t first_batch) {
       const int sig = g_stop_signal.load();
       std::printf("stopped by %s at epoch %lld, batch %lld: checkpoint %s; continue with tvc train --resume %s\n",
                   sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(epoch + 1), static_cast<long long>(b + 1),
-                  (out_ / "checkpoints" / "last.pth").c_str(), out_.c_str());
+                  printable((out_ / "checkpoints" / "last.pth").string()).c_str(), printable(out_.string()).c_str());
       stop_status_ = 128 + sig;
       return;
     }
@@ -597,7 +597,8 @@ void Run::save_checkpoint(int64_t epoch, int64_t next_batch) {
 void Run::load_checkpoint(const fs::path& path) {
   io::Value c = io::load_pth(path.string());
   const io::Value* format = c.find("format");
-  TVC_CHECK(format && format->to_string() == "tvc-train-checkpoint", path.string(), ": not a tvc train checkpoint");
+  TVC_CHECK(format && format->to_string() == "tvc-train-checkpoint", printable(path.string()),
+            ": not a tvc train checkpoint");
   model_->load_state_dict(state_from(*c.find("model")));
   optimizer_->load_state_dict(optimizer_from(*c.find("optimizer")));
   if (scheduler_) scheduler_->load_state_dict(scheduler_from(*c.find("scheduler")));
@@ -613,8 +614,9 @@ void Run::load_checkpoint(const fs::path& path) {
   history_ = history_from(*c.find("history"));
   best_accuracy_ = c.find("best_accuracy")->to_float();
   write_metrics(out_, history_);  // rows written after this checkpoint are written again
-  std::printf("resumed %s at epoch %lld, batch %lld (step %lld)\n", out_.c_str(), static_cast<long long>(start_epoch_ + 1),
-              static_cast<long long>(start_batch_), static_cast<long long>(step_));
+  std::printf("resumed %s at epoch %lld, batch %lld (step %lld)\n", printable(out_.string()).c_str(),
+              static_cast<long long>(start_epoch_ + 1), static_cast<long long>(start_batch_),
+              static_cast<long long>(step_));
 }
 
 int Run::train() {
@@ -625,7 +627,7 @@ int Run::train() {
     end_epoch(epoch);
     if (g_stop_signal.load() != 0 && epoch + 1 < r_.epochs) {
       std::printf("stopped after epoch %lld: continue with tvc train --resume %s\n", static_cast<long long>(epoch + 1),
-                  out_.c_str());
+                  printable(out_.string()).c_str());
       return 128 + g_stop_signal.load();
     }
   }
@@ -650,15 +652,16 @@ void Run::finish() {
   std::printf("test accuracy on %s (%zu images): %.2f%%", data_.test_name.c_str(), data_.test_indices.size(), 100 * raw);
   if (average_) std::printf(", %s %.2f%%", average_name(), 100 * accuracy(*average_, test_loader));
   std::printf("\nfiles in %s: recipe.yaml, classes.txt, metrics.csv, curves.svg, final.{safetensors,pth}, best.{safetensors,pth}%s, checkpoints/last.pth\n",
-              out_.c_str(), average_ ? cat_str(", final_", average_name(), ".{safetensors,pth}").c_str() : "");
+              printable(out_.string()).c_str(),
+              average_ ? cat_str(", final_", average_name(), ".{safetensors,pth}").c_str() : "");
 }
 
 }  // namespace
 
 int train_recipe(const Recipe& recipe, const std::string& resume_dir) {
   if (!resume_dir.empty())
-    TVC_CHECK(fs::is_regular_file(fs::path(resume_dir) / "checkpoints" / "last.pth"), "train --resume ", resume_dir,
-              ": no checkpoints/last.pth there");
+    TVC_CHECK(fs::is_regular_file(fs::path(resume_dir) / "checkpoints" / "last.pth"), "train --resume ",
+              printable(resume_dir), ": no checkpoints/last.pth there");
   if (!recipe.dump_batches.empty()) fs::create_directories(recipe.dump_batches);
   Run run(recipe, resume_dir);
   return run.train();
@@ -688,12 +691,12 @@ Recipe run_recipe(const std::string& run_or_recipe) {
 
 void predict_with_recipe(const std::string& run, const std::string& weights, const std::vector<std::string>& images) {
   TVC_CHECK(!images.empty(), "predict: no image given");
-  TVC_CHECK(fs::is_directory(run), "predict --recipe ", run, ": not a tvc train output folder");
+  TVC_CHECK(fs::is_directory(run), "predict --recipe ", printable(run), ": not a tvc train output folder");
   Recipe r = run_recipe(run);
   std::vector<std::string> classes;
   {
     std::ifstream in(fs::path(run) / "classes.txt");
-    TVC_CHECK(in.good(), "predict --recipe ", run, ": no classes.txt there");
+    TVC_CHECK(in.good(), "predict --recipe ", printable(run), ": no classes.txt there");
     for (std::string line; std::getline(in, line);) classes.push_back(line);
   }
   hybrid::HybridModelPtr model =
@@ -731,7 +734,7 @@ void evaluate(const EvalOptions& o) {
   std::printf("%s", confusion_text(d.classes, confusion).c_str());
   if (!o.svg_out.empty()) {
     io::write_file_atomic(o.svg_out, confusion_svg(d.classes, confusion));
-    std::printf("confusion matrix: %s\n", o.svg_out.c_str());
+    std::printf("confusion matrix: %s\n", printable(o.svg_out).c_str());
   }
 }
 

@@ -48,7 +48,8 @@ int run_train(const std::string& recipe_name, const std::string& resume, const s
   for (size_t i = 0; i < flags.size(); ++i) {
     const std::string& f = flags[i];
     if (f.rfind("--", 0) != 0 || f.size() == 2) {
-      std::fprintf(stderr, "error: train: unexpected argument '%s' (flags are --KEY VALUE)\n", f.c_str());
+      std::fprintf(stderr, "error: train: unexpected argument '%s' (flags are --KEY VALUE)\n",
+                   tvc::printable(f).c_str());
       return 2;
     }
     std::string key = f.substr(2), value;
@@ -300,7 +301,10 @@ int main(int argc, char** argv) {
     return run(argc, argv);
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "error: %s\n", e.what());
+    // A tvc::Error escapes the names and paths in it itself; the one-line messages of the
+    // libraries' exceptions (std::filesystem's name paths as they are) are escaped whole.
+    const bool escaped = dynamic_cast<const tvc::Error*>(&e) != nullptr;
+    std::fprintf(stderr, "error: %s\n", escaped ? e.what() : tvc::printable(e.what()).c_str());
   } catch (...) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: unknown exception\n");

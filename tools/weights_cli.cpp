@@ -31,7 +31,7 @@ std::string repr(const io::Value& v) {
       s << v.to_float();
       return s.str();
     }
-    case io::Value::Kind::String: return "'" + v.to_string() + "'";
+    case io::Value::Kind::String: return cat_str("'", printable(v.to_string()), "'");
     case io::Value::Kind::Bytes: return cat_str("<", v.to_string().size(), " bytes>");
     case io::Value::Kind::Set: return cat_str("<set of ", v.elements().size(), ">");
     default: return cat_str("<", v.kind_name(), ">");
@@ -44,7 +44,7 @@ struct Row {
 
 void print_table(const std::string& path, const char* format, const std::vector<Row>& rows,
                  uint64_t elements, uint64_t bytes) {
-  std::printf("file: %s\nformat: %s\n", path.c_str(), format);
+  std::printf("file: %s\nformat: %s\n", printable(path).c_str(), format);
   size_t name_w = 4, dtype_w = 5;
   for (const Row& r : rows) name_w = std::max(name_w, r.name.size()), dtype_w = std::max(dtype_w, r.dtype.size());
   std::printf("%-*s  %-*s  %s\n", int(name_w), "name", int(dtype_w), "dtype", "shape");
@@ -59,13 +59,13 @@ void inspect_safetensors(const std::string& path) {
   std::vector<Row> rows;
   uint64_t elements = 0, bytes = 0;
   for (const auto& e : file.entries()) {
-    rows.push_back({e.name, io::safetensors_name(e.dtype), shape_str(e.shape)});
+    rows.push_back({printable(e.name), io::safetensors_name(e.dtype), shape_str(e.shape)});
     elements += static_cast<uint64_t>(shape_numel(e.shape));
     bytes += e.nbytes;
   }
   print_table(path, "safetensors", rows, elements, bytes);
   std::printf("metadata:%s\n", file.metadata().empty() ? " none" : "");
-  for (const auto& [k, v] : file.metadata()) std::printf("  %s: %s\n", k.c_str(), v.c_str());
+  for (const auto& [k, v] : file.metadata()) std::printf("  %s: %s\n", printable(k).c_str(), printable(v).c_str());
 }
 
 void inspect_pth(const std::string& path, io::WeightFormat format, const InspectOptions& options) {
@@ -75,11 +75,11 @@ void inspect_pth(const std::string& path, io::WeightFormat format, const Inspect
   uint64_t elements = 0, bytes = 0;
   for (const auto& [name, leaf] : io::flatten(value)) {
     if (leaf.kind() != io::Value::Kind::Tensor) {
-      others.emplace_back(name.empty() ? "(file)" : name, repr(leaf));
+      others.emplace_back(name.empty() ? "(file)" : printable(name), repr(leaf));
       continue;
     }
     const Tensor& t = leaf.to_tensor();
-    rows.push_back({name, dtype_name(t.dtype()), shape_str(t.shape())});
+    rows.push_back({printable(name), dtype_name(t.dtype()), shape_str(t.shape())});
     elements += static_cast<uint64_t>(t.numel());
     bytes += static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype());
   }
@@ -126,7 +126,7 @@ void convert_weights(const std::string& in, const std::string& out, const Conver
     std::vector<std::pair<std::string, io::RawTensor>> tensors;
     for (const auto& e : file.entries()) tensors.emplace_back(e.name, io::RawTensor{e.dtype, e.shape, file.bytes(e.name)});
     io::save_safetensors_raw(out, tensors, file.metadata());
-    std::printf("wrote %s: %zu tensors, safetensors (bytes copied)\n", out.c_str(), tensors.size());
+    std::printf("wrote %s: %zu tensors, safetensors (bytes copied)\n", printable(out).c_str(), tensors.size());
     return;
   }
   io::ReadOptions read{.widen = options.widen};
@@ -138,18 +138,19 @@ void convert_weights(const std::string& in, const std::string& out, const Conver
   if (to == io::WeightFormat::Safetensors) {
     std::vector<std::pair<std::string, Tensor>> tensors;
     for (const auto& [name, leaf] : io::flatten(value)) {
-      TVC_CHECK(leaf.kind() == io::Value::Kind::Tensor, "'", in, "': '", name, "' (", leaf.kind_name(),
+      TVC_CHECK(leaf.kind() == io::Value::Kind::Tensor, "'", printable(in), "': '", printable(name), "' (",
+                leaf.kind_name(),
                 ") is not a tensor, which safetensors cannot hold (--unwrap keeps only the weights of a checkpoint)");
       tensors.emplace_back(name, leaf.to_tensor());
     }
     io::save_safetensors(out, tensors, metadata);
-    std::printf("wrote %s: %zu tensors, safetensors\n", out.c_str(), tensors.size());
+    std::printf("wrote %s: %zu tensors, safetensors\n", printable(out).c_str(), tensors.size());
   } else {
     if (!metadata.empty())
       std::fprintf(stderr, "note: the %zu safetensors metadata entries have no place in a .pth file\n",
                    metadata.size());
     io::save_pth(out, value);
-    std::printf("wrote %s: %zu tensors, pth (zip)\n", out.c_str(), io::flatten_tensors(value).size());
+    std::printf("wrote %s: %zu tensors, pth (zip)\n", printable(out).c_str(), io::flatten_tensors(value).size());
   }
 }
 
@@ -157,9 +158,9 @@ void average_weights(const std::vector<std::string>& files, const std::string& o
                      const swa::AverageFilesOptions& options) {
   swa::AverageFilesReport r = swa::average_weight_files(files, out, options);
   const bool ema = options.method == swa::AverageFilesOptions::Method::ema;
-  std::printf("wrote %s: %s of %lld files, %lld tensors averaged, %lld buffers from the last file, %s\n", out.c_str(),
-              ema ? cat_str("EMA (decay ", options.ema_decay, ")").c_str() : "SWA", static_cast<long long>(r.files),
-              static_cast<long long>(r.averaged), static_cast<long long>(r.copied),
+  std::printf("wrote %s: %s of %lld files, %lld tensors averaged, %lld buffers from the last file, %s\n",
+              printable(out).c_str(), ema ? cat_str("EMA (decay ", options.ema_decay, ")").c_str() : "SWA",
+              static_cast<long long>(r.files), static_cast<long long>(r.averaged), static_cast<long long>(r.copied),
               options.plain ? "the model's own state_dict" : "AveragedModel state_dict (module.*, n_averaged)");
 }
 

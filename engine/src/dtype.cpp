@@ -145,4 +145,44 @@ std::vector<std::string> nearest_names(const std::string& name, const std::vecto
   return out;
 }
 
+size_t utf8_char_length(std::string_view text, size_t at) {
+  auto lead = static_cast<unsigned char>(text[at]);
+  size_t len = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xe ? 3 : (lead >> 3) == 0x1e ? 4 : 0;
+  if (len == 0 || len > text.size() - at) return 0;
+  uint32_t cp = len == 1 ? lead : len == 2 ? (lead & 0x1f) : len == 3 ? (lead & 0x0f) : (lead & 0x07);
+  for (size_t k = 1; k < len; ++k) {
+    auto next = static_cast<unsigned char>(text[at + k]);
+    if ((next >> 6) != 0x2) return 0;
+    cp = (cp << 6) | (next & 0x3f);
+  }
+  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};  // shorter forms are overlong
+  if (cp < kMin[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  return len;
+}
+
+std::string printable(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    auto lead = static_cast<unsigned char>(text[i]);
+    size_t len = utf8_char_length(text, i);
+    bool c1_control = len == 2 && lead == 0xc2 && static_cast<unsigned char>(text[i + 1]) < 0xa0;
+    bool control = lead < 0x20 || lead == 0x7f || c1_control;
+    if (lead == '\\') {
+      out += "\\\\";
+    } else if (len > 0 && !control) {
+      out.append(text.substr(i, len));
+    } else {
+      len = std::max<size_t>(len, 1);  // a control character's bytes, or the one byte that breaks UTF-8
+      for (size_t k = 0; k < len; ++k) {
+        auto byte = static_cast<unsigned char>(text[i + k]);
+        out += {'\\', 'x', kHex[byte >> 4], kHex[byte & 0xf]};
+      }
+    }
+    i += len;
+  }
+  return out;
+}
+
 }  // namespace tvc

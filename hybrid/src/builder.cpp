@@ -396,7 +396,7 @@ namespace {
 
 void check_backbone(const std::string& backbone) {
   const std::vector<std::string> all = HybridBuilder::list_backbones();
-  TVC_CHECK(std::find(all.begin(), all.end(), backbone) != all.end(), "unknown backbone '", backbone,
+  TVC_CHECK(std::find(all.begin(), all.end(), backbone) != all.end(), "unknown backbone '", printable(backbone),
             "'; did you mean '", nearest_names(backbone, all, 1)[0], "'? (tvc backbones lists all ", all.size(), ")");
 }
 
@@ -417,10 +417,11 @@ HybridModelPtr HybridBuilder::from_torchvision(const std::string& backbone, cons
     log << "Loaded " << backbone << " (random initialization)\n";
   } else {
     const models::LoadReport report = models::load_weights(*model, options.weights);
-    log << "Loaded " << backbone << " with " << options.weights << " weights (" << report.file << ")\n";
+    log << "Loaded " << backbone << " with " << printable(options.weights) << " weights (" << printable(report.file)
+        << ")\n";
     if (!report.skipped.empty()) {
       log << "Skipped (the file's classifier has another class count; the hybrid's head replaces it):";
-      for (const std::string& key : report.skipped) log << " " << key;
+      for (const std::string& key : report.skipped) log << " " << printable(key);
       log << "\n";
     }
   }
@@ -459,11 +460,12 @@ HybridModelPtr HybridBuilder::from_checkpoint(const std::string& path, const std
       }
     }
     renames += name != key;
-    TVC_CHECK(!renamed.contains(name), "from_checkpoint: ", path, " gives '", name, "' twice (once as '", key, "')");
+    TVC_CHECK(!renamed.contains(name), "from_checkpoint: ", printable(path), " gives '", printable(name),
+              "' twice (once as '", printable(key), "')");
     renamed.insert(name, t);
   }
   if (renames > 0)
-    log << "Mapped " << renames << " of " << file.size() << " names of " << path << " to the hybrid's ("
+    log << "Mapped " << renames << " of " << file.size() << " names of " << printable(path) << " to the hybrid's ("
         << (hybrid_names ? "the Python library's head" : "torchvision's names") << ")\n";
   if (options.verbose) std::cout << log.str() << std::flush;
   WeightLoadingReport report = partial_load(

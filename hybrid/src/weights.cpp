@@ -72,7 +72,7 @@ std::string WeightLoadingReport::summary() const {
     out += "\n\nShape Mismatches:";
     for (size_t i = 0; i < std::min<size_t>(5, skipped_shape_mismatch.size()); ++i) {
       const ShapeMismatch& m = skipped_shape_mismatch[i];
-      out += cat_str("\n  ", m.name, ": ", py_tuple(m.source), " -> ", py_tuple(m.target));
+      out += cat_str("\n  ", printable(m.name), ": ", py_tuple(m.source), " -> ", py_tuple(m.target));
     }
     if (skipped_shape_mismatch.size() > 5)
       out += cat_str("\n  ... and ", skipped_shape_mismatch.size() - 5, " more");
@@ -108,14 +108,14 @@ WeightLoadingReport partial_load(nn::Module& model, const nn::StateDict& state_d
 
   if (!report.skipped_shape_mismatch.empty() && (options.strict || !options.ignore_mismatch)) {
     const ShapeMismatch& m = report.skipped_shape_mismatch.front();
-    throw Error(cat_str("partial_load: shape mismatch for '", m.name, "': source ", m.source, " vs target ", m.target,
-                        " (", report.skipped_shape_mismatch.size(), " mismatches; the model is unchanged)"));
+    throw Error(cat_str("partial_load: shape mismatch for '", printable(m.name), "': source ", m.source, " vs target ",
+                        m.target, " (", report.skipped_shape_mismatch.size(), " mismatches; the model is unchanged)"));
   }
   TVC_CHECK(!options.strict || (report.skipped_missing.empty() && report.skipped_unexpected.empty()),
             "partial_load (strict): ", report.skipped_missing.size(), " missing keys",
-            report.skipped_missing.empty() ? "" : " (first '" + report.skipped_missing.front() + "')", ", ",
+            report.skipped_missing.empty() ? "" : " (first '" + printable(report.skipped_missing.front()) + "')", ", ",
             report.skipped_unexpected.size(), " unexpected keys",
-            report.skipped_unexpected.empty() ? "" : " (first '" + report.skipped_unexpected.front() + "')",
+            report.skipped_unexpected.empty() ? "" : " (first '" + printable(report.skipped_unexpected.front()) + "')",
             "; the model is unchanged");
 
   model.load_state_dict(fitting, /*strict=*/false);

@@ -36,7 +36,7 @@ const ModelSpec& spec(const std::string& name) {
   TVC_CHECK(!all.empty(), "no models are registered");
   std::vector<std::string> names;
   for (const auto& s : all) names.push_back(s.name);
-  throw Error(cat_str("unknown model '", name, "'; did you mean '", nearest_names(name, names, 1)[0],
+  throw Error(cat_str("unknown model '", printable(name), "'; did you mean '", nearest_names(name, names, 1)[0],
                       "'? (tvc list prints all ",
                       all.size(), ")"));
 }

@@ -34,7 +34,7 @@ const WeightsTag& weights_tag(const std::string& model, const std::string& tag) 
     if (t.model == model && (t.tag == tag || (tag == "DEFAULT" && t.is_default))) return t;
   std::string known;
   for (const auto& t : tags) known += ", " + t;
-  throw Error(cat_str(model, " has no weights tagged '", tag, "'",
+  throw Error(cat_str(model, " has no weights tagged '", printable(tag), "'",
                       tags.empty() ? std::string(" (it has no tags)") : cat_str(" (its tags: DEFAULT", known, ")")));
 }
 
@@ -55,7 +55,7 @@ std::string find_weights(const std::string& model, const std::string& tag) {
     for (const auto& name : {t.file_name, safetensors}) {
       fs::path candidate = fs::path(dir) / name;
       if (fs::is_regular_file(candidate)) return candidate.string();
-      tried += "\n  " + candidate.string();
+      tried += "\n  " + printable(candidate.string());
     }
   throw Error(cat_str(model, " weights ", t.tag, ": no file named ", t.file_name, " (or ", safetensors,
                       ") in the search path ($TVC_WEIGHTS, $TORCH_HOME/hub/checkpoints, "
@@ -87,7 +87,7 @@ void load_state(Backbone& model, nn::StateDict state, LoadReport& report) {
   try {
     io::load_converted(model, std::move(state));
   } catch (const Error& e) {
-    throw Error(cat_str(spec.name, ": the weights in '", report.file, "' do not fit: ", e.what()));
+    throw Error(cat_str(spec.name, ": the weights in '", printable(report.file), "' do not fit: ", e.what()));
   }
 }
 

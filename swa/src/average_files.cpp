@@ -46,16 +46,16 @@ nn::StateDict match_first(nn::StateDict file, const std::string& path, const Lay
   nn::StateDict ordered;
   for (const auto& [key, shape, dtype] : first.entries) {
     Tensor* t = file.find(key);
-    TVC_CHECK(t != nullptr, "'", path, "': lacks '", key, "', which '", first.path,
+    TVC_CHECK(t != nullptr, "'", printable(path), "': lacks '", printable(key), "', which '", printable(first.path),
               "' has (the files must hold the same keys)");
-    TVC_CHECK(t->shape() == shape, "'", path, "': '", key, "' has shape ", t->shape(), " but ", shape, " in '",
-              first.path, "'");
+    TVC_CHECK(t->shape() == shape, "'", printable(path), "': '", printable(key), "' has shape ", t->shape(), " but ",
+              shape, " in '", printable(first.path), "'");
     Tensor moved = std::move(*t);
     ordered.insert(key, moved.to(dtype));
   }
   for (const auto& [key, t] : file)
-    TVC_CHECK(first.keys.contains(key), "'", path, "': has '", key, "', which '", first.path,
-              "' lacks (the files must hold the same keys)");
+    TVC_CHECK(first.keys.contains(key), "'", printable(path), "': has '", printable(key), "', which '",
+              printable(first.path), "' lacks (the files must hold the same keys)");
   return ordered;
 }
 
@@ -76,7 +76,7 @@ std::shared_ptr<nn::Module> module_from_state_dict(const nn::StateDict& state_di
       if (is_buffer_entry(key, tensor)) m->register_buffer(leaf, tensor);
       else m->register_parameter(leaf, tensor, /*requires_grad=*/false);
     } catch (const Error& e) {
-      throw Error(cat_str("state_dict entry '", key, "' does not fit a module tree: ", e.what()));
+      throw Error(cat_str("state_dict entry '", printable(key), "' does not fit a module tree: ", e.what()));
     }
   }
   return root;
@@ -97,7 +97,7 @@ AverageFilesReport average_weight_files(const std::vector<std::string>& paths, c
     std::shared_ptr<nn::Module> model;
     if (!average) {
       nn::StateDict first = load_file(path);
-      TVC_CHECK(!first.empty(), "'", path, "': holds no tensors");
+      TVC_CHECK(!first.empty(), "'", printable(path), "': holds no tensors");
       first_layout = layout_of(first, path);
       model = module_from_state_dict(first);
       average = std::make_shared<AveragedModel>(*model, averaging);
@@ -110,7 +110,7 @@ AverageFilesReport average_weight_files(const std::vector<std::string>& paths, c
     try {
       average->update_parameters(*model);
     } catch (const Error& e) {
-      throw Error(cat_str("'", path, "': ", e.what()));
+      throw Error(cat_str("'", printable(path), "': ", e.what()));
     }
     ++report.files;
   }

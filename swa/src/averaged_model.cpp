@@ -114,21 +114,21 @@ std::vector<AveragedModel::Slot> AveragedModel::pair_tensors(const nn::Module& m
     for (const auto& e : theirs)
       if (e.second.defined()) m.push_back(e);
     for (size_t i = 0; i < std::max(a.size(), m.size()); ++i) {
-      TVC_CHECK(i < a.size(), "AveragedModel.update_parameters: the model has ", kind, " '", m[i].first,
+      TVC_CHECK(i < a.size(), "AveragedModel.update_parameters: the model has ", kind, " '", printable(m[i].first),
                 "', which the averaged copy lacks (it has ", a.size(), " ", kind, "s, the model ", m.size(), ")");
-      TVC_CHECK(i < m.size(), "AveragedModel.update_parameters: the model lacks ", kind, " '", a[i].first,
+      TVC_CHECK(i < m.size(), "AveragedModel.update_parameters: the model lacks ", kind, " '", printable(a[i].first),
                 "' of the averaged copy (the copy has ", a.size(), " ", kind, "s, the model ", m.size(), ")");
       const std::string& name = a[i].first;
       const Tensor& mt = m[i].second;
-      TVC_CHECK(m[i].first == name, "AveragedModel.update_parameters: ", kind, " ", i, " is '", m[i].first,
-                "' in the model but '", name, "' in the averaged copy");
-      TVC_CHECK(mt.shape() == a[i].second.shape(), "AveragedModel.update_parameters: ", kind, " '", name,
+      TVC_CHECK(m[i].first == name, "AveragedModel.update_parameters: ", kind, " ", i, " is '", printable(m[i].first),
+                "' in the model but '", printable(name), "' in the averaged copy");
+      TVC_CHECK(mt.shape() == a[i].second.shape(), "AveragedModel.update_parameters: ", kind, " '", printable(name),
                 "' has shape ", mt.shape(), " in the model but ", a[i].second.shape(),
                 " in the averaged copy");
-      TVC_CHECK(mt.dtype() == source[i].dtype, "AveragedModel.update_parameters: ", kind, " '", name, "' is ",
-                dtype_name(mt.dtype()), " in the model but the averaged copy was made from ",
+      TVC_CHECK(mt.dtype() == source[i].dtype, "AveragedModel.update_parameters: ", kind, " '", printable(name),
+                "' is ", dtype_name(mt.dtype()), " in the model but the averaged copy was made from ",
                 dtype_name(source[i].dtype));
-      TVC_CHECK(mt.device() == source[i].device, "AveragedModel.update_parameters: ", kind, " '", name,
+      TVC_CHECK(mt.device() == source[i].device, "AveragedModel.update_parameters: ", kind, " '", printable(name),
                 "' is on ", device_name(mt.device()), " in the model but the averaged copy was made from ",
                 device_name(source[i].device));
       slots.push_back({name, a[i].second.detach(), mt.detach(), average_floating && is_floating(mt.dtype())});
@@ -157,8 +157,8 @@ void AveragedModel::update_parameters(const nn::Module& model) {
       if (!s.average) continue;
       Tensor r = options_.avg_fn(s.averaged, s.current, n);
       TVC_CHECK(r.defined() && r.shape() == s.averaged.shape(), "AveragedModel.update_parameters: avg_fn returned ",
-                r.defined() ? cat_str("shape ", r.shape()) : std::string("an undefined tensor"), " for '", s.name,
-                "' of shape ", s.averaged.shape());
+                r.defined() ? cat_str("shape ", r.shape()) : std::string("an undefined tensor"), " for '",
+                printable(s.name), "' of shape ", s.averaged.shape());
       results.push_back(r);
     }
   }

@@ -30,16 +30,16 @@ namespace {
 
 std::vector<uint8_t> read_whole_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  TVC_CHECK(in, "cannot open image '", path, "': ", std::strerror(errno));
+  TVC_CHECK(in, "cannot open image '", printable(path), "': ", std::strerror(errno));
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  TVC_CHECK(!in.bad(), "cannot read image '", path, "'");
+  TVC_CHECK(!in.bad(), "cannot read image '", printable(path), "'");
   return bytes;
 }
 
 // Refuses a header's size before anything of that size is allocated.
 void check_size(const std::string& path, int64_t width, int64_t height) {
-  TVC_CHECK(width > 0 && height > 0, "image '", path, "': its header gives the size ", width, "x", height);
-  TVC_CHECK(width <= kMaxImagePixels / height, "image '", path, "': ", width, "x", height,
+  TVC_CHECK(width > 0 && height > 0, "image '", printable(path), "': its header gives the size ", width, "x", height);
+  TVC_CHECK(width <= kMaxImagePixels / height, "image '", printable(path), "': ", width, "x", height,
             " pixels is more than the ", kMaxImagePixels, " tvc decodes");
 }
 
@@ -135,17 +135,20 @@ bool decode_jpeg_pixels(JpegDecoder* d, uint8_t* rgb) {
 
 Image decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes) {
   JpegDecoder d;
-  TVC_CHECK(decode_jpeg_header(&d, bytes.data(), bytes.size()), "cannot decode JPEG '", path, "': ", d.err.message);
+  TVC_CHECK(decode_jpeg_header(&d, bytes.data(), bytes.size()), "cannot decode JPEG '", printable(path), "': ",
+            printable(d.err.message));
   // PIL's modes: 1 component is "L", 3 are "RGB"; 4 (CMYK, YCCK) need PIL's own conversion.
-  TVC_CHECK(d.cinfo.num_components == 1 || d.cinfo.num_components == 3, "cannot decode JPEG '", path, "': it has ",
-            d.cinfo.num_components, " color components (tvc reads grayscale and RGB/YCbCr JPEGs, not CMYK)");
+  TVC_CHECK(d.cinfo.num_components == 1 || d.cinfo.num_components == 3, "cannot decode JPEG '", printable(path),
+            "': it has ", d.cinfo.num_components,
+            " color components (tvc reads grayscale and RGB/YCbCr JPEGs, not CMYK)");
   Image image{.height = d.cinfo.image_height, .width = d.cinfo.image_width, .rgb = {}};
   check_size(path, image.width, image.height);
   image.rgb.resize(static_cast<size_t>(image.height * image.width * 3));
-  TVC_CHECK(decode_jpeg_pixels(&d, image.rgb.data()), "cannot decode JPEG '", path, "': ", d.err.message);
+  TVC_CHECK(decode_jpeg_pixels(&d, image.rgb.data()), "cannot decode JPEG '", printable(path), "': ",
+            printable(d.err.message));
   TVC_CHECK(static_cast<int64_t>(d.cinfo.output_width) == image.width &&
                 static_cast<int64_t>(d.cinfo.output_height) == image.height,
-            "cannot decode JPEG '", path, "': decoded size differs from the header's");
+            "cannot decode JPEG '", printable(path), "': decoded size differs from the header's");
   return image;
 }
 
@@ -231,31 +234,31 @@ Image decode_png(const std::string& path, const std::vector<uint8_t>& bytes) {
   d.data = bytes.data();
   d.size = bytes.size();
   d.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &d, png_fail, png_warn);
-  TVC_CHECK(d.png, "cannot decode PNG '", path, "': libpng could not start");
+  TVC_CHECK(d.png, "cannot decode PNG '", printable(path), "': libpng could not start");
   d.info = png_create_info_struct(d.png);
-  TVC_CHECK(d.info, "cannot decode PNG '", path, "': libpng could not start");
+  TVC_CHECK(d.info, "cannot decode PNG '", printable(path), "': libpng could not start");
   png_set_read_fn(d.png, &d, png_read_memory);
 
   PngLayout layout;
-  TVC_CHECK(decode_png_header(&d, &layout), "cannot decode PNG '", path, "': ", d.message);
+  TVC_CHECK(decode_png_header(&d, &layout), "cannot decode PNG '", printable(path), "': ", printable(d.message));
   check_size(path, layout.width, layout.height);
   // zlib cannot inflate more than 1032 bytes out of one: a header promising more pixel bytes
   // than the file could hold is refused before the rows are allocated.
   const double packed_bytes = static_cast<double>(layout.height) *
                               (1.0 + std::ceil(static_cast<double>(layout.width) * layout.file_channels *
                                                layout.bit_depth / 8.0));
-  TVC_CHECK(packed_bytes <= 1032.0 * static_cast<double>(bytes.size()) + 4096.0, "cannot decode PNG '", path,
-            "': its header gives ", layout.width, "x", layout.height, " pixels, more than its ", bytes.size(),
-            " bytes can hold");
+  TVC_CHECK(packed_bytes <= 1032.0 * static_cast<double>(bytes.size()) + 4096.0, "cannot decode PNG '",
+            printable(path), "': its header gives ", layout.width, "x", layout.height, " pixels, more than its ",
+            bytes.size(), " bytes can hold");
   TVC_CHECK(layout.channels >= 1 && layout.channels <= 4 &&
                 layout.rowbytes == static_cast<size_t>(layout.width) * static_cast<size_t>(layout.channels),
-            "cannot decode PNG '", path, "': unexpected sample layout (", layout.channels, " channels, ",
+            "cannot decode PNG '", printable(path), "': unexpected sample layout (", layout.channels, " channels, ",
             layout.rowbytes, " bytes a row)");
 
   std::vector<uint8_t> samples(layout.rowbytes * layout.height);
   std::vector<png_bytep> rows(layout.height);
   for (png_uint_32 y = 0; y < layout.height; ++y) rows[y] = samples.data() + y * layout.rowbytes;
-  TVC_CHECK(decode_png_pixels(&d, rows.data()), "cannot decode PNG '", path, "': ", d.message);
+  TVC_CHECK(decode_png_pixels(&d, rows.data()), "cannot decode PNG '", printable(path), "': ", printable(d.message));
 
   // 1: gray, 2: gray + alpha, 3: RGB, 4: RGBA. Gray is replicated and alpha dropped, as
   // convert("RGB") does (no compositing onto a background).
@@ -417,7 +420,7 @@ Image decode_image(const std::string& path) {
   static const uint8_t kPngSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   if (bytes.size() >= 3 && bytes[0] == 0xff && bytes[1] == 0xd8 && bytes[2] == 0xff) return decode_jpeg(path, bytes);
   if (bytes.size() >= 8 && std::memcmp(bytes.data(), kPngSignature, 8) == 0) return decode_png(path, bytes);
-  throw Error(cat_str("cannot decode image '", path, "': ",
+  throw Error(cat_str("cannot decode image '", printable(path), "': ",
                       bytes.empty() ? "the file is empty" : "not a JPEG or PNG file (unknown first bytes)"));
 }
 

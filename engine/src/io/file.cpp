@@ -26,12 +26,12 @@ std::string errno_text() { return std::strerror(errno); }
 
 InputFile::InputFile(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  TVC_CHECK(fd_ >= 0, "cannot open '", path, "': ", errno_text());
+  TVC_CHECK(fd_ >= 0, "cannot open '", printable(path), "': ", errno_text());
   struct stat st {};
   if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
     std::string why = S_ISDIR(st.st_mode) ? std::string("it is a directory") : errno_text();
     ::close(fd_);
-    throw Error(cat_str("cannot read '", path, "': ", why));
+    throw Error(cat_str("cannot read '", printable(path), "': ", why));
   }
   size_ = static_cast<uint64_t>(st.st_size);
 }
@@ -41,7 +41,7 @@ InputFile::~InputFile() {
 }
 
 void InputFile::read(uint64_t offset, void* dst, size_t n, const std::string& what) const {
-  TVC_CHECK(offset <= size_ && n <= size_ - offset, "'", path_, "': ", what, " (bytes ", offset,
+  TVC_CHECK(offset <= size_ && n <= size_ - offset, "'", printable(path_), "': ", what, " (bytes ", offset,
             " to ", offset + static_cast<uint64_t>(n), ") lies past the end of the file (",
             size_, " bytes)");
   auto* out = static_cast<uint8_t*>(dst);
@@ -49,15 +49,15 @@ void InputFile::read(uint64_t offset, void* dst, size_t n, const std::string& wh
   while (done < n) {
     ssize_t got = ::pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
     if (got < 0 && errno == EINTR) continue;
-    TVC_CHECK(got >= 0, "'", path_, "': reading ", what, " failed: ", errno_text());
-    TVC_CHECK(got > 0, "'", path_, "': the file ended while reading ", what, " at byte ",
+    TVC_CHECK(got >= 0, "'", printable(path_), "': reading ", what, " failed: ", errno_text());
+    TVC_CHECK(got > 0, "'", printable(path_), "': the file ended while reading ", what, " at byte ",
               offset + done, " (it was ", size_, " bytes when opened; was it truncated?)");
     done += static_cast<size_t>(got);
   }
 }
 
 std::vector<uint8_t> InputFile::read(uint64_t offset, size_t n, const std::string& what) const {
-  TVC_CHECK(offset <= size_ && n <= size_ - offset, "'", path_, "': ", what, " (bytes ", offset,
+  TVC_CHECK(offset <= size_ && n <= size_ - offset, "'", printable(path_), "': ", what, " (bytes ", offset,
             " to ", offset + static_cast<uint64_t>(n), ") lies past the end of the file (",
             size_, " bytes)");
   std::vector<uint8_t> bytes(n);
@@ -97,18 +97,18 @@ void remove_stale_temporaries(const std::filesystem::path& dir, const std::strin
 
 void fsync_folder(const std::filesystem::path& dir, const std::string& path) {
   int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  TVC_CHECK(fd >= 0, "cannot open the folder of '", path, "' to sync it: ", errno_text());
+  TVC_CHECK(fd >= 0, "cannot open the folder of '", printable(path), "' to sync it: ", errno_text());
   int rc = ::fsync(fd);
   int err = errno;
   ::close(fd);
-  TVC_CHECK(rc == 0, "cannot sync the folder of '", path, "': ", std::strerror(err));
+  TVC_CHECK(rc == 0, "cannot sync the folder of '", printable(path), "': ", std::strerror(err));
 }
 
 }  // namespace
 
 AtomicFileWriter::AtomicFileWriter(const std::string& path) : path_(path) {
   std::filesystem::path target(path);
-  TVC_CHECK(!target.filename().empty(), "cannot write '", path, "': not a file name");
+  TVC_CHECK(!target.filename().empty(), "cannot write '", printable(path), "': not a file name");
   std::filesystem::path dir = target.parent_path();
   std::string name = target.filename().string();
   remove_stale_temporaries(dir, name);
@@ -116,7 +116,8 @@ AtomicFileWriter::AtomicFileWriter(const std::string& path) : path_(path) {
   std::string temp_name = cat_str(".", name, kTempTag, ::getpid(), ".", counter++);
   temp_path_ = (dir / temp_name).string();
   fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  TVC_CHECK(fd_ >= 0, "cannot write '", path, "': creating '", temp_path_, "' failed: ", errno_text());
+  TVC_CHECK(fd_ >= 0, "cannot write '", printable(path), "': creating '", printable(temp_path_), "' failed: ",
+            errno_text());
   buffer_.reserve(kBufferSize);
 }
 
@@ -130,14 +131,14 @@ void AtomicFileWriter::flush_buffer() {
   while (done < buffer_.size()) {
     ssize_t n = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    TVC_CHECK(n > 0, "cannot write '", path_, "': ", errno_text());
+    TVC_CHECK(n > 0, "cannot write '", printable(path_), "': ", errno_text());
     done += static_cast<size_t>(n);
   }
   buffer_.clear();
 }
 
 void AtomicFileWriter::write(const void* data, size_t n) {
-  TVC_CHECK(!committed_ && fd_ >= 0, "AtomicFileWriter: '", path_, "' was already committed");
+  TVC_CHECK(!committed_ && fd_ >= 0, "AtomicFileWriter: '", printable(path_), "' was already committed");
   const auto* bytes = static_cast<const uint8_t*>(data);
   while (n > 0) {
     size_t take = std::min(n, kBufferSize - buffer_.size());
@@ -159,14 +160,14 @@ void AtomicFileWriter::write_zeros(size_t n) {
 }
 
 void AtomicFileWriter::commit() {
-  TVC_CHECK(!committed_ && fd_ >= 0, "AtomicFileWriter: '", path_, "' was already committed");
+  TVC_CHECK(!committed_ && fd_ >= 0, "AtomicFileWriter: '", printable(path_), "' was already committed");
   flush_buffer();
-  TVC_CHECK(::fsync(fd_) == 0, "cannot sync '", temp_path_, "': ", errno_text());
+  TVC_CHECK(::fsync(fd_) == 0, "cannot sync '", printable(temp_path_), "': ", errno_text());
   int rc = ::close(fd_);
   fd_ = -1;
-  TVC_CHECK(rc == 0, "cannot close '", temp_path_, "': ", errno_text());
-  TVC_CHECK(::rename(temp_path_.c_str(), path_.c_str()) == 0, "cannot rename '", temp_path_,
-            "' to '", path_, "': ", errno_text());
+  TVC_CHECK(rc == 0, "cannot close '", printable(temp_path_), "': ", errno_text());
+  TVC_CHECK(::rename(temp_path_.c_str(), path_.c_str()) == 0, "cannot rename '", printable(temp_path_),
+            "' to '", printable(path_), "': ", errno_text());
   committed_ = true;
   fsync_folder(std::filesystem::path(path_).parent_path(), path_);
 }

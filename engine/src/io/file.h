@@ -20,7 +20,8 @@ class InputFile {
 
   const std::string& path() const { return path_; }
   uint64_t size() const { return size_; }
-  // Reads n bytes at offset into dst; `what` names the part read for the error message.
+  // Reads n bytes at offset into dst; `what` names the part read for the error message, which
+  // takes it as it is (names from the file in it already printable()).
   void read(uint64_t offset, void* dst, size_t n, const std::string& what) const;
   std::vector<uint8_t> read(uint64_t offset, size_t n, const std::string& what) const;
 

@@ -143,8 +143,10 @@ struct Unpickler::State {
   uint64_t key_bytes = 0;  // hashed as dict and set keys
   ObjPtr result;
 
+  // "'model.pth': archive/data.pkl", the start of every error message.
+  std::string where() const { return cat_str("'", printable(file), "': ", printable(source)); }
   [[noreturn]] void fail(const std::string& message) const {
-    throw Error(cat_str("'", file, "': ", source, ": ", message, " (", op, " at byte ", op_position, ")"));
+    throw Error(cat_str(where(), ": ", message, " (", op, " at byte ", op_position, ")"));
   }
 
   // ---- input
@@ -309,7 +311,7 @@ void Unpickler::State::global(const std::string& module, const std::string& name
   bool allowed = std::find_if(std::begin(kAllowed), std::end(kAllowed),
                               [&](const char* a) { return full == a; }) != std::end(kAllowed);
   if (!allowed && module == "torch") allowed = file_dtype_from_torch_storage(name).has_value();
-  if (!allowed) fail(cat_str(op, " ", full, " is not allowed (only state_dict/checkpoint types are)"));
+  if (!allowed) fail(cat_str(op, " ", printable(full), " is not allowed (only state_dict/checkpoint types are)"));
   ObjPtr g = make(Obj::Kind::Global);
   g->global = module == "__builtin__" ? "builtins." + name : full;
   push(std::move(g));
@@ -478,7 +480,7 @@ void Unpickler::State::run() {
     op = opcode_name(code);
     if (!op) {
       op = "?";
-      throw Error(cat_str("'", file, "': ", source, ": unknown opcode 0x", std::hex, int{code}, std::dec, " at byte ", op_position));
+      throw Error(cat_str(where(), ": unknown opcode 0x", std::hex, int{code}, std::dec, " at byte ", op_position));
     }
     switch (code) {
       case 0x80: {  // PROTO
@@ -618,8 +620,8 @@ void Unpickler::State::run() {
       }
       case 'Q': persistent_id(*pop()); break;
       default:
-        throw Error(cat_str("'", file, "': ", source, ": opcode ", op, " (0x", std::hex, int{code}, std::dec,
-                            ") at byte ", op_position, " is not allowed"));
+        throw Error(cat_str(where(), ": opcode ", op, " (0x", std::hex, int{code}, std::dec, ") at byte ",
+                            op_position, " is not allowed"));
     }
   }
 }
@@ -682,8 +684,8 @@ class Converter {
         break;
       }
       default:
-        throw Error(cat_str("'", file_, "': the checkpoint holds a ", kind_name(*o), " at '", path,
-                            "', which is not a value"));
+        throw Error(cat_str("'", printable(file_), "': the checkpoint holds a ", kind_name(*o), " at '",
+                            printable(path), "', which is not a value"));
     }
     done_.emplace(o.get(), v);
     return v;
@@ -699,7 +701,7 @@ class Converter {
     std::shared_ptr<Storage> storage = t.storage;
     if (!dtype) {
       std::optional<DType> wide = widened_dtype(t.dtype);
-      TVC_CHECK(widen_ && wide, "'", file_, "': tensor '", path, "' has element type ",
+      TVC_CHECK(widen_ && wide, "'", printable(file_), "': tensor '", printable(path), "' has element type ",
                 torch_storage_name(t.dtype), ", which tvc lacks",
                 wide ? cat_str(" (ReadOptions::widen loads it as ", dtype_name(*wide), ")") : std::string());
       dtype = wide;
@@ -728,12 +730,14 @@ class Converter {
       switch (dtype) {
         case DType::Int32: static_cast<int32_t*>(out->data())[i] = static_cast<int32_t>(u); break;
         case DType::Int64:
-          TVC_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), "'", file_, "': tensor '", path,
-                    "' holds the unsigned value ", u, ", beyond int64");
+          TVC_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), "'", printable(file_),
+                    "': tensor '", printable(path), "' holds the unsigned value ", u, ", beyond int64");
           static_cast<int64_t*>(out->data())[i] = static_cast<int64_t>(u);
           break;
         case DType::Float32: static_cast<float*>(out->data())[i] = decode_small_float(t.dtype, static_cast<uint8_t>(u)); break;
-        default: throw Error(cat_str("'", file_, "': cannot widen tensor '", path, "' to ", dtype_name(dtype)));
+        default:
+          throw Error(cat_str("'", printable(file_), "': cannot widen tensor '", printable(path), "' to ",
+                              dtype_name(dtype)));
       }
     }
     widened_.emplace(t.storage.get(), out);

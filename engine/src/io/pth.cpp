@@ -14,16 +14,16 @@ namespace {
 // overflows.
 uint64_t storage_bytes(const std::string& path, const PersistentId& id) {
   uint64_t size = static_cast<uint64_t>(bit_size(id.dtype) / 8), n;
-  TVC_CHECK(!__builtin_mul_overflow(id.numel, size, &n), "'", path, "': storage '", id.key, "' of ", id.numel,
-            " elements overflows");
+  TVC_CHECK(!__builtin_mul_overflow(id.numel, size, &n), "'", printable(path), "': storage '", printable(id.key),
+            "' of ", id.numel, " elements overflows");
   return n;
 }
 
 // A storage seen before under the same key must have the same type and element count.
 void check_same(const std::string& path, const PersistentId& first, const PersistentId& again) {
-  TVC_CHECK(first.dtype == again.dtype && first.numel == again.numel, "'", path, "': storage '", again.key,
-            "' is used as ", torch_storage_name(first.dtype), " of ", first.numel, " elements and as ",
-            torch_storage_name(again.dtype), " of ", again.numel);
+  TVC_CHECK(first.dtype == again.dtype && first.numel == again.numel, "'", printable(path), "': storage '",
+            printable(again.key), "' is used as ", torch_storage_name(first.dtype), " of ", first.numel,
+            " elements and as ", torch_storage_name(again.dtype), " of ", again.numel);
 }
 
 // ---------------------------------------------------------------- zip format
@@ -40,13 +40,14 @@ Value load_zip(const std::string& path, const ReadOptions& options) {
       ++found;
     }
   }
-  TVC_CHECK(found == 1, "'", path, "': expected one '<folder>/data.pkl' entry in the zip archive, found ", found,
-            found == 0 ? " (not a torch.save file?)" : "");
+  TVC_CHECK(found == 1, "'", printable(path), "': expected one '<folder>/data.pkl' entry in the zip archive, found ",
+            found, found == 0 ? " (not a torch.save file?)" : "");
   if (zip.contains(stem + "/byteorder")) {
     std::vector<uint8_t> order = zip.read(stem + "/byteorder", 16);
     std::string text(order.begin(), order.end());
-    TVC_CHECK(text != "big", "'", path, "': the file is big-endian, which is not supported");
-    TVC_CHECK(text == "little", "'", path, "': unknown byte order '", text, "' in ", stem, "/byteorder");
+    TVC_CHECK(text != "big", "'", printable(path), "': the file is big-endian, which is not supported");
+    TVC_CHECK(text == "little", "'", printable(path), "': unknown byte order '", printable(text), "' in ",
+              printable(stem), "/byteorder");
   }  // absent: little-endian (files before torch 2.1)
 
   struct Loaded {
@@ -63,11 +64,13 @@ Value load_zip(const std::string& path, const ReadOptions& options) {
       return it->second.storage;
     }
     std::string entry = stem + "/data/" + id.key;
-    TVC_CHECK(zip.contains(entry), "'", path, "': storage '", id.key, "' has no entry ", entry);
+    TVC_CHECK(zip.contains(entry), "'", printable(path), "': storage '", printable(id.key), "' has no entry ",
+              printable(entry));
     uint64_t nbytes = storage_bytes(path, id);
     uint64_t actual = zip.size(entry);
-    TVC_CHECK(actual == nbytes, "'", path, "': storage '", id.key, "' (", id.numel, " elements of ",
-              torch_storage_name(id.dtype), ") needs ", nbytes, " bytes but entry ", entry, " holds ", actual);
+    TVC_CHECK(actual == nbytes, "'", printable(path), "': storage '", printable(id.key), "' (", id.numel,
+              " elements of ", torch_storage_name(id.dtype), ") needs ", nbytes, " bytes but entry ", printable(entry),
+              " holds ", actual);
     auto storage = Storage::allocate(static_cast<size_t>(nbytes));
     zip.read(entry, storage->data(), nbytes);
     storages.emplace(id.key, Loaded{id, storage});
@@ -91,7 +94,7 @@ Value load_legacy(const std::string& path, const ReadOptions& options) {
   InputFile file(path);
   uint8_t magic[sizeof kLegacyMagic] = {};
   if (file.size() >= sizeof magic) file.read(0, magic, sizeof magic, "the magic number");
-  TVC_CHECK(std::memcmp(magic, kLegacyMagic, sizeof magic) == 0, "'", path,
+  TVC_CHECK(std::memcmp(magic, kLegacyMagic, sizeof magic) == 0, "'", printable(path),
             "': not a torch.save file (no zip archive, no legacy magic number)");
   uint64_t offset = sizeof magic;
 
@@ -104,12 +107,13 @@ Value load_legacy(const std::string& path, const ReadOptions& options) {
     return unpickler;
   };
   Value protocol = next("the protocol version pickle", {}).value();
-  TVC_CHECK(protocol.kind() == Value::Kind::Int && protocol.to_int() == 1001, "'", path,
+  TVC_CHECK(protocol.kind() == Value::Kind::Int && protocol.to_int() == 1001, "'", printable(path),
             "': legacy protocol version is not 1001");
   Value sys_info = next("the sys_info pickle", {}).value();
   const Value* little = sys_info.find("little_endian");
-  TVC_CHECK(little && little->kind() == Value::Kind::Bool, "'", path, "': sys_info has no little_endian flag");
-  TVC_CHECK(little->to_bool(), "'", path, "': the file is big-endian, which is not supported");
+  TVC_CHECK(little && little->kind() == Value::Kind::Bool, "'", printable(path),
+            "': sys_info has no little_endian flag");
+  TVC_CHECK(little->to_bool(), "'", printable(path), "': the file is big-endian, which is not supported");
 
   struct Pending {
     PersistentId id;
@@ -126,35 +130,38 @@ Value load_legacy(const std::string& path, const ReadOptions& options) {
     }
     // The data follows the pickles: it must at least fit in the rest of the file.
     uint64_t nbytes = storage_bytes(path, id);
-    TVC_CHECK(nbytes <= file.size() - object_start, "'", path, "': storage '", id.key, "' of ", id.numel,
-              " elements (", nbytes, " bytes) is larger than the file");
+    TVC_CHECK(nbytes <= file.size() - object_start, "'", printable(path), "': storage '", printable(id.key), "' of ",
+              id.numel, " elements (", nbytes, " bytes) is larger than the file");
     auto storage = Storage::allocate(static_cast<size_t>(nbytes));
     storages.emplace(id.key, Pending{id, storage});
     return storage;
   };
   Unpickler object = next("the object pickle", persistent_load);
   Value keys = next("the storage keys pickle", {}).value();
-  TVC_CHECK(keys.kind() == Value::Kind::List, "'", path, "': the storage keys are a ", keys.kind_name(),
+  TVC_CHECK(keys.kind() == Value::Kind::List, "'", printable(path), "': the storage keys are a ", keys.kind_name(),
             ", not a list");
 
   // Each storage in key order: int64 element count, then the elements.
   for (const Value& key : keys.elements()) {
-    TVC_CHECK(key.kind() == Value::Kind::String, "'", path, "': a storage key is a ", key.kind_name());
+    TVC_CHECK(key.kind() == Value::Kind::String, "'", printable(path), "': a storage key is a ", key.kind_name());
     auto it = storages.find(key.to_string());
-    TVC_CHECK(it != storages.end(), "'", path, "': storage '", key.to_string(), "' is not used by the object");
+    TVC_CHECK(it != storages.end(), "'", printable(path), "': storage '", printable(key.to_string()),
+              "' is not used by the object");
     Pending& s = it->second;
-    TVC_CHECK(!s.read, "'", path, "': storage '", key.to_string(), "' is listed twice");
+    TVC_CHECK(!s.read, "'", printable(path), "': storage '", printable(key.to_string()), "' is listed twice");
     int64_t numel = 0;
-    file.read(offset, &numel, 8, cat_str("the size of storage '", key.to_string(), "'"));
-    TVC_CHECK(numel >= 0 && static_cast<uint64_t>(numel) == s.id.numel, "'", path, "': storage '", key.to_string(),
-              "' holds ", numel, " elements in the file but ", s.id.numel, " in the pickle");
+    file.read(offset, &numel, 8, cat_str("the size of storage '", printable(key.to_string()), "'"));
+    TVC_CHECK(numel >= 0 && static_cast<uint64_t>(numel) == s.id.numel, "'", printable(path), "': storage '",
+              printable(key.to_string()), "' holds ", numel, " elements in the file but ", s.id.numel,
+              " in the pickle");
     offset += 8;
-    file.read(offset, s.storage->data(), s.storage->nbytes(), cat_str("storage '", key.to_string(), "'"));
+    file.read(offset, s.storage->data(), s.storage->nbytes(), cat_str("storage '", printable(key.to_string()), "'"));
     offset += s.storage->nbytes();
     s.read = true;
   }
   for (const auto& [key, s] : storages)
-    TVC_CHECK(s.read, "'", path, "': storage '", key, "' is used by the object but missing from the file");
+    TVC_CHECK(s.read, "'", printable(path), "': storage '", printable(key),
+              "' is used by the object but missing from the file");
   return object.value(options.widen);
 }
 
@@ -164,7 +171,8 @@ Value load_pth(const std::string& path, const ReadOptions& options) {
   WeightFormat format = detect_format(path);
   if (format == WeightFormat::PthZip) return load_zip(path, options);
   if (format == WeightFormat::PthLegacy) return load_legacy(path, options);
-  throw Error(cat_str("'", path, "': not a .pth file (neither a zip archive nor a legacy torch.save file)"));
+  throw Error(
+      cat_str("'", printable(path), "': not a .pth file (neither a zip archive nor a legacy torch.save file)"));
 }
 
 void save_pth(const std::string& path, const Value& value) {

@@ -20,22 +20,12 @@ namespace {
 
 constexpr uint64_t kMaxHeaderSize = 100'000'000;  // the reference implementation's limit
 
-// Index of the first byte that breaks UTF-8 (overlong forms, surrogates and code points past
-// U+10FFFF included), or npos.
+// Index of the first byte that breaks UTF-8, or npos.
 size_t invalid_utf8_at(const std::string& s) {
-  size_t i = 0, n = s.size();
-  while (i < n) {
-    auto c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (len == 0 || i + len > n) return i;
-    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1f) : len == 3 ? (c & 0x0f) : (c & 0x07);
-    for (size_t k = 1; k < len; ++k) {
-      auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc >> 6) != 0x2) return i;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t len = utf8_char_length(s, i);
+    if (len == 0) return i;
     i += len;
   }
   return std::string::npos;
@@ -72,7 +62,7 @@ class HeaderReader : public nlohmann::json_sax<nlohmann::json> {
     }
     if (depth_ == 2 && in_tensor() && field_ == "dtype") {
       auto dtype = file_dtype_from_safetensors(v);
-      if (!dtype) fail(cat_str("tensor '", entry_, "' has unknown dtype '", v, "'"));
+      if (!dtype) fail(cat_str("tensor '", printable(entry_), "' has unknown dtype '", printable(v), "'"));
       entries.back().dtype = *dtype;
       seen_.insert("dtype");
       return true;
@@ -100,7 +90,7 @@ class HeaderReader : public nlohmann::json_sax<nlohmann::json> {
   bool end_object() override {
     if (depth_ == 2 && in_tensor()) {
       for (const char* field : {"dtype", "shape", "data_offsets"})
-        if (!seen_.count(field)) fail(cat_str("tensor '", entry_, "' has no \"", field, "\""));
+        if (!seen_.count(field)) fail(cat_str("tensor '", printable(entry_), "' has no \"", field, "\""));
     }
     --depth_;
     return true;
@@ -109,15 +99,15 @@ class HeaderReader : public nlohmann::json_sax<nlohmann::json> {
     if (depth_ == 1) {
       if (!top_keys_.insert(k).second)
         fail(k == "__metadata__" ? std::string("\"__metadata__\" appears twice")
-                                 : cat_str("duplicate tensor name '", k, "'"));
+                                 : cat_str("duplicate tensor name '", printable(k), "'"));
       entry_ = k;
       return true;
     }
     if (!field_keys_.insert(k).second)
-      fail(in_metadata() ? cat_str("duplicate key '", k, "' in \"__metadata__\"")
-                         : cat_str("tensor '", entry_, "' has \"", k, "\" twice"));
+      fail(in_metadata() ? cat_str("duplicate key '", printable(k), "' in \"__metadata__\"")
+                         : cat_str("tensor '", printable(entry_), "' has \"", printable(k), "\" twice"));
     if (in_tensor() && k != "dtype" && k != "shape" && k != "data_offsets")
-      fail(cat_str("tensor '", entry_, "' has an unknown field \"", k, "\""));
+      fail(cat_str("tensor '", printable(entry_), "' has an unknown field \"", printable(k), "\""));
     field_ = k;
     return true;
   }
@@ -136,14 +126,14 @@ class HeaderReader : public nlohmann::json_sax<nlohmann::json> {
       e.shape.clear();
       for (uint64_t d : numbers_) {
         if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-          fail(cat_str("tensor '", entry_, "' has a dimension of ", d, ", beyond int64"));
+          fail(cat_str("tensor '", printable(entry_), "' has a dimension of ", d, ", beyond int64"));
         e.shape.push_back(static_cast<int64_t>(d));
       }
     } else {
       if (numbers_.size() != 2)
-        fail(cat_str("tensor '", entry_, "' has ", numbers_.size(), " data_offsets instead of 2"));
+        fail(cat_str("tensor '", printable(entry_), "' has ", numbers_.size(), " data_offsets instead of 2"));
       if (numbers_[1] < numbers_[0])
-        fail(cat_str("tensor '", entry_, "' has data_offsets [", numbers_[0], ", ", numbers_[1],
+        fail(cat_str("tensor '", printable(entry_), "' has data_offsets [", numbers_[0], ", ", numbers_[1],
                      "] that end before they begin"));
       e.begin = numbers_[0];
       e.nbytes = numbers_[1] - numbers_[0];
@@ -152,20 +142,20 @@ class HeaderReader : public nlohmann::json_sax<nlohmann::json> {
     return true;
   }
   bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& ex) override {
-    fail(cat_str("the header is not valid JSON (at byte ", position, " of the header): ", ex.what()));
+    fail(cat_str("the header is not valid JSON (at byte ", position, " of the header): ", printable(ex.what())));
   }
 
  private:
   bool in_metadata() const { return entry_ == "__metadata__"; }
   bool in_tensor() const { return !in_metadata(); }
   [[noreturn]] void fail(const std::string& what) const {
-    throw Error(cat_str("'", path_, "': invalid safetensors header: ", what));
+    throw Error(cat_str("'", printable(path_), "': invalid safetensors header: ", what));
   }
   bool scalar(const std::string& what) {
     if (depth_ == 0) fail("it is not a JSON object");
-    if (depth_ == 1) fail(cat_str("entry '", entry_, "' is ", what, ", not an object"));
-    if (in_metadata()) fail(cat_str("\"__metadata__\" value of '", field_, "' is ", what, ", not a string"));
-    fail(cat_str("tensor '", entry_, "' has ", what, " where its \"", field_, "\" ",
+    if (depth_ == 1) fail(cat_str("entry '", printable(entry_), "' is ", what, ", not an object"));
+    if (in_metadata()) fail(cat_str("\"__metadata__\" value of '", printable(field_), "' is ", what, ", not a string"));
+    fail(cat_str("tensor '", printable(entry_), "' has ", what, " where its \"", printable(field_), "\" ",
                  depth_ == 3 ? "lists non-negative integers" : "belongs"));
   }
 
@@ -182,18 +172,18 @@ uint64_t byte_size(const std::string& path, const std::string& name, FileDType d
   uint64_t numel = 1;
   for (int64_t d : shape) {
     auto ud = static_cast<uint64_t>(d);
-    TVC_CHECK(ud == 0 || numel <= std::numeric_limits<uint64_t>::max() / ud, "'", path,
-              "': invalid safetensors header: tensor '", name, "' has shape ", shape_str(shape),
+    TVC_CHECK(ud == 0 || numel <= std::numeric_limits<uint64_t>::max() / ud, "'", printable(path),
+              "': invalid safetensors header: tensor '", printable(name), "' has shape ", shape_str(shape),
               " whose element count overflows");
     numel *= ud;
   }
   auto bits = static_cast<uint64_t>(bit_size(dtype));
-  TVC_CHECK(numel <= std::numeric_limits<uint64_t>::max() / bits, "'", path,
-            "': invalid safetensors header: tensor '", name, "' of shape ", shape_str(shape),
+  TVC_CHECK(numel <= std::numeric_limits<uint64_t>::max() / bits, "'", printable(path),
+            "': invalid safetensors header: tensor '", printable(name), "' of shape ", shape_str(shape),
             " has a byte size that overflows");
-  TVC_CHECK(numel <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), "'", path,
-            "': invalid safetensors header: tensor '", name, "' has more than 2^63 elements");
-  TVC_CHECK(numel * bits % 8 == 0, "'", path, "': invalid safetensors header: tensor '", name,
+  TVC_CHECK(numel <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), "'", printable(path),
+            "': invalid safetensors header: tensor '", printable(name), "' has more than 2^63 elements");
+  TVC_CHECK(numel * bits % 8 == 0, "'", printable(path), "': invalid safetensors header: tensor '", printable(name),
             "' of ", numel, " ", safetensors_name(dtype), " elements does not fill whole bytes");
   return numel * bits / 8;
 }
@@ -205,7 +195,7 @@ void check_bools(const uint8_t* data, uint64_t n, const std::string& what) {
 }
 
 std::string describe(const SafetensorsFile& file, const std::string& name) {
-  return cat_str("tensor '", name, "' in '", file.path(), "'");
+  return cat_str("tensor '", printable(name), "' in '", printable(file.path()), "'");
 }
 
 }  // namespace
@@ -215,20 +205,20 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   f.path_ = path;
   f.file_ = std::make_shared<InputFile>(path);
   const InputFile& in = *f.file_;
-  TVC_CHECK(in.size() >= 8, "'", path, "': not a safetensors file: ", in.size(),
+  TVC_CHECK(in.size() >= 8, "'", printable(path), "': not a safetensors file: ", in.size(),
             " bytes, shorter than the 8-byte header length");
   uint8_t len_bytes[8];
   in.read(0, len_bytes, 8, "the header length");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
-  TVC_CHECK(n <= kMaxHeaderSize, "'", path, "': invalid safetensors header: its length ", n,
+  TVC_CHECK(n <= kMaxHeaderSize, "'", printable(path), "': invalid safetensors header: its length ", n,
             " is beyond the limit of ", kMaxHeaderSize, " bytes");
-  TVC_CHECK(n <= in.size() - 8, "'", path, "': invalid safetensors header: its length ", n,
+  TVC_CHECK(n <= in.size() - 8, "'", printable(path), "': invalid safetensors header: its length ", n,
             " runs past the end of the file (", in.size(), " bytes)");
   std::string header(n, '\0');
   in.read(8, header.data(), n, "the header");
   size_t bad = invalid_utf8_at(header);
-  TVC_CHECK(bad == std::string::npos, "'", path, "': invalid safetensors header: not UTF-8 (byte ", bad,
+  TVC_CHECK(bad == std::string::npos, "'", printable(path), "': invalid safetensors header: not UTF-8 (byte ", bad,
             " of the header)");
   HeaderReader reader(path);
   nlohmann::json::sax_parse(header, &reader);
@@ -244,20 +234,20 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   uint64_t next = 0;
   for (size_t i = 0; i < f.entries_.size(); ++i) {
     const SafetensorsEntry& e = f.entries_[i];
-    TVC_CHECK(e.begin == next, "'", path, "': invalid safetensors header: tensor '", e.name,
+    TVC_CHECK(e.begin == next, "'", printable(path), "': invalid safetensors header: tensor '", printable(e.name),
               "' starts at data offset ", e.begin, " but the previous tensor ends at ", next,
               e.begin > next ? " (a hole)" : " (overlapping)");
     uint64_t expected = byte_size(path, e.name, e.dtype, e.shape);
-    TVC_CHECK(e.nbytes == expected, "'", path, "': invalid safetensors header: tensor '", e.name,
+    TVC_CHECK(e.nbytes == expected, "'", printable(path), "': invalid safetensors header: tensor '", printable(e.name),
               "' of dtype ", safetensors_name(e.dtype), " and shape ", shape_str(e.shape), " needs ",
               expected, " bytes but its data_offsets span ", e.nbytes);
-    TVC_CHECK(e.nbytes <= data_size - next, "'", path, "': tensor '", e.name, "' (data offsets ",
+    TVC_CHECK(e.nbytes <= data_size - next, "'", printable(path), "': tensor '", printable(e.name), "' (data offsets ",
               e.begin, " to ", e.begin + e.nbytes, ") runs past the end of the file (data section of ",
               data_size, " bytes)");
     next += e.nbytes;
     f.index_[e.name] = i;
   }
-  TVC_CHECK(next == data_size, "'", path, "': invalid safetensors header: the tensors cover ", next,
+  TVC_CHECK(next == data_size, "'", printable(path), "': invalid safetensors header: the tensors cover ", next,
             " bytes of data but the file has ", data_size, " after the header");
   if (in.size() > 0) f.mapping_ = Storage::map_file(path);
   return f;
@@ -265,13 +255,13 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
 
 const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
   auto it = index_.find(name);
-  TVC_CHECK(it != index_.end(), "'", path_, "' has no tensor named '", name, "'");
+  TVC_CHECK(it != index_.end(), "'", printable(path_), "' has no tensor named '", printable(name), "'");
   return entries_[it->second];
 }
 
 std::vector<uint8_t> SafetensorsFile::bytes(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
-  return file_->read(data_start_ + e.begin, e.nbytes, cat_str("the data of tensor '", name, "'"));
+  return file_->read(data_start_ + e.begin, e.nbytes, cat_str("the data of tensor '", printable(name), "'"));
 }
 
 Tensor SafetensorsFile::tensor(const std::string& name, const ReadOptions& options) const {
@@ -296,7 +286,7 @@ Tensor SafetensorsFile::tensor(const std::string& name, const ReadOptions& optio
   int64_t numel = shape_numel(e.shape);
   if (exact) {
     impl->storage = Storage::allocate(e.nbytes);
-    file_->read(offset, impl->storage->data(), e.nbytes, cat_str("the data of tensor '", name, "'"));
+    file_->read(offset, impl->storage->data(), e.nbytes, cat_str("the data of tensor '", printable(name), "'"));
     if (e.dtype == FileDType::Bool)
       check_bools(static_cast<const uint8_t*>(impl->storage->data()), e.nbytes, what);
   } else {
@@ -323,21 +313,21 @@ void write_safetensors(const std::string& path, std::vector<PendingTensor> tenso
                        const std::map<std::string, std::string>& metadata) {
   std::set<std::string> names;
   for (const auto& t : tensors) {
-    TVC_CHECK(!t.name.empty(), "save_safetensors '", path, "': a tensor has an empty name");
-    TVC_CHECK(t.name != "__metadata__", "save_safetensors '", path,
+    TVC_CHECK(!t.name.empty(), "save_safetensors '", printable(path), "': a tensor has an empty name");
+    TVC_CHECK(t.name != "__metadata__", "save_safetensors '", printable(path),
               "': \"__metadata__\" is reserved and cannot name a tensor");
-    TVC_CHECK(names.insert(t.name).second, "save_safetensors '", path, "': tensor name '", t.name,
+    TVC_CHECK(names.insert(t.name).second, "save_safetensors '", printable(path), "': tensor name '", printable(t.name),
               "' appears twice");
-    TVC_CHECK(invalid_utf8_at(t.name) == std::string::npos, "save_safetensors '", path,
-              "': tensor name '", t.name, "' is not UTF-8");
+    TVC_CHECK(invalid_utf8_at(t.name) == std::string::npos, "save_safetensors '", printable(path),
+              "': tensor name '", printable(t.name), "' is not UTF-8");
     uint64_t expected = byte_size(path, t.name, t.dtype, t.shape);
-    TVC_CHECK(t.nbytes == expected, "save_safetensors '", path, "': tensor '", t.name, "' of dtype ",
-              safetensors_name(t.dtype), " and shape ", shape_str(t.shape), " needs ", expected,
+    TVC_CHECK(t.nbytes == expected, "save_safetensors '", printable(path), "': tensor '", printable(t.name),
+              "' of dtype ", safetensors_name(t.dtype), " and shape ", shape_str(t.shape), " needs ", expected,
               " bytes but has ", t.nbytes);
   }
   for (const auto& [k, v] : metadata)
     TVC_CHECK(invalid_utf8_at(k) == std::string::npos && invalid_utf8_at(v) == std::string::npos,
-              "save_safetensors '", path, "': metadata entry '", k, "' is not UTF-8");
+              "save_safetensors '", printable(path), "': metadata entry '", printable(k), "' is not UTF-8");
   // Data ordered by decreasing element size, then name: every tensor starts aligned to its
   // element size, since the data section itself starts at a multiple of 8.
   std::sort(tensors.begin(), tensors.end(), [](const PendingTensor& a, const PendingTensor& b) {
@@ -373,7 +363,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   std::vector<Tensor> keep;  // contiguous CPU copies live until written
   std::vector<PendingTensor> pending;
   for (const auto& [name, t] : tensors) {
-    TVC_CHECK(t.defined(), "save_safetensors '", path, "': tensor '", name, "' is undefined");
+    TVC_CHECK(t.defined(), "save_safetensors '", printable(path), "': tensor '", printable(name), "' is undefined");
     Tensor c = t.detach().to(Device::CPU).contiguous();
     keep.push_back(c);
     pending.push_back({name, file_dtype(c.dtype()), c.shape(), static_cast<const uint8_t*>(c.raw_data()),

@@ -32,7 +32,7 @@ WeightFormat detect_format(const std::string& path) {
   // safetensors: the header length, then the JSON header's '{'. Shorter files go to the
   // safetensors reader, which says what is missing.
   if (n < 9 || head[8] == '{') return WeightFormat::Safetensors;
-  throw Error(cat_str("'", path, "': not a weight file tvc reads: it starts neither with a zip signature "
+  throw Error(cat_str("'", printable(path), "': not a weight file tvc reads: it starts neither with a zip signature "
                       "(torch.save), nor a pickle (legacy torch.save), nor a safetensors header "
                       "length followed by '{'"));
 }
@@ -41,7 +41,7 @@ WeightFormat format_for_extension(const std::string& path) {
   std::string ext = std::filesystem::path(path).extension().string();
   if (ext == ".safetensors") return WeightFormat::Safetensors;
   if (ext == ".pth" || ext == ".pt") return WeightFormat::PthZip;
-  throw Error(cat_str("'", path, "': unknown output format '", ext,
+  throw Error(cat_str("'", printable(path), "': unknown output format '", printable(ext),
                       "' (use .safetensors, or .pth / .pt for torch.save's zip format)"));
 }
 
@@ -85,19 +85,19 @@ const Value& unwrap_checkpoint(const Value& value) {
 nn::StateDict load_state_dict(const std::string& path, const StateDictOptions& options) {
   Value file = load(path, options.read);
   const Value& weights = options.unwrap ? unwrap_checkpoint(file) : file;
-  TVC_CHECK(weights.kind() == Value::Kind::Dict, "'", path, "' holds a value of type ", weights.kind_name(),
+  TVC_CHECK(weights.kind() == Value::Kind::Dict, "'", printable(path), "' holds a value of type ", weights.kind_name(),
             ", not a state_dict");
   std::vector<std::pair<std::string, Value>> leaves = flatten(weights);
   bool prefixed = options.unwrap && !leaves.empty();
   for (const auto& [name, v] : leaves) {
-    TVC_CHECK(v.kind() == Value::Kind::Tensor, "'", path, "': '", name, "' (", v.kind_name(),
+    TVC_CHECK(v.kind() == Value::Kind::Tensor, "'", printable(path), "': '", printable(name), "' (", v.kind_name(),
               ") is not a tensor", options.unwrap ? "" : " (a training checkpoint? ask to unwrap it)");
     prefixed = prefixed && name.compare(0, 7, "module.") == 0;
   }
   nn::StateDict sd;
   for (const auto& [name, v] : leaves) {
     std::string key = prefixed ? name.substr(7) : name;
-    TVC_CHECK(!sd.contains(key), "'", path, "': two entries flatten to the name '", key, "'");
+    TVC_CHECK(!sd.contains(key), "'", printable(path), "': two entries flatten to the name '", printable(key), "'");
     sd.insert(key, v.to_tensor());
   }
   return sd;

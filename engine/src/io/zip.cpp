@@ -48,7 +48,7 @@ std::string inconsistent_entry(const std::string& path, uint64_t file_size) {
     zip_stat_init(&st);
     if (zip_stat_index(archive, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW, &st) != 0 || !st.name) continue;
     std::string why = size_fault(st, file_size);
-    if (!why.empty()) fault = cat_str(" (entry '", st.name, "' ", why, ")");
+    if (!why.empty()) fault = cat_str(" (entry '", printable(st.name), "' ", why, ")");
   }
   zip_discard(archive);
   return fault;
@@ -66,15 +66,17 @@ ZipReader::ZipReader(const std::string& path) : path_(path) {
     zip_error_init_with_code(&error, code);
     std::string why = zip_error_strerror(&error);
     zip_error_fini(&error);
-    throw Error(cat_str("'", path, "': not a readable zip archive: ", why, inconsistent_entry(path, file_size_)));
+    throw Error(cat_str("'", printable(path), "': not a readable zip archive: ", why,
+                        inconsistent_entry(path, file_size_)));
   }
   zip_int64_t n = zip_get_num_entries(archive_, 0);
   for (zip_int64_t i = 0; i < n; ++i) {
     const char* name = zip_get_name(archive_, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
     if (!name || !index_.emplace(name, static_cast<uint64_t>(i)).second) {
-      std::string why = name ? cat_str("the entry '", name, "' appears twice") : std::string(zip_strerror(archive_));
+      std::string why =
+          name ? cat_str("the entry '", printable(name), "' appears twice") : std::string(zip_strerror(archive_));
       zip_discard(archive_);
-      throw Error(cat_str("'", path, "': bad zip archive: ", why));
+      throw Error(cat_str("'", printable(path), "': bad zip archive: ", why));
     }
     names_.emplace_back(name);
   }
@@ -84,25 +86,27 @@ ZipReader::~ZipReader() { zip_discard(archive_); }  // read-only: nothing to wri
 
 uint64_t ZipReader::entry_index(const std::string& name) const {
   auto it = index_.find(name);
-  TVC_CHECK(it != index_.end(), "'", path_, "': the zip archive has no entry '", name, "'");
+  TVC_CHECK(it != index_.end(), "'", printable(path_), "': the zip archive has no entry '", printable(name), "'");
   return it->second;
 }
 
 uint64_t ZipReader::size(const std::string& name) const {
   zip_stat_t st;
   zip_stat_init(&st);
-  TVC_CHECK(zip_stat_index(archive_, entry_index(name), 0, &st) == 0, "'", path_, "': zip entry '", name,
-            "': ", zip_strerror(archive_));
+  TVC_CHECK(zip_stat_index(archive_, entry_index(name), 0, &st) == 0, "'", printable(path_), "': zip entry '",
+            printable(name), "': ", zip_strerror(archive_));
   std::string fault = size_fault(st, file_size_);
-  TVC_CHECK(fault.empty(), "'", path_, "': zip entry '", name, "' ", fault);
+  TVC_CHECK(fault.empty(), "'", printable(path_), "': zip entry '", printable(name), "' ", fault);
   return st.size;
 }
 
 void ZipReader::read(const std::string& name, void* dst, uint64_t n) const {
   uint64_t declared = size(name);
-  TVC_CHECK(declared == n, "'", path_, "': zip entry '", name, "' holds ", declared, " bytes, expected ", n);
+  TVC_CHECK(declared == n, "'", printable(path_), "': zip entry '", printable(name), "' holds ", declared,
+            " bytes, expected ", n);
   zip_file_t* file = zip_fopen_index(archive_, entry_index(name), 0);
-  TVC_CHECK(file != nullptr, "'", path_, "': cannot open zip entry '", name, "': ", zip_strerror(archive_));
+  TVC_CHECK(file != nullptr, "'", printable(path_), "': cannot open zip entry '", printable(name), "': ",
+            zip_strerror(archive_));
   std::unique_ptr<zip_file_t, int (*)(zip_file_t*)> closer(file, zip_fclose);
   auto* out = static_cast<uint8_t*>(dst);
   uint64_t done = 0;
@@ -111,18 +115,21 @@ void ZipReader::read(const std::string& name, void* dst, uint64_t n) const {
   for (;;) {
     uint64_t want = done < n ? std::min<uint64_t>(n - done, uint64_t{1} << 30) : 1;
     zip_int64_t got = zip_fread(file, done < n ? out + done : &extra, want);
-    TVC_CHECK(got >= 0, "'", path_, "': reading zip entry '", name, "' failed: ", zip_file_strerror(file));
+    TVC_CHECK(got >= 0, "'", printable(path_), "': reading zip entry '", printable(name), "' failed: ",
+              zip_file_strerror(file));
     if (got == 0) break;
     done += static_cast<uint64_t>(got);
-    TVC_CHECK(done <= n, "'", path_, "': zip entry '", name, "' holds more than its declared ", n, " bytes");
+    TVC_CHECK(done <= n, "'", printable(path_), "': zip entry '", printable(name), "' holds more than its declared ", n,
+              " bytes");
   }
-  TVC_CHECK(done == n, "'", path_, "': zip entry '", name, "' ends after ", done, " of its declared ", n, " bytes");
+  TVC_CHECK(done == n, "'", printable(path_), "': zip entry '", printable(name), "' ends after ", done,
+            " of its declared ", n, " bytes");
 }
 
 std::vector<uint8_t> ZipReader::read(const std::string& name, uint64_t max_size) const {
   uint64_t n = size(name);
-  TVC_CHECK(n <= max_size, "'", path_, "': zip entry '", name, "' holds ", n, " bytes, more than the ", max_size,
-            " expected");
+  TVC_CHECK(n <= max_size, "'", printable(path_), "': zip entry '", printable(name), "' holds ", n,
+            " bytes, more than the ", max_size, " expected");
   std::vector<uint8_t> bytes(static_cast<size_t>(n));
   read(name, bytes.data(), n);
   return bytes;
@@ -170,7 +177,7 @@ uint32_t crc_of(const void* data, uint64_t n) {
 ZipWriter::ZipWriter(const std::string& path, bool force_zip64) : out_(path), force_zip64_(force_zip64) {}
 
 void ZipWriter::add(const std::string& name, const void* data, uint64_t size) {
-  TVC_CHECK(!name.empty() && name.size() < 0xffff, "zip: bad entry name '", name, "'");
+  TVC_CHECK(!name.empty() && name.size() < 0xffff, "zip: bad entry name '", printable(name), "'");
   Entry e{name, crc_of(data, size), size, out_.position()};
   bool zip64 = force_zip64_ || size >= kMax32;
   Bytes extra;

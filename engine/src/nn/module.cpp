@@ -64,7 +64,7 @@ RemovableHandle add_hook(const std::shared_ptr<HookStore>& store, std::vector<Ho
 
 std::string join_keys(const std::vector<std::string>& keys) {
   std::string s;
-  for (size_t i = 0; i < keys.size(); ++i) s += (i ? ", \"" : "\"") + keys[i] + "\"";
+  for (size_t i = 0; i < keys.size(); ++i) s += (i ? ", \"" : "\"") + printable(keys[i]) + "\"";
   return s;
 }
 
@@ -174,18 +174,18 @@ void Module::set_extra_state(const Tensor&) {
 void Module::check_new_name(const std::string& name, const char* what, const char* own_dict) const {
   TVC_CHECK(!name.empty(), type_name(), ": ", what, " name can't be empty string \"\"");
   TVC_CHECK(name.find('.') == std::string::npos, type_name(), ": ", what,
-            " name can't contain \".\", got: ", name);
+            " name can't contain \".\", got: ", printable(name));
   std::string own = own_dict;
   bool taken = (own != "parameter" && parameters_.contains(name)) ||
                (own != "buffer" && buffers_.contains(name)) ||
                (own != "module" && children_.contains(name));
-  TVC_CHECK(!taken, type_name(), ": attribute '", name, "' already exists");
+  TVC_CHECK(!taken, type_name(), ": attribute '", printable(name), "' already exists");
 }
 
 Tensor Module::register_parameter(const std::string& name, Tensor tensor, bool requires_grad) {
   check_new_name(name, "parameter", "parameter");
   if (tensor.defined()) {
-    TVC_CHECK(tensor.is_leaf(), type_name(), ": cannot assign non-leaf Tensor to parameter '", name,
+    TVC_CHECK(tensor.is_leaf(), type_name(), ": cannot assign non-leaf Tensor to parameter '", printable(name),
               "'; parameters must be leaves (detach() it or create it directly)");
     tensor.requires_grad_(requires_grad);
   }
@@ -203,26 +203,27 @@ Tensor Module::register_buffer(const std::string& name, Tensor tensor, bool pers
 
 void Module::add_child(const std::string& name, ModulePtr module) {
   check_new_name(name, "module", "module");
-  TVC_CHECK(module.get() != this, type_name(), ": cannot register a module as its own child '", name, "'");
+  TVC_CHECK(module.get() != this, type_name(), ": cannot register a module as its own child '", printable(name),
+            "'");
   children_.insert(name, std::move(module));
 }
 
 Module& Module::child(const std::string& name) const {
   const ModulePtr* c = children_.find(name);
-  TVC_CHECK(c != nullptr, type_name(), " has no child module '", name, "'");
-  TVC_CHECK(*c != nullptr, type_name(), ": child module '", name, "' is None");
+  TVC_CHECK(c != nullptr, type_name(), " has no child module '", printable(name), "'");
+  TVC_CHECK(*c != nullptr, type_name(), ": child module '", printable(name), "' is None");
   return **c;
 }
 
 Tensor Module::parameter(const std::string& name) const {
   const Tensor* t = parameters_.find(name);
-  TVC_CHECK(t != nullptr, type_name(), " has no parameter '", name, "'");
+  TVC_CHECK(t != nullptr, type_name(), " has no parameter '", printable(name), "'");
   return *t;
 }
 
 Tensor Module::buffer(const std::string& name) const {
   const Tensor* t = buffers_.find(name);
-  TVC_CHECK(t != nullptr, type_name(), " has no buffer '", name, "'");
+  TVC_CHECK(t != nullptr, type_name(), " has no buffer '", printable(name), "'");
   return *t;
 }
 
@@ -332,14 +333,14 @@ ModulePtr Module::get_submodule(const std::string& target) const {
     size_t end = target.find('.', start);
     std::string item = target.substr(start, end == std::string::npos ? std::string::npos : end - start);
     const ModulePtr* c = mod->children_.find(item);
-    std::string where = path.empty() ? "the root module" : "'" + path + "'";
+    std::string where = path.empty() ? "the root module" : "'" + printable(path) + "'";
     if (!c) {
       bool other = mod->parameters_.contains(item) || mod->buffers_.contains(item);
-      TVC_CHECK(false, "get_submodule('", target, "'): ", mod->type_name(), " at ", where,
-                other ? " has '" + item + "' but it is not a module" : " has no attribute '" + item + "'");
+      TVC_CHECK(false, "get_submodule('", printable(target), "'): ", mod->type_name(), " at ", where,
+                other ? " has '" : " has no attribute '", printable(item), other ? "' but it is not a module" : "'");
     }
-    TVC_CHECK(*c != nullptr, "get_submodule('", target, "'): '", item, "' of ", mod->type_name(),
-              " at ", where, " is None");
+    TVC_CHECK(*c != nullptr, "get_submodule('", printable(target), "'): '", printable(item), "' of ",
+              mod->type_name(), " at ", where, " is None");
     mod = *c;
     path = join_name(path, item);
     if (end == std::string::npos) return mod;
@@ -349,14 +350,15 @@ ModulePtr Module::get_submodule(const std::string& target) const {
 
 void Module::set_submodule(const std::string& target, ModulePtr module, bool strict) {
   TVC_CHECK(!target.empty(), "set_submodule: cannot set the submodule without a target name");
-  TVC_CHECK(module != nullptr, "set_submodule('", target, "'): the module is null");
+  TVC_CHECK(module != nullptr, "set_submodule('", printable(target), "'): the module is null");
   size_t dot = target.rfind('.');
   ModulePtr parent = get_submodule(dot == std::string::npos ? "" : target.substr(0, dot));
   std::string name = dot == std::string::npos ? target : target.substr(dot + 1);
-  TVC_CHECK(!strict || parent->children_.contains(name), "set_submodule('", target, "'): ",
-            parent->type_name(), " has no attribute '", name, "' (strict)");
+  TVC_CHECK(!strict || parent->children_.contains(name), "set_submodule('", printable(target), "'): ",
+            parent->type_name(), " has no attribute '", printable(name), "' (strict)");
   TVC_CHECK(!parent->parameters_.contains(name) && !parent->buffers_.contains(name),
-            "set_submodule('", target, "'): '", name, "' of ", parent->type_name(), " is not a module");
+            "set_submodule('", printable(target), "'): '", printable(name), "' of ", parent->type_name(),
+            " is not a module");
   parent->add_child(name, std::move(module));
 }
 
@@ -371,11 +373,12 @@ std::pair<ModulePtr, std::string> split_target(const Module& m, const std::strin
 Tensor Module::get_parameter(const std::string& target) const {
   auto [mod, name] = split_target(*this, target);
   TVC_CHECK(mod->has_parameter(name) || mod->has_buffer(name) || mod->has_child(name),
-            "get_parameter('", target, "'): ", mod->type_name(), " has no attribute '", name, "'");
-  TVC_CHECK(mod->has_parameter(name), "get_parameter('", target, "'): '", name, "' of ",
+            "get_parameter('", printable(target), "'): ", mod->type_name(), " has no attribute '", printable(name),
+            "'");
+  TVC_CHECK(mod->has_parameter(name), "get_parameter('", printable(target), "'): '", printable(name), "' of ",
             mod->type_name(), " is not a parameter");
   Tensor t = mod->parameter(name);
-  TVC_CHECK(t.defined(), "get_parameter('", target, "'): parameter '", name, "' of ",
+  TVC_CHECK(t.defined(), "get_parameter('", printable(target), "'): parameter '", printable(name), "' of ",
             mod->type_name(), " is None");
   return t;
 }
@@ -383,12 +386,13 @@ Tensor Module::get_parameter(const std::string& target) const {
 Tensor Module::get_buffer(const std::string& target) const {
   auto [mod, name] = split_target(*this, target);
   TVC_CHECK(mod->has_parameter(name) || mod->has_buffer(name) || mod->has_child(name),
-            "get_buffer('", target, "'): ", mod->type_name(), " has no attribute '", name, "'");
-  TVC_CHECK(mod->has_buffer(name), "get_buffer('", target, "'): '", name, "' of ",
+            "get_buffer('", printable(target), "'): ", mod->type_name(), " has no attribute '", printable(name),
+            "'");
+  TVC_CHECK(mod->has_buffer(name), "get_buffer('", printable(target), "'): '", printable(name), "' of ",
             mod->type_name(), " is not a buffer");
   Tensor t = mod->buffer(name);
-  TVC_CHECK(t.defined(), "get_buffer('", target, "'): buffer '", name, "' of ", mod->type_name(),
-            " is None");
+  TVC_CHECK(t.defined(), "get_buffer('", printable(target), "'): buffer '", printable(name), "' of ",
+            mod->type_name(), " is None");
   return t;
 }
 
@@ -451,10 +455,10 @@ struct LoadPlan {
       if (!src) {
         missing.push_back(key);
       } else if (!src->defined()) {
-        errors.push_back(cat_str("While copying the parameter named \"", key,
+        errors.push_back(cat_str("While copying the parameter named \"", printable(key),
                                  "\": the value in state_dict is an undefined tensor."));
       } else if (src->shape() != t.shape()) {
-        errors.push_back(cat_str("size mismatch for ", key, ": copying a param with shape ",
+        errors.push_back(cat_str("size mismatch for ", printable(key), ": copying a param with shape ",
                                  src->shape(), " from checkpoint, the shape in current model is ",
                                  t.shape(), "."));
       } else {
