@@ -31,8 +31,8 @@ struct ModelCheck {
   // Options::image_size (ViT: the only input size the model takes, so eval_shapes and grad_size
   // must be it). With weights_image_size, the weights are those of a model built for that size,
   // which torchvision's side adapts with interpolate_embeddings and ours on load.
-  std::optional<int64_t> image_size;
-  std::optional<int64_t> weights_image_size;
+  std::optional<int64_t> image_size{};
+  std::optional<int64_t> weights_image_size{};
 };
 
 // The largest errors seen, for docs/conformance.md.

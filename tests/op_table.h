@@ -36,7 +36,7 @@ struct OpRow {
   // Indices of inputs to differentiate (floating inputs only). Empty: no gradient checks.
   std::vector<int> grad_inputs;
   double tol = 1e-5;  // float32 vs PyTorch and vs our float64, per tensor
-  std::string note;
+  std::string note{};
   bool random = false;  // output depends on the generator: compare shapes/statistics only
 };
 

@@ -45,7 +45,7 @@ struct AttentionCase {
   MultiheadAttentionOptions options;
   Shape query, key;        // key empty: self-attention, the query passed as key and value
   int64_t vdim = 8;
-  Tensor key_padding_mask, attn_mask;
+  Tensor key_padding_mask{}, attn_mask{};
   bool need_weights = true, average_attn_weights = true;
 };
 

@@ -43,8 +43,8 @@ const std::string& goldens() {
 
 struct Case {
   std::string id, block;
-  BlockParams params;
-  InferredChannels channels;
+  BlockParams params{};
+  InferredChannels channels{};
   bool train = false;
 };
 

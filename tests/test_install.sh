@@ -9,7 +9,7 @@
 #     `pkg-config --cflags --static --libs tvc-c` only, runs resnet18 with 10 classes on weights
 #     written by torch.save (tools/c_api_goldens.py) and matches PyTorch within 1e-4; the Python
 #     ctypes example (examples/python/run_model.py) does the same through the installed
-#     libtvc-c.so, which exports only tvc_* symbols;
+#     libtvc-c-shared.so, which exports only tvc_* symbols;
 #   - neither the core program nor the C program links or references an image or CUDA library.
 # Usage: test_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -97,10 +97,10 @@ PY
 "$dest/run_model" resnet18 10 "$dest/weights.pth" "$dest/input.f32" 2 64 64 "$dest/c.f32"
 compare "$dest/c.f32" || fail "the C example's output differs from PyTorch's"
 
-shared=$(find "$dest" -name 'libtvc-c.so' -print -quit)
-[[ -n $shared ]] || fail "libtvc-c.so not installed"
+shared=$(find "$dest" -name 'libtvc-c-shared.so' -print -quit)
+[[ -n $shared ]] || fail "libtvc-c-shared.so not installed"
 others=$(nm -D --defined-only "$shared" | awk '$2 ~ /[TDBRW]/ {print $3}' | grep -v '^tvc_' || true)
-[[ -z $others ]] || fail "libtvc-c.so exports more than tvc_*: $others"
+[[ -z $others ]] || fail "libtvc-c-shared.so exports more than tvc_*: $others"
 /usr/bin/python3 "$src/examples/python/run_model.py" "$shared" resnet18 10 "$dest/weights.pth" "$dest/input.f32" 2 64 64 \
   "$dest/py.f32"
 compare "$dest/py.f32" || fail "the Python example's output differs from PyTorch's"

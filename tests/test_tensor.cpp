@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <limits>
+#include <sstream>
 #include <thread>
 
 #include "compare.h"
@@ -166,6 +167,34 @@ TEST(Tensor, ReprLikePyTorch) {
   auto j = tvc::test::torch_json(code);
   ASSERT_FALSE(j.is_null());
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(cases[i].repr(), j[i].get<std::string>());
+}
+
+// The methods are the free functions of tvc/ops.h; tensors and shapes print with operator<<.
+TEST(Tensor, MethodsAndPrinting) {
+  manual_seed(3);
+  Tensor x = randn({3, 5}), y = randn({3, 5}), w = randn({5, 2});
+  auto same = [](const Tensor& a, const Tensor& b) { return a.shape() == b.shape() && a.to_vector() == b.to_vector(); };
+  EXPECT_TRUE(same(x.add(y, 2), add(x, y, 2)));
+  EXPECT_TRUE(same(x.sub(y), sub(x, y)));
+  EXPECT_TRUE(same(x.mul(y), mul(x, y)));
+  EXPECT_TRUE(same(x.div(y), div(x, y)));
+  EXPECT_TRUE(same(x.matmul(w), matmul(x, w)));
+  EXPECT_TRUE(same(x.clamp(-0.5, 0.5), clamp(x, -0.5, 0.5)));
+  EXPECT_TRUE(same(x.softmax(1), softmax(x, 1)));
+  EXPECT_TRUE(same(x.log_softmax(-1), log_softmax(x, -1)));
+  EXPECT_TRUE(same(x.sum(1), sum(x, {1})));
+  EXPECT_TRUE(same(x.mean(0, true), mean(x, {0}, true)));
+  EXPECT_TRUE(same(x.var({1}), var(x, {1})));
+  EXPECT_TRUE(same(x.std(), tvc::std(x)));
+  EXPECT_TRUE(same(x.max(), max(x)));
+  EXPECT_TRUE(same(x.min(), min(x)));
+  EXPECT_TRUE(same(x.max(1).second, max(x, 1).second));
+  EXPECT_TRUE(same(x.min(0).first, min(x, 0).first));
+  EXPECT_TRUE(same(x.argmax(1), argmax(x, 1)));
+  EXPECT_TRUE(same(x.argmin(), argmin(x)));
+  std::ostringstream printed;
+  printed << x.shape() << " " << tensor<float>({1.5f, -2}) << " " << Shape{};
+  EXPECT_EQ(printed.str(), "[3, 5] tensor([ 1.5000, -2.0000]) []");
 }
 
 TEST(Tensor, ErrorsNameOpAndShapes) {

@@ -61,7 +61,7 @@ std::shared_ptr<ImageSource> fashion_mnist_source(const std::string& dir, const 
 // fixes the class list (a validation folder must have the training folder's classes; a class
 // folder not in it is an error naming it).
 struct ImageFolderOptions {
-  std::vector<std::string> classes;
+  std::vector<std::string> classes{};
   int threads = 0;  // decoding threads for the check (0: hardware concurrency)
 };
 std::shared_ptr<ImageSource> image_folder_source(const std::string& root, const ImageFolderOptions& options = {});

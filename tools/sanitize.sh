@@ -40,7 +40,8 @@ fi
 
 # Only what the tests below and the fuzzers need (the benchmarks would only add build time).
 # `meson test --no-rebuild` then runs on exactly these binaries.
-ninja -C "$build" -j "$(nproc)" tests/tvc_tests tests/tvc_io_tests tests/tvc_op_table tests/tvc_train_tests tools/tvc \
+ninja -C "$build" -j "$(nproc)" tests/tvc_tests tests/tvc_io_tests tests/tvc_op_table tests/tvc_train_tests \
+  tests/tvc_c_api_tests tools/tvc \
   fuzz/fuzz_safetensors fuzz/fuzz_pth
 
 # Leaks are findings too; abort_on_error makes every report a crash the test runner sees.
@@ -51,9 +52,10 @@ status=0
 
 # The suites worth running under the sanitizers, all fast enough there (on 2 cores: unit about
 # 35 s, io 25 s, op-table 35 s, cli-errors 3 s, train: recipes, image folders and the threaded
-# loader, a few s). Left out: train-fashion-mnist, cli-reproducible and cli-recipe (minutes of
-# training), install (a packaging check).
-tests=(unit io op-table cli-errors train)
+# loader, a few s; c-api: the C API's error paths leak nothing, a few s). Left out:
+# train-fashion-mnist, cli-reproducible and cli-recipe (minutes of training), install (a
+# packaging check).
+tests=(unit io op-table cli-errors train c-api)
 listed=$(meson test -C "$build" --no-rebuild --list)
 for t in "${tests[@]}"; do
   if ! grep -qx -- "$t" <<<"$listed"; then

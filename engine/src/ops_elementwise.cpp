@@ -507,25 +507,25 @@ Tensor& unary_inplace(Tensor& self, const char* op, const std::function<Tensor(c
 }  // namespace
 
 Tensor& Tensor::add_(const Tensor& other, Scalar alpha) {
-  if (alpha.to_double() != 1) return binary_inplace(*this, Op::add, mul(other, as_tensor(alpha, other)), add_two);
+  if (alpha.to_double() != 1) return binary_inplace(*this, Op::add, tvc::mul(other, as_tensor(alpha, other)), add_two);
   return binary_inplace(*this, Op::add, other, add_two);
 }
 Tensor& Tensor::add_(Scalar other) { return add_(as_tensor(other, *this)); }
 Tensor& Tensor::sub_(const Tensor& other, Scalar alpha) {
-  if (alpha.to_double() != 1) return binary_inplace(*this, Op::sub, mul(other, as_tensor(alpha, other)), sub_two);
+  if (alpha.to_double() != 1) return binary_inplace(*this, Op::sub, tvc::mul(other, as_tensor(alpha, other)), sub_two);
   return binary_inplace(*this, Op::sub, other, sub_two);
 }
-Tensor& Tensor::mul_(const Tensor& other) { return binary_inplace(*this, Op::mul, other, mul); }
+Tensor& Tensor::mul_(const Tensor& other) { return binary_inplace(*this, Op::mul, other, tvc::mul); }
 Tensor& Tensor::mul_(Scalar other) { return mul_(as_tensor(other, *this)); }
 Tensor& Tensor::div_(const Tensor& other) {
   TVC_CHECK(is_floating(dtype()), "div_: in-place true division needs a floating tensor, got ",
             dtype_name(dtype()));
-  return binary_inplace(*this, Op::div, other, div);
+  return binary_inplace(*this, Op::div, other, tvc::div);
 }
 Tensor& Tensor::div_(Scalar other) { return div_(as_tensor(other, *this)); }
 
 Tensor& Tensor::clamp_(std::optional<double> min, std::optional<double> max) {
-  return unary_inplace(*this, "clamp_", [&](const Tensor& t) { return clamp(t, min, max); });
+  return unary_inplace(*this, "clamp_", [&](const Tensor& t) { return tvc::clamp(t, min, max); });
 }
 Tensor& Tensor::relu_() {
   return unary_inplace(*this, "relu_", [](const Tensor& t) { return tvc::relu(t); });
@@ -628,6 +628,11 @@ Tensor Tensor::neg() const { return tvc::neg(*this); }
 Tensor Tensor::relu() const { return tvc::relu(*this); }
 Tensor Tensor::sigmoid() const { return tvc::sigmoid(*this); }
 Tensor Tensor::tanh() const { return tvc::tanh(*this); }
+Tensor Tensor::add(const Tensor& other, Scalar alpha) const { return tvc::add(*this, other, alpha); }
+Tensor Tensor::sub(const Tensor& other, Scalar alpha) const { return tvc::sub(*this, other, alpha); }
+Tensor Tensor::mul(const Tensor& other) const { return tvc::mul(*this, other); }
+Tensor Tensor::div(const Tensor& other) const { return tvc::div(*this, other); }
+Tensor Tensor::clamp(std::optional<double> min, std::optional<double> max) const { return tvc::clamp(*this, min, max); }
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
   NoGradGuard no_grad;

@@ -446,4 +446,7 @@ Tensor log_softmax(const Tensor& t, int64_t dim) {
   return sub(s, log(sum(exp(s), {d}, true)));
 }
 
+Tensor Tensor::softmax(int64_t dim) const { return tvc::softmax(*this, dim); }
+Tensor Tensor::log_softmax(int64_t dim) const { return tvc::log_softmax(*this, dim); }
+
 }  // namespace tvc

@@ -192,6 +192,17 @@ std::pair<Tensor, Tensor> topk(const Tensor& t, int64_t k, int64_t dim, bool lar
 
 Tensor Tensor::sum(const Shape& dims, bool keepdim) const { return tvc::sum(*this, dims, keepdim); }
 Tensor Tensor::mean(const Shape& dims, bool keepdim) const { return tvc::mean(*this, dims, keepdim); }
-Tensor Tensor::argmax(int64_t dim, bool keepdim) const { return tvc::argmax(*this, dim, keepdim); }
+Tensor Tensor::argmax(std::optional<int64_t> dim, bool keepdim) const { return tvc::argmax(*this, dim, keepdim); }
+Tensor Tensor::argmin(std::optional<int64_t> dim, bool keepdim) const { return tvc::argmin(*this, dim, keepdim); }
+Tensor Tensor::var(const Shape& dims, int64_t correction, bool keepdim) const {
+  return tvc::var(*this, dims, correction, keepdim);
+}
+Tensor Tensor::std(const Shape& dims, int64_t correction, bool keepdim) const {
+  return tvc::std(*this, dims, correction, keepdim);
+}
+Tensor Tensor::max() const { return tvc::max(*this); }
+Tensor Tensor::min() const { return tvc::min(*this); }
+std::pair<Tensor, Tensor> Tensor::max(int64_t dim, bool keepdim) const { return tvc::max(*this, dim, keepdim); }
+std::pair<Tensor, Tensor> Tensor::min(int64_t dim, bool keepdim) const { return tvc::min(*this, dim, keepdim); }
 
 }  // namespace tvc

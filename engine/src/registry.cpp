@@ -217,6 +217,7 @@ void run_kernel(Op op, std::span<const Tensor> in, std::span<Tensor> out, const 
   NoGradGuard no_grad;  // kernels may build views of their operands; nothing is recorded
   KernelFn fn = kernel_registry().get(op, device);
   TVC_CHECK(fn != nullptr, op_name(op), ": no kernel for device ", device_name(device));
+  apply_num_threads();
   fn(KernelArgs{in, out, params});
 }
 
@@ -227,18 +228,31 @@ void unsupported_dtype(Op op, DType dtype, Device device) {
 
 // ---------------------------------------------------------------- threads
 
+namespace {
+// The thread count set by set_num_threads, for every thread; 0: OpenMP's default.
+std::atomic<int> g_num_threads{0};
+}  // namespace
+
 void set_num_threads(int n) {
   TVC_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got ", n);
-#ifdef _OPENMP
-  omp_set_num_threads(n);
-#endif
+  g_num_threads.store(n, std::memory_order_relaxed);
 }
 
 int get_num_threads() {
+  if (int n = g_num_threads.load(std::memory_order_relaxed)) return n;
 #ifdef _OPENMP
   return omp_get_max_threads();
 #else
   return 1;
+#endif
+}
+
+void apply_num_threads() {
+#ifdef _OPENMP
+  // OpenMP's thread count is per thread (an ICV of the caller): each thread adopts the setting
+  // before its kernels run.
+  int n = g_num_threads.load(std::memory_order_relaxed);
+  if (n != 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
 #endif
 }
 

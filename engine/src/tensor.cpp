@@ -767,5 +767,6 @@ std::string Tensor::repr() const {
 }
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.repr(); }
+std::ostream& operator<<(std::ostream& os, const Shape& shape) { return os << shape_str(shape); }
 
 }  // namespace tvc

@@ -254,7 +254,9 @@ Tensor scalar_like(Scalar value, DType dtype);
 // The dtype of a result of op on a and b (tensor-tensor and tensor-scalar rules of PyTorch).
 DType result_type(const Tensor& a, const Tensor& b);
 DType result_type(const Tensor& a, Scalar b);
-// Threads used by kernels (OpenMP pool). Results do not depend on it.
+// Threads used by the kernels of every thread's ops from now on (an OpenMP team per calling
+// thread); safe to call while other threads run ops. Results do not depend on it. Until it is
+// called, OpenMP's default (OMP_NUM_THREADS, else the cores).
 void set_num_threads(int n);
 int get_num_threads();
 // True when every element of a and b is close: |a-b| <= atol + rtol*|b|.

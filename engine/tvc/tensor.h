@@ -14,6 +14,7 @@
 #include <ostream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tvc/dtype.h"
@@ -156,9 +157,11 @@ class Tensor {
   Tensor& uniform_(double from = 0, double to = 1, Generator* gen = nullptr);
   Tensor& normal_(double mean = 0, double std = 1, Generator* gen = nullptr);
 
-  // ---- common ops as methods (see tvc/ops.h) ----
-  Tensor sum(const Shape& dims = {}, bool keepdim = false) const;
-  Tensor mean(const Shape& dims = {}, bool keepdim = false) const;
+  // ---- common ops as methods (the free functions of tvc/ops.h, with the same rules) ----
+  Tensor add(const Tensor& other, Scalar alpha = 1) const;  // this + alpha * other
+  Tensor sub(const Tensor& other, Scalar alpha = 1) const;
+  Tensor mul(const Tensor& other) const;
+  Tensor div(const Tensor& other) const;
   Tensor matmul(const Tensor& other) const;
   Tensor pow(Scalar exponent) const;
   Tensor sqrt() const;
@@ -166,10 +169,27 @@ class Tensor {
   Tensor log() const;
   Tensor abs() const;
   Tensor neg() const;
+  Tensor clamp(std::optional<double> min, std::optional<double> max) const;
   Tensor relu() const;
   Tensor sigmoid() const;
   Tensor tanh() const;
-  Tensor argmax(int64_t dim, bool keepdim = false) const;
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
+  // Reductions: over dims (all when empty) or one dim.
+  Tensor sum(const Shape& dims = {}, bool keepdim = false) const;
+  Tensor sum(int64_t dim, bool keepdim = false) const { return sum(Shape{dim}, keepdim); }
+  Tensor mean(const Shape& dims = {}, bool keepdim = false) const;
+  Tensor mean(int64_t dim, bool keepdim = false) const { return mean(Shape{dim}, keepdim); }
+  Tensor var(const Shape& dims = {}, int64_t correction = 1, bool keepdim = false) const;
+  Tensor std(const Shape& dims = {}, int64_t correction = 1, bool keepdim = false) const;
+  Tensor max() const;  // the largest element (0-d)
+  Tensor min() const;
+  // (values, indices) along dim.
+  std::pair<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;
+  std::pair<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
+  // Index of the largest (smallest) element along dim, or of all elements flattened.
+  Tensor argmax(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  Tensor argmin(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
 
   std::string repr() const;  // like PyTorch's repr: tensor([...], dtype=...)
 
@@ -178,7 +198,11 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// Prints repr(): tensor([...], dtype=...).
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
+// Prints a shape as [2, 3, 224, 224] (found by argument lookup only inside namespace tvc, since
+// Shape is a std::vector: elsewhere `using tvc::operator<<;` or shape_str(shape)).
+std::ostream& operator<<(std::ostream& os, const Shape& shape);
 
 // ---- creation ----
 Tensor empty(const Shape& shape, TensorOptions options = {});

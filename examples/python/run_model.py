@@ -2,9 +2,9 @@
 the same steps as examples/c/run_model.c.
 
     python3 run_model.py LIBTVC_C MODEL NUM_CLASSES WEIGHTS INPUT N H W OUTPUT
-    e.g. python3 run_model.py build/libtvc-c.so resnet18 10 resnet18_10.pth images.f32 2 224 224 logits.f32
+    e.g. python3 run_model.py build/libtvc-c-shared.so resnet18 10 resnet18_10.pth images.f32 2 224 224 logits.f32
 
-LIBTVC_C is the shared libtvc-c.so (meson option shared_c_api, the default), which exports only
+LIBTVC_C is the shared libtvc-c-shared.so (meson option shared_c_api, the default), which exports only
 the tvc_* functions. INPUT holds float32 (N, 3, H, W) values, row-major; OUTPUT receives the
 float32 (N, NUM_CLASSES) logits.
 """

@@ -25,7 +25,7 @@ struct ModelSpec {
   std::string classifier;
   // torchvision's default image_size, for the models built for one input size (ViT: 224);
   // unset: Options::image_size does not apply.
-  std::optional<int64_t> default_image_size;
+  std::optional<int64_t> default_image_size{};
 };
 
 // Loads state (from report.file) into model as load_weights does: a classifier of another size

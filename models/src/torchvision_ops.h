@@ -25,7 +25,7 @@ class Conv2dNormActivation : public nn::Cloneable<Conv2dNormActivation, nn::Sequ
     int64_t kernel = 3;
     int64_t stride = 1;
     int64_t groups = 1;
-    std::optional<int64_t> padding;  // default (kernel - 1) / 2
+    std::optional<int64_t> padding{};  // default (kernel - 1) / 2
     bool bias = false;
   };
   Conv2dNormActivation(int64_t in, int64_t out, Conv conv, const nn::BatchNormOptions& norm, nn::ModulePtr activation);

@@ -83,6 +83,10 @@ const DeviceMemory& device_memory(Device device, const char* op);
 void run_kernel(Op op, std::span<const Tensor> in, std::span<Tensor> out,
                 const void* params = nullptr);
 
+// Makes the calling thread's OpenMP thread count the one set_num_threads set (run_kernel calls
+// it before every kernel, so a setting made on any thread reaches every thread).
+void apply_num_threads();
+
 // Raised by kernels for a dtype they do not implement.
 [[noreturn]] void unsupported_dtype(Op op, DType dtype, Device device);
 
@@ -105,7 +109,7 @@ struct UnaryParams {
 struct FillParams {
   double a = 0, b = 0;
   uint64_t seed = 0, offset = 0;
-  std::optional<int64_t> integer;
+  std::optional<int64_t> integer{};
 };
 
 // bmm: out[b] = in0[b] @ in1[b], shapes (B,M,K) (B,K,N) -> (B,M,N), any strides.
