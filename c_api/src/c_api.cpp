@@ -122,7 +122,7 @@ int tvc_model_forward(tvc_model* model, const tvc_tensor* input, tvc_tensor** ou
     if (shape.size() != 4 || shape[1] != 3)
       invalid("input has shape ", shape, "; expected (N, 3, H, W) images");
     tvc::NoGradGuard no_grad;
-    tvc::Tensor logits = (*model->module)(input->values).contiguous();
+    tvc::Tensor logits = (*model->module)(input->values);
     *out = new tvc_tensor{logits.to(tvc::DType::Float32).contiguous()};
   });
 }
