@@ -1,4 +1,4 @@
-// What both fuzzers share: the input as a file, and checks of what a reader returns.
+// What the fuzzers share: the input as a file, and checks of the tensors they get.
 //
 // The readers take paths, so each input is written into an anonymous in-memory file
 // (memfd_create) and read back through /proc/self/fd/N: the real path-based code runs (open,
@@ -66,11 +66,10 @@ class MemoryFile {
   std::string path_;
 };
 
-// Every element of a tensor a reader returned must lie inside its storage (the readers promise
-// to check offsets and strides against the file); then all its bytes are read, so that a view
-// of memory that is not there (freed, unmapped, past a buffer) shows up under ASan.
-inline void check_tensor(const tvc::Tensor& t, const std::string& name) {
-  if (!t.defined()) finding("reader returned an undefined tensor '" + name + "'");
+// Every element of a tensor must lie inside its storage (the readers promise to check offsets
+// and strides against the file; views against their base).
+inline void check_in_storage(const tvc::Tensor& t, const std::string& name) {
+  if (!t.defined()) finding("an undefined tensor '" + name + "'");
   if (t.numel() == 0) return;
   const auto& storage = t.storage();
   if (!storage) finding("tensor '" + name + "' has no storage");
@@ -84,6 +83,13 @@ inline void check_tensor(const tvc::Tensor& t, const std::string& name) {
     finding("tensor '" + name + "' reaches outside its storage of " + std::to_string(storage->nbytes()) +
             " bytes (shape " + tvc::shape_str(t.shape()) + ", strides " + tvc::shape_str(t.strides()) +
             ", offset " + std::to_string(t.storage_offset()) + ")");
+}
+
+// check_in_storage, then all its bytes are read, so that a view of memory that is not there
+// (freed, unmapped, past a buffer) shows up under ASan.
+inline void check_tensor(const tvc::Tensor& t, const std::string& name) {
+  check_in_storage(t, name);
+  if (t.numel() == 0) return;
   // A contiguous copy reads every element through the strides; summing its bytes makes sure
   // they are all touched and the compiler cannot drop the reads.
   tvc::Tensor c = t.contiguous();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../kernels/cpu/gemm.h"
+#include "../kernels/cpu/loops.h"
 #include "tvc/ops.h"
 
 using namespace tvc;
@@ -216,6 +217,20 @@ void check_matmul(const Tensor& a, const Tensor& b, double tol) {
     EXPECT_LT(rel_error(matmul(a, b).to_vector(), want), tol)
         << "matmul of shapes " << shape_str(a.shape()) << " and " << shape_str(b.shape());
   });
+}
+
+// An exception thrown inside a kernel's parallel region reaches the calling thread as itself
+// (one that left an OpenMP region would end the program).
+TEST(ParallelFor, ExceptionsReachTheCaller) {
+  const int64_t n = int64_t{1} << 20;
+  try {
+    cpu::parallel_for(n, 1, [&](int64_t begin, int64_t end) {
+      if (begin <= n - 1 && n - 1 < end) throw Error("the last chunk fails");
+    });
+    FAIL() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "the last chunk fails");
+  }
 }
 
 }  // namespace

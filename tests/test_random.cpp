@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "compare.h"
 #include "tvc/ops.h"
@@ -28,6 +29,26 @@ TEST(Random, Distributions) {
   Tensor p = randperm(1000, &gen);
   EXPECT_EQ(sum(p).item<int64_t>(), 999 * 1000 / 2);
   EXPECT_EQ(topk(p, 1000, 0, false).first.to_vector(), arange(1000).to_vector());
+}
+
+// randint is exact for int64 ranges a double cannot hold: 2^62 + {0, 1, 2} are told apart, and
+// the whole int64 range gives both signs.
+TEST(Random, RandintIsExactForWideInt64Ranges) {
+  Generator gen(5);
+  const int64_t base = int64_t{1} << 62;
+  Tensor r = randint(base, base + 3, {300}, {.dtype = DType::Int64}, &gen);
+  const int64_t* v = r.data_ptr<int64_t>();
+  int counts[3] = {0, 0, 0};
+  for (int64_t i = 0; i < r.numel(); ++i) {
+    ASSERT_TRUE(v[i] >= base && v[i] < base + 3) << v[i];
+    ++counts[v[i] - base];
+  }
+  for (int c : counts) EXPECT_GT(c, 50);
+  Tensor all = randint(INT64_MIN, INT64_MAX, {1000}, {.dtype = DType::Int64}, &gen);
+  EXPECT_LT(amin(all).item<int64_t>(), -(int64_t{1} << 60));
+  EXPECT_GT(amax(all).item<int64_t>(), int64_t{1} << 60);
+  Tensor odd = randint(-(int64_t{1} << 53) - 1, -(int64_t{1} << 53) + 1, {200}, {.dtype = DType::Int64}, &gen);
+  EXPECT_EQ(amin(odd).item<int64_t>(), -(int64_t{1} << 53) - 1);  // not representable as a double
 }
 
 TEST(Random, SeedAndStateReproduce) {

@@ -218,6 +218,44 @@ TEST(Tensor, ErrorsNameOpAndShapes) {
   EXPECT_THROW(ones({3}, {.dtype = DType::Int64}).data_ptr<float>(), Error);
 }
 
+// Every size computation of a layout is overflow-checked: a shape, strides or offset whose
+// element count, extent or byte size passes int64 is an error naming the op and the layout,
+// never a wrapped-around (small) allocation or a view reaching outside its storage.
+TEST(Tensor, LayoutSizesAreOverflowChecked) {
+  constexpr int64_t big = int64_t{1} << 62;
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto has = [](const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; };
+  std::string m = message([&] { empty({big, 4}); });
+  EXPECT_TRUE(has(m, "more elements than int64 holds")) << m;
+  m = message([&] { empty_strided({3, 2}, {big, 1}); });
+  EXPECT_TRUE(has(m, "empty_strided: shape [3, 2] with strides [4611686018427387904, 1]")) << m;
+  m = message([&] { empty_strided({INT64_MAX / 2}, {1}); });
+  EXPECT_TRUE(has(m, "empty_strided: 4611686018427387903 elements of float32 are more bytes")) << m;
+  m = message([&] { empty_strided({2, 2}, {-1, 1}); });
+  EXPECT_TRUE(has(m, "negative strides are not supported")) << m;
+  float buffer[4] = {1, 2, 3, 4};
+  m = message([&] { from_blob(buffer, {2, big}, DType::Float32, {}, Shape{big, 1}); });
+  EXPECT_TRUE(has(m, "from_blob:")) << m;
+  m = message([&] { from_blob(buffer, {2, 2}, DType::Float32, {}, Shape{2, -1}); });
+  EXPECT_TRUE(has(m, "from_blob: negative stride")) << m;
+  Tensor t = from_blob(buffer, {4}, DType::Float32);
+  m = message([&] { NoGradGuard no_grad; t.as_strided({2}, {INT64_MAX}, 0); });
+  EXPECT_TRUE(has(m, "as_strided: shape [2] with strides [9223372036854775807]")) << m;
+  m = message([&] { NoGradGuard no_grad; t.as_strided({2}, {1}, INT64_MAX); });
+  EXPECT_TRUE(has(m, "reach past the storage of 16 bytes")) << m;
+  m = message([&] { t.view({-1, big, big}); });
+  EXPECT_TRUE(has(m, "view: shape [-1, 4611686018427387904, 4611686018427387904] is invalid for input of size 4"))
+      << m;
+  EXPECT_EQ(t.as_strided({2, 2}, {0, 1}, 2).sum().item<float>(), 14.0f);  // in-bounds views still work
+}
+
 // Untrusted text in messages: printable text stays, control characters and bytes that break
 // UTF-8 become \xNN (both bytes of a C1 control), a backslash \\.
 TEST(Errors, PrintableEscapesControlCharactersAndInvalidUtf8) {

@@ -42,7 +42,7 @@ fi
 # `meson test --no-rebuild` then runs on exactly these binaries.
 ninja -C "$build" -j "$(nproc)" tests/tvc_tests tests/tvc_io_tests tests/tvc_op_table tests/tvc_train_tests \
   tests/tvc_c_api_tests tools/tvc \
-  fuzz/fuzz_safetensors fuzz/fuzz_pth
+  fuzz/fuzz_safetensors fuzz/fuzz_pth fuzz/fuzz_tensor
 
 # Leaks are findings too; abort_on_error makes every report a crash the test runner sees.
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
@@ -71,15 +71,17 @@ fi
 # new inputs; the checked-in seeds stay as they are). Limits: 10 s per input, 1 GiB per
 # allocation and 2 GiB in all, beyond which libFuzzer reports the input as a finding.
 summaries=()
-for name in safetensors pth; do
+for name in safetensors pth tensor; do
   work=$build/fuzz-run/$name
   rm -rf "$work"
   mkdir -p "$work/corpus" "$work/artifacts"
-  cp fuzz/corpus/$name/* "$work/corpus/"
+  if [[ -d fuzz/corpus/$name ]]; then cp fuzz/corpus/$name/* "$work/corpus/"; fi
+  dict=()
+  if [[ -f fuzz/$name.dict ]]; then dict=(-dict="fuzz/$name.dict"); fi
   echo "sanitize.sh: fuzz_$name for $fuzz_seconds s (log: $work/log)"
   rc=0
   "$build/fuzz/fuzz_$name" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 \
-    -timeout=10 -dict="fuzz/$name.dict" -artifact_prefix="$work/artifacts/" "$work/corpus" \
+    -timeout=10 "${dict[@]}" -artifact_prefix="$work/artifacts/" "$work/corpus" \
     >"$work/log" 2>&1 || rc=$?
   # libFuzzer's last words on a clean run: "Done N runs in S second(s)".
   done_line=$(grep -E '^Done [0-9]+ runs in [0-9]+ second' "$work/log" | tail -1 || true)

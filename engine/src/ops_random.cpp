@@ -12,12 +12,13 @@ void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
 
 namespace {
 
-// Fills t (made contiguous first) by op from gen with params a, b.
-Tensor& random_fill(Tensor& t, Op op, double a, double b, Generator* gen) {
+// Fills t (made contiguous first) by op from gen with params p (their seed and offset set here).
+Tensor& random_fill(Tensor& t, Op op, FillParams p, Generator* gen) {
   autograd::check_inplace(t, op_name(op));
   Generator& g = gen ? *gen : default_generator();
   Tensor target = t.is_contiguous() ? t : empty(t.shape(), {.dtype = t.dtype()});
-  FillParams p{.a = a, .b = b, .seed = g.seed(), .offset = g.advance(static_cast<uint64_t>(t.numel()))};
+  p.seed = g.seed();
+  p.offset = g.advance(static_cast<uint64_t>(t.numel()));
   detail::run(op, {}, {target}, &p);
   if (!target.is_same(t)) {
     NoGradGuard no_grad;
@@ -32,13 +33,13 @@ Tensor& random_fill(Tensor& t, Op op, double a, double b, Generator* gen) {
 Tensor& Tensor::uniform_(double from, double to, Generator* gen) {
   TVC_CHECK(is_floating(dtype()), "uniform_: needs a floating tensor, got ", dtype_name(dtype()));
   TVC_CHECK(from <= to, "uniform_: from ", from, " must not exceed to ", to);
-  return random_fill(*this, Op::uniform, from, to, gen);
+  return random_fill(*this, Op::uniform, {.a = from, .b = to}, gen);
 }
 
 Tensor& Tensor::normal_(double mean, double std, Generator* gen) {
   TVC_CHECK(is_floating(dtype()), "normal_: needs a floating tensor, got ", dtype_name(dtype()));
   TVC_CHECK(std >= 0, "normal_: std must be non-negative, got ", std);
-  return random_fill(*this, Op::normal, mean, std, gen);
+  return random_fill(*this, Op::normal, {.a = mean, .b = std}, gen);
 }
 
 namespace {
@@ -48,7 +49,7 @@ Tensor random_floating(const char* name, Op op, double a, double b, const Shape&
                        TensorOptions options, Generator* gen) {
   TVC_CHECK(is_floating(options.dtype), name, ": needs a floating dtype, got ", dtype_name(options.dtype));
   Tensor t = empty(shape, {.dtype = options.dtype});
-  random_fill(t, op, a, b, gen);
+  random_fill(t, op, {.a = a, .b = b}, gen);
   if (options.requires_grad) t.requires_grad_(true);
   return t;
 }
@@ -66,7 +67,7 @@ Tensor randn(const Shape& shape, TensorOptions options, Generator* gen) {
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options, Generator* gen) {
   TVC_CHECK(low < high, "randint: low ", low, " must be less than high ", high);
   Tensor t = empty(shape, {.dtype = options.dtype});
-  return random_fill(t, Op::randint, static_cast<double>(low), static_cast<double>(high), gen);
+  return random_fill(t, Op::randint, {.low = low, .high = high}, gen);
 }
 
 Tensor rand_like(const Tensor& t, Generator* gen) { return rand(t.shape(), {.dtype = t.dtype()}, gen); }

@@ -55,6 +55,42 @@ Shape contiguous_strides(const Shape& shape, MemoryFormat format) {
   return strides;
 }
 
+namespace {
+
+// The elements a (shape, strides) layout spans from its first element: 1 + sum (size - 1) *
+// stride, 0 when it has no element. Sizes and strides must be non-negative (negative strides are
+// not supported); an extent beyond int64 is an error naming op and the layout.
+int64_t storage_extent(const Shape& shape, const Shape& strides, const char* op) {
+  TVC_CHECK(shape.size() == strides.size(), op, ": shape ", shape, " and strides ", strides, " differ in length");
+  for (size_t i = 0; i < shape.size(); ++i) {
+    TVC_CHECK(shape[i] >= 0, op, ": negative size in shape ", shape);
+    TVC_CHECK(strides[i] >= 0, op, ": negative stride in ", strides, " (negative strides are not supported)");
+  }
+  int64_t numel = 1;
+  for (int64_t size : shape)
+    TVC_CHECK(!__builtin_mul_overflow(numel, size, &numel), op, ": shape ", shape,
+              " has more elements than int64 holds");
+  if (numel == 0) return 0;
+  int64_t extent = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    int64_t step;
+    TVC_CHECK(!__builtin_mul_overflow(shape[i] - 1, strides[i], &step) &&
+                  !__builtin_add_overflow(extent, step, &extent),
+              op, ": shape ", shape, " with strides ", strides, " spans more elements than int64 holds");
+  }
+  return extent;
+}
+
+// Bytes of count elements of dtype; more than int64 holds is an error naming op.
+int64_t checked_bytes(int64_t count, DType dtype, const char* op) {
+  int64_t bytes;
+  TVC_CHECK(!__builtin_mul_overflow(count, static_cast<int64_t>(dtype_size(dtype)), &bytes), op, ": ", count,
+            " elements of ", dtype_name(dtype), " are more bytes than int64 holds");
+  return bytes;
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------- metadata
 
 TensorImpl& Tensor::checked() const {
@@ -197,7 +233,8 @@ Shape infer_shape(Shape shape, int64_t numel, const char* op) {
       infer = static_cast<int64_t>(i);
     } else {
       TVC_CHECK(shape[i] >= 0, op, ": invalid size ", shape[i], " in shape ", shape);
-      known *= shape[i];
+      TVC_CHECK(!__builtin_mul_overflow(known, shape[i], &known), op, ": shape ", shape,
+                " is invalid for input of size ", numel);
     }
   }
   if (infer >= 0) {
@@ -403,16 +440,12 @@ Tensor Tensor::as_strided(const Shape& sh, const Shape& st, int64_t offset) cons
             " differ in length");
   TVC_CHECK(!(requires_grad() && is_grad_enabled()),
             "as_strided: not differentiable; call it on a detached tensor or under NoGradGuard");
-  int64_t max_index = offset;
-  for (size_t i = 0; i < sh.size(); ++i) {
-    TVC_CHECK(sh[i] >= 0 && st[i] >= 0, "as_strided: negative size or stride in ", sh, " / ", st);
-    if (sh[i] == 0) max_index = -1;
-    if (max_index >= 0) max_index += (sh[i] - 1) * st[i];
-  }
-  TVC_CHECK(offset >= 0 && (max_index < 0 || (max_index + 1) * static_cast<int64_t>(element_size()) <=
-                                                   static_cast<int64_t>(storage()->nbytes())),
-            "as_strided: shape ", sh, " strides ", st, " offset ", offset,
-            " reach past the storage of ", storage()->nbytes(), " bytes");
+  int64_t extent = storage_extent(sh, st, "as_strided"), end = 0;
+  TVC_CHECK(offset >= 0, "as_strided: negative storage offset ", offset);
+  TVC_CHECK(extent == 0 || (!__builtin_add_overflow(offset, extent, &end) &&
+                            checked_bytes(end, dtype(), "as_strided") <= static_cast<int64_t>(storage()->nbytes())),
+            "as_strided: shape ", sh, " strides ", st, " offset ", offset, " reach past the storage of ",
+            storage()->nbytes(), " bytes");
   return make_view(*this, sh, st, offset);
 }
 
@@ -480,14 +513,9 @@ Tensor& Tensor::detach_() {
 // ---------------------------------------------------------------- creation
 
 Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions options) {
-  TVC_CHECK(shape.size() == strides.size(), "empty_strided: shape ", shape, " and strides ",
-            strides, " differ in length");
-  int64_t n = shape_numel(shape);
-  int64_t extent = n == 0 ? 0 : 1;
-  for (size_t i = 0; i < shape.size() && n; ++i) extent += (shape[i] - 1) * strides[i];
-  size_t bytes = static_cast<size_t>(extent) * dtype_size(options.dtype);
+  int64_t bytes = checked_bytes(storage_extent(shape, strides, "empty_strided"), options.dtype, "empty_strided");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = Storage::allocate(bytes, options.device);
+  impl->storage = Storage::allocate(static_cast<size_t>(bytes), options.device);
   impl->shape = shape;
   impl->strides = strides;
   impl->dtype = options.dtype;
@@ -556,16 +584,9 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions options) 
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Storage::Deleter deleter,
                  std::optional<Shape> strides) {
   Shape st = strides ? *strides : contiguous_strides(shape);
-  TVC_CHECK(st.size() == shape.size(), "from_blob: shape ", shape, " and strides ", st,
-            " differ in length");
-  int64_t n = shape_numel(shape);
-  int64_t extent = n == 0 ? 0 : 1;
-  for (size_t i = 0; i < shape.size() && n; ++i) {
-    TVC_CHECK(st[i] >= 0, "from_blob: negative stride in ", st);
-    extent += (shape[i] - 1) * st[i];
-  }
+  int64_t bytes = checked_bytes(storage_extent(shape, st, "from_blob"), dtype, "from_blob");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = Storage::wrap(data, static_cast<size_t>(extent) * dtype_size(dtype), std::move(deleter));
+  impl->storage = Storage::wrap(data, static_cast<size_t>(bytes), std::move(deleter));
   impl->shape = shape;
   impl->strides = st;
   impl->dtype = dtype;

@@ -219,8 +219,10 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
   };
   if (threads == 1) return run(0, 1);
 #ifdef _OPENMP
+  RegionErrors errors;
 #pragma omp parallel num_threads(static_cast<int>(threads))
-  run(omp_get_thread_num(), omp_get_num_threads());
+  errors.run([&] { run(omp_get_thread_num(), omp_get_num_threads()); });
+  errors.rethrow();
 #endif
 }
 

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <numeric>
 #include <vector>
 
@@ -67,6 +69,29 @@ void dispatch_numeric(DType dtype, Op op, F&& f) {
 // Worth splitting over threads: more than this many elements of work.
 inline constexpr int64_t kParallelGrain = 32768;
 
+// Carries the first exception thrown inside an OpenMP region to the thread that started it: an
+// exception that leaves a region ends the program. Each thread runs its work through run();
+// after the region, rethrow() raises that exception on the calling thread.
+class RegionErrors {
+ public:
+  template <typename F>
+  void run(F&& work) noexcept {
+    try {
+      work();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!first_) first_ = std::current_exception();
+    }
+  }
+  void rethrow() const {
+    if (first_) std::rethrow_exception(first_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::exception_ptr first_;
+};
+
 // Runs body(begin, end) over [0, n) split into contiguous chunks, one per thread.
 template <typename F>
 void parallel_for(int64_t n, int64_t work_per_item, F&& body) {
@@ -74,11 +99,13 @@ void parallel_for(int64_t n, int64_t work_per_item, F&& body) {
   int threads = omp_get_max_threads();
   if (threads > 1 && n > 1 && n * work_per_item > kParallelGrain && !omp_in_parallel()) {
     int64_t chunks = std::min<int64_t>(threads, n);
+    RegionErrors errors;
 #pragma omp parallel for schedule(static) num_threads(static_cast<int>(chunks))
     for (int64_t c = 0; c < chunks; ++c) {
       int64_t b = n * c / chunks, e = n * (c + 1) / chunks;
-      body(b, e);
+      errors.run([&] { body(b, e); });
     }
+    errors.rethrow();
     return;
   }
 #endif

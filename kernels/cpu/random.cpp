@@ -32,7 +32,8 @@ struct Philox {
   }
 };
 
-// Fills out (contiguous) with gen(philox_for_element_i) cast to its dtype.
+// Fills out (contiguous) with gen(philox_for_element_i) (a double, or an int64 for randint) cast
+// to its dtype.
 template <typename Gen>
 void fill_random(const KernelArgs& args, Op op, Gen gen) {
   const Tensor& out = args.out[0];
@@ -63,11 +64,13 @@ void normal_kernel(const KernelArgs& args) {
   });
 }
 
+// low + (64 random bits mod (high - low)), in integers: exact for every int64 range (up to
+// [INT64_MIN, INT64_MAX)), the modulo bias of PyTorch's own randint.
 void randint_kernel(const KernelArgs& args) {
   fill_random(args, Op::randint, [](const Philox& ph, const FillParams& p) {
-    auto range = static_cast<uint64_t>(p.b - p.a);
+    uint64_t range = static_cast<uint64_t>(p.high) - static_cast<uint64_t>(p.low);
     uint64_t bits = (uint64_t{ph.out[0]} << 32) | ph.out[1];
-    return static_cast<double>(static_cast<int64_t>(p.a) + static_cast<int64_t>(bits % range));
+    return static_cast<int64_t>(static_cast<uint64_t>(p.low) + bits % range);
   });
 }
 

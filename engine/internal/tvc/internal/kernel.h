@@ -104,12 +104,13 @@ struct UnaryParams {
 };
 
 // fill (value a; an integer value also in `integer`, exact for integer dtypes), uniform
-// (a = from, b = to), normal (a = mean, b = std), randint (a = low, b = high), arange
-// (a = start, b = step): the random ones read seed and counter offset.
+// (a = from, b = to), normal (a = mean, b = std), randint ([low, high), exact for any int64
+// range), arange (a = start, b = step): the random ones read seed and counter offset.
 struct FillParams {
   double a = 0, b = 0;
   uint64_t seed = 0, offset = 0;
   std::optional<int64_t> integer{};
+  int64_t low = 0, high = 0;
 };
 
 // bmm: out[b] = in0[b] @ in1[b], shapes (B,M,K) (B,K,N) -> (B,M,N), any strides.
