@@ -109,7 +109,7 @@ std::vector<OpRow> elementwise_rows() {
             [](const Shape& s, uint64_t seed) { return mul(spread(s, seed), scalar_like(2.2, DType::Float64)); }),
       unary(Op::leaky_relu, [](const Tensor& x) { return leaky_relu(x, 0.07); }, "F.leaky_relu(a, 0.07)", spread),
       unary(Op::gelu, [](const Tensor& x) { return gelu(x); }, "F.gelu(a)"),
-      unary(Op::gelu, [](const Tensor& x) { return gelu(x, "tanh"); }, "F.gelu(a, approximate='tanh')"),
+      unary(Op::gelu, [](const Tensor& x) { return gelu(x, GeluApproximate::Tanh); }, "F.gelu(a, approximate='tanh')"),
       unary(Op::silu, [](const Tensor& x) { return silu(x); }, "F.silu(a)"),
       unary(Op::sigmoid, [](const Tensor& x) { return sigmoid(x); }, "torch.sigmoid(a)"),
       unary(Op::hardsigmoid, [](const Tensor& x) { return hardsigmoid(x); }, "F.hardsigmoid(a)", spread),

@@ -69,7 +69,7 @@ OpRow ce_row(bool weighted, std::optional<int64_t> ignore, const std::string& re
                       "', label_smoothing=" + std::to_string(smoothing) + ")";
   bool empty = allows_empty(reduction);
   return make_row(Op::cross_entropy, [ignore, empty] { return class_samples(ignore, empty); },
-               [=](In x) { return cross_entropy(x[0], x[1], weighted ? x[2] : Tensor(), ii, reduction, smoothing); },
+               [=](In x) { return cross_entropy(x[0], x[1], weighted ? x[2] : Tensor(), ii, parse_mode<Reduction>(reduction), smoothing); },
                torch, {0});
 }
 
@@ -117,18 +117,18 @@ std::vector<OpRow> loss_rows() {
   }
   rows.push_back(ce_row(false, 3, "mean", 0.3));
   rows.push_back(make_row(Op::cross_entropy, [] { return without_empty(probability_samples()); },
-                       [](In x) { return cross_entropy(x[0], x[1], x[2], -100, "mean", 0.2); },
+                       [](In x) { return cross_entropy(x[0], x[1], x[2], -100, Reduction::Mean, 0.2); },
                        "F.cross_entropy(a, b, weight=c, label_smoothing=0.2)", {0, 1}));
   rows.push_back(make_row(Op::cross_entropy, probability_samples,
-                       [](In x) { return cross_entropy(x[0], x[1], Tensor(), -100, "none"); },
+                       [](In x) { return cross_entropy(x[0], x[1], Tensor(), -100, Reduction::None); },
                        "F.cross_entropy(a, b, reduction='none')", {0, 1}));
   rows.push_back(make_row(Op::cross_entropy, unbatched_samples,
-                       [](In x) { return cross_entropy(x[0], x[1], x[2], -100, "mean", 0.1); },
+                       [](In x) { return cross_entropy(x[0], x[1], x[2], -100, Reduction::Mean, 0.1); },
                        "F.cross_entropy(a, b, weight=c, label_smoothing=0.1)", {0}));
   // ---- nll_loss (inputs are any values: nll_loss does not need log-probabilities)
   for (std::string red : {"mean", "sum", "none"})
     rows.push_back(make_row(Op::nll_loss, [red] { return class_samples(1, allows_empty(red)); },
-                         [red](In x) { return nll_loss(x[0], x[1], x[2], 1, red); },
+                         [red](In x) { return nll_loss(x[0], x[1], x[2], 1, parse_mode<Reduction>(red)); },
                          "F.nll_loss(a, b, weight=c, ignore_index=1, reduction='" + red + "')", {0}));
   rows.push_back(make_row(Op::nll_loss, [] { return class_samples(std::nullopt, false); },
                        [](In x) { return nll_loss(x[0], x[1]); }, "F.nll_loss(a, b)", {0}));
@@ -136,13 +136,13 @@ std::vector<OpRow> loss_rows() {
   for (std::string red : {"mean", "sum", "none"})
     rows.push_back(make_row(Op::mse_loss,
                          [red] { return allows_empty(red) ? binary_samples() : without_empty(binary_samples()); },
-                         [red](In x) { return mse_loss(x[0], x[1], red); },
+                         [red](In x) { return mse_loss(x[0], x[1], parse_mode<Reduction>(red)); },
                          "F.mse_loss(a, b, reduction='" + red + "')", {0, 1}));
   // ---- binary_cross_entropy_with_logits (differentiable in the target too, as PyTorch)
   for (std::string red : {"mean", "sum", "none"})
     rows.push_back(make_row(Op::binary_cross_entropy_with_logits,
                          [red] { return allows_empty(red) ? bce_samples() : without_empty(bce_samples()); },
-                         [red](In x) { return binary_cross_entropy_with_logits(x[0], x[1], x[2], red, x[3]); },
+                         [red](In x) { return binary_cross_entropy_with_logits(x[0], x[1], x[2], parse_mode<Reduction>(red), x[3]); },
                          "F.binary_cross_entropy_with_logits(a, b, weight=c, reduction='" + red + "', pos_weight=d)",
                          {0, 1}));
   OpRow plain = make_row(Op::binary_cross_entropy_with_logits, [] { return without_empty(bce_samples()); },

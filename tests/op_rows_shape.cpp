@@ -121,7 +121,7 @@ OpRow pad_row(const std::vector<int64_t>& pads, const std::string& mode, std::ve
   bool constant = mode == "constant";
   std::string torch = "F.pad(a, [" + list + "], mode='" + mode + "'" + (constant ? ", value=0.5" : "") + ")";
   return make_row(Op::pad, [samples] { return samples; },
-               [pads, mode, constant](In x) { return pad(x[0], pads, mode, constant ? 0.5 : 0.0); }, torch, {0});
+               [pads, mode, constant](In x) { return pad(x[0], pads, parse_mode<PadMode>(mode), constant ? 0.5 : 0.0); }, torch, {0});
 }
 
 // Samples of 4-d (N,C,H,W) inputs for interpolate; a 1x1 image only when the output size is given
@@ -143,7 +143,7 @@ OpRow interpolate_row(std::optional<std::array<int64_t, 2>> size, std::optional<
   torch += ")";
   bool one_pixel = size.has_value();
   return make_row(Op::interpolate, [one_pixel] { return image_samples(one_pixel); },
-               [=](In x) { return interpolate(x[0], size, scale, mode, align_corners, antialias); }, torch, {0});
+               [=](In x) { return interpolate(x[0], size, scale, parse_mode<InterpolateMode>(mode), align_corners, antialias); }, torch, {0});
 }
 
 }  // namespace

@@ -168,12 +168,12 @@ ModulePtr nested_model() {
       make_shared<ReLU>(true),
       make_shared<Sequential>(std::initializer_list<ModulePtr>{
           make_shared<Conv2d>(8, 8, Sizes{3, 1}, ConvOptions{.padding = "same", .dilation = 2, .groups = 4,
-                                                             .padding_mode = "reflect"}),
+                                                             .padding_mode = PaddingMode::Reflect}),
           make_shared<MaxPool2d>(2), make_shared<AvgPool2d>(3, AvgPool2dOptions{.stride = 1, .padding = 1}),
           make_shared<AdaptiveAvgPool2d>(Sizes{1, 1}), make_shared<Flatten>(), make_shared<Linear>(8, 4),
           make_shared<Dropout>(0.25)}),
       make_shared<ModuleDict>(std::vector<std::pair<std::string, ModulePtr>>{
-          {"norm", make_shared<LayerNorm>(4, 1e-6)}, {"act", make_shared<GELU>("tanh")},
+          {"norm", make_shared<LayerNorm>(4, 1e-6)}, {"act", make_shared<GELU>(GeluApproximate::Tanh)},
           {"bn", make_shared<BatchNorm1d>(4, BatchNormOptions{.eps = 1e-3, .momentum = std::nullopt})}}),
       make_shared<ModuleList>(std::initializer_list<ModulePtr>{
           make_shared<GroupNorm>(2, 4), make_shared<Identity>(), make_shared<Conv1d>(2, 3, 3, ConvOptions{.bias = false}),
@@ -572,7 +572,7 @@ TEST(Layers, OutputsAndGradientsMatchPyTorch) {
       {"nn.ReLU6()", make_shared<ReLU6>(), {3, 7}},
       {"nn.LeakyReLU(0.2)", make_shared<LeakyReLU>(0.2), {3, 7}},
       {"nn.GELU()", make_shared<GELU>(), {3, 7}},
-      {"nn.GELU('tanh')", make_shared<GELU>("tanh"), {3, 7}},
+      {"nn.GELU('tanh')", make_shared<GELU>(GeluApproximate::Tanh), {3, 7}},
       {"nn.SiLU()", make_shared<SiLU>(), {3, 7}},
       {"nn.Sigmoid()", make_shared<Sigmoid>(), {3, 7}},
       {"nn.Hardsigmoid()", make_shared<Hardsigmoid>(), {3, 7}},
@@ -589,7 +589,7 @@ TEST(Layers, OutputsAndGradientsMatchPyTorch) {
        make_shared<Conv2d>(4, 6, Sizes{2, 3}, ConvOptions{.padding = "same", .dilation = {1, 2}, .groups = 2}),
        {2, 4, 7, 8}},
       {"nn.Conv2d(3, 4, 3, padding=(1, 2), padding_mode='reflect')",
-       make_shared<Conv2d>(3, 4, 3, ConvOptions{.padding = {1, 2}, .padding_mode = "reflect"}), {1, 3, 6, 7}},
+       make_shared<Conv2d>(3, 4, 3, ConvOptions{.padding = {1, 2}, .padding_mode = PaddingMode::Reflect}), {1, 3, 6, 7}},
       {"nn.Conv1d(3, 4, 3, stride=2, padding=1)", make_shared<Conv1d>(3, 4, 3, ConvOptions{.stride = 2, .padding = 1}),
        {2, 3, 10}},
       {"nn.BatchNorm2d(3)", make_shared<BatchNorm2d>(3), {4, 3, 5, 5}},
@@ -719,19 +719,25 @@ TEST(Init, DefaultLayerInitialisation) {
 }
 
 TEST(Init, InitialisersFollowPyTorchRules) {
-  EXPECT_DOUBLE_EQ(init::calculate_gain("relu"), std::sqrt(2.0));
-  EXPECT_DOUBLE_EQ(init::calculate_gain("tanh"), 5.0 / 3);
-  EXPECT_DOUBLE_EQ(init::calculate_gain("leaky_relu", 0.2), std::sqrt(2.0 / 1.04));
-  EXPECT_DOUBLE_EQ(init::calculate_gain("conv2d"), 1.0);
-  EXPECT_NE(error_of([] { init::calculate_gain("cube"); }).find("unsupported nonlinearity cube"), std::string::npos);
+  EXPECT_DOUBLE_EQ(init::calculate_gain(Nonlinearity::Relu), std::sqrt(2.0));
+  EXPECT_DOUBLE_EQ(init::calculate_gain(Nonlinearity::Tanh), 5.0 / 3);
+  EXPECT_DOUBLE_EQ(init::calculate_gain(Nonlinearity::LeakyRelu, 0.2), std::sqrt(2.0 / 1.04));
+  EXPECT_DOUBLE_EQ(init::calculate_gain(Nonlinearity::Conv2d), 1.0);
+  EXPECT_DOUBLE_EQ(init::calculate_gain(parse_mode<Nonlinearity>("leaky_relu")), std::sqrt(2.0 / 1.0001));
+  EXPECT_EQ(error_of([] { parse_mode<Nonlinearity>("cube"); }),
+            "nonlinearity: 'cube' is not one of 'linear', 'conv1d', 'conv2d', 'conv3d', 'conv_transpose1d', "
+            "'conv_transpose2d', 'conv_transpose3d', 'sigmoid', 'tanh', 'relu', 'leaky_relu', 'selu'");
+  EXPECT_EQ(error_of([] { parse_mode<Reduction>("meen\x1b[2J"); }),
+            "reduction: 'meen\\x1b[2J' is not one of 'none', 'mean', 'sum'");
+  EXPECT_STREQ(to_string(PaddingMode::Circular), "circular");
+  EXPECT_EQ(parse_mode<PadMode>(to_string(PadMode::Replicate)), PadMode::Replicate);
   Tensor w = empty({64, 32, 3, 3});
   EXPECT_EQ(init::calculate_fan_in_and_fan_out(w), (std::pair<int64_t, int64_t>{288, 576}));
   EXPECT_NE(error_of([] { init::calculate_fan_in_and_fan_out(empty({3})); }).find("fewer than 2 dimensions"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { init::kaiming_uniform_(w, 0, "fan_avg"); }).find("mode fan_avg not supported"),
-            std::string::npos);
+  EXPECT_EQ(error_of([] { parse_mode<FanMode>("fan_avg"); }), "mode: 'fan_avg' is not one of 'fan_in', 'fan_out'");
   Generator gen(5);
-  init::kaiming_normal_(w, 0, "fan_out", "relu", &gen);
+  init::kaiming_normal_(w, 0, FanMode::FanOut, Nonlinearity::Relu, &gen);
   EXPECT_NEAR(stats(w)[1], std::sqrt(2.0 / 576), 0.03 * std::sqrt(2.0 / 576));
   init::xavier_uniform_(w, 2.0, &gen);
   double xb = 2.0 * std::sqrt(6.0 / (288 + 576));

@@ -122,7 +122,7 @@ std::vector<Case> interpolate_cases() {
       expr << ")";
       cases.push_back({name.str(), in,
                        [m, tg](const Tensor& x, const Tensor&) {
-                         return interpolate(x, tg.size, tg.scale, m.mode, m.align_corners, m.antialias);
+                         return interpolate(x, tg.size, tg.scale, parse_mode<InterpolateMode>(m.mode), m.align_corners, m.antialias);
                        },
                        expr.str()});
     }
@@ -130,7 +130,7 @@ std::vector<Case> interpolate_cases() {
   cases.push_back({"interpolate bicubic channels-last", in,
                    [](const Tensor& x, const Tensor&) {
                      return interpolate(x.contiguous(MemoryFormat::ChannelsLast), std::array<int64_t, 2>{5, 11},
-                                        std::nullopt, "bicubic");
+                                        std::nullopt, InterpolateMode::Bicubic);
                    },
                    "F.interpolate(x.contiguous(memory_format=torch.channels_last), size=(5, 11), mode='bicubic')"});
   return cases;
@@ -140,7 +140,7 @@ TEST(ShapeOps, InterpolateMatchesPyTorch) { check_both(interpolate_cases()); }
 
 TEST(ShapeOps, InterpolateKeepsChannelsLast) {
   Tensor x = randn({1, 3, 4, 5}).contiguous(MemoryFormat::ChannelsLast);
-  Tensor y = interpolate(x, std::array<int64_t, 2>{6, 7}, std::nullopt, "bilinear");
+  Tensor y = interpolate(x, std::array<int64_t, 2>{6, 7}, std::nullopt, InterpolateMode::Bilinear);
   EXPECT_EQ(y.suggest_memory_format(), MemoryFormat::ChannelsLast);
 }
 
@@ -149,8 +149,8 @@ TEST(ShapeOps, InterpolateRejectsBadArguments) {
   EXPECT_THROW(interpolate(randn({2, 4, 4}), std::array<int64_t, 2>{2, 2}), Error);
   EXPECT_THROW(interpolate(x, std::nullopt, std::nullopt), Error);
   EXPECT_THROW(interpolate(x, std::array<int64_t, 2>{0, 2}), Error);
-  EXPECT_THROW(interpolate(x, std::array<int64_t, 2>{2, 2}, std::nullopt, "nearest", true), Error);
-  EXPECT_THROW(interpolate(x, std::array<int64_t, 2>{2, 2}, std::nullopt, "area"), Error);
+  EXPECT_THROW(interpolate(x, std::array<int64_t, 2>{2, 2}, std::nullopt, InterpolateMode::Nearest, true), Error);
+  EXPECT_THROW(parse_mode<InterpolateMode>("area"), Error);
 }
 
 // ---------------------------------------------------------------- pad, roll, cat
@@ -179,11 +179,11 @@ TEST(ShapeOps, PadMatchesPyTorch) {
     expr << "], mode='" << p.mode << "'" << (p.mode == "constant" ? ", value=0.75" : "") << ")";
     double value = p.mode == "constant" ? 0.75 : 0.0;
     cases.push_back({name.str(), p.shape,
-                     [p, value](const Tensor& x, const Tensor&) { return pad(x, p.pads, p.mode, value); },
+                     [p, value](const Tensor& x, const Tensor&) { return pad(x, p.pads, parse_mode<PadMode>(p.mode), value); },
                      expr.str()});
   }
   cases.push_back({"pad reflect non-contiguous", {3, 4, 5},
-                   [](const Tensor& x, const Tensor&) { return pad(x.transpose(1, 2), {2, 1}, "reflect"); },
+                   [](const Tensor& x, const Tensor&) { return pad(x.transpose(1, 2), {2, 1}, PadMode::Reflect); },
                    "F.pad(x.transpose(1, 2), [2, 1], mode='reflect')"});
   cases.push_back({"roll two dims", {3, 4, 5},
                    [](const Tensor& x, const Tensor&) { return roll(x, {2, -7}, {0, 2}); },
@@ -197,12 +197,12 @@ TEST(ShapeOps, PadMatchesPyTorch) {
 TEST(ShapeOps, PadRejectsBadArguments) {
   Tensor x = randn({1, 2, 3, 4});
   EXPECT_THROW(pad(x, {1, 2, 3}), Error);                      // odd length
-  EXPECT_THROW(pad(x, {4, 0}, "reflect"), Error);              // reflect pad >= size
-  EXPECT_THROW(pad(x, {5, 0}, "circular"), Error);             // wraps more than once
-  EXPECT_THROW(pad(x, {1, 1}, "reflect"), Error);              // 4-d input needs 2 or 3 pairs
-  EXPECT_THROW(pad(x, {1, 1, 1, 1}, "reflect", 1.0), Error);   // value with a non-constant mode
+  EXPECT_THROW(pad(x, {4, 0}, PadMode::Reflect), Error);              // reflect pad >= size
+  EXPECT_THROW(pad(x, {5, 0}, PadMode::Circular), Error);             // wraps more than once
+  EXPECT_THROW(pad(x, {1, 1}, PadMode::Reflect), Error);              // 4-d input needs 2 or 3 pairs
+  EXPECT_THROW(pad(x, {1, 1, 1, 1}, PadMode::Reflect, 1.0), Error);   // value with a non-constant mode
   EXPECT_THROW(pad(x, {-3, -2}), Error);                       // negative size
-  EXPECT_THROW(pad(x, {1, 1, 1, 1}, "wrap"), Error);
+  EXPECT_THROW(parse_mode<PadMode>("wrap"), Error);
 }
 
 TEST(ShapeOps, CatStackSplitChunk) {
@@ -242,35 +242,35 @@ TEST(ShapeOps, LossesMatchPyTorch) {
       std::string sls = fmt_double(ls);
       cases.push_back({"cross_entropy weight ignore " + red + " ls " + sls, {6, 5},
                        [=](const Tensor& x, const Tensor& t) {
-                         return cross_entropy(x, t, weight5.to(x.dtype()), -100, red, ls);
+                         return cross_entropy(x, t, weight5.to(x.dtype()), -100, parse_mode<Reduction>(red), ls);
                        },
                        "F.cross_entropy(x, t, weight=" + pw5 + ", ignore_index=-100, reduction='" + red +
                            "', label_smoothing=" + sls + ")",
                        t2});
       cases.push_back({"cross_entropy (N,K,d) weight ignore 7 " + red + " ls " + sls, {3, 4, 5},
                        [=](const Tensor& x, const Tensor& t) {
-                         return cross_entropy(x, t, weight4.to(x.dtype()), 7, red, ls);
+                         return cross_entropy(x, t, weight4.to(x.dtype()), 7, parse_mode<Reduction>(red), ls);
                        },
                        "F.cross_entropy(x, t, weight=" + pw4 + ", ignore_index=7, reduction='" + red +
                            "', label_smoothing=" + sls + ")",
                        t3});
       cases.push_back({"cross_entropy no weight " + red + " ls " + sls, {6, 5},
-                       [=](const Tensor& x, const Tensor& t) { return cross_entropy(x, t, Tensor(), -100, red, ls); },
+                       [=](const Tensor& x, const Tensor& t) { return cross_entropy(x, t, Tensor(), -100, parse_mode<Reduction>(red), ls); },
                        "F.cross_entropy(x, t, reduction='" + red + "', label_smoothing=" + sls + ")", t2});
       cases.push_back({"cross_entropy probabilities " + red + " ls " + sls, {6, 5},
                        [=](const Tensor& x, const Tensor&) {
                          Tensor p = softmax(mul(arange(30, {.dtype = x.dtype()}).reshape({6, 5}), scalar_like(0.1, x.dtype())), 1);
-                         return cross_entropy(x, p, weight5.to(x.dtype()), -100, red, ls);
+                         return cross_entropy(x, p, weight5.to(x.dtype()), -100, parse_mode<Reduction>(red), ls);
                        },
                        "F.cross_entropy(x, torch.softmax(torch.arange(30, dtype=x.dtype).reshape(6, 5) * 0.1, 1), "
                        "weight=" + pw5 + ", reduction='" + red + "', label_smoothing=" + sls + ")"});
     }
     cases.push_back({"nll_loss weight ignore " + red, {6, 5},
-                     [=](const Tensor& x, const Tensor& t) { return nll_loss(x, t, weight5.to(x.dtype()), -100, red); },
+                     [=](const Tensor& x, const Tensor& t) { return nll_loss(x, t, weight5.to(x.dtype()), -100, parse_mode<Reduction>(red)); },
                      "F.nll_loss(x, t, weight=" + pw5 + ", reduction='" + red + "')", t2});
     cases.push_back({"mse_loss " + red, {4, 7},
                      [=](const Tensor& x, const Tensor&) {
-                       return mse_loss(x, mul(arange(28, {.dtype = x.dtype()}).reshape({4, 7}), scalar_like(0.1, x.dtype())), red);
+                       return mse_loss(x, mul(arange(28, {.dtype = x.dtype()}).reshape({4, 7}), scalar_like(0.1, x.dtype())), parse_mode<Reduction>(red));
                      },
                      "F.mse_loss(x, torch.arange(28, dtype=x.dtype).reshape(4, 7) * 0.1, reduction='" + red + "')"});
     cases.push_back({"bce_with_logits weight pos_weight " + red, {4, 5},
@@ -278,7 +278,7 @@ TEST(ShapeOps, LossesMatchPyTorch) {
                        Tensor xs = mul(x, scalar_like(30, x.dtype()));  // large logits: checks stability
                        Tensor target = div(arange(20, {.dtype = x.dtype()}).reshape({4, 5}), scalar_like(19, x.dtype()));
                        Tensor weight = tensor<double>({0.5, 1.0, 1.5, 2.0}, Shape{4, 1}).to(x.dtype());
-                       return binary_cross_entropy_with_logits(xs, target, weight, red, weight5.to(x.dtype()));
+                       return binary_cross_entropy_with_logits(xs, target, weight, parse_mode<Reduction>(red), weight5.to(x.dtype()));
                      },
                      "F.binary_cross_entropy_with_logits(x * 30, torch.arange(20, dtype=x.dtype).reshape(4, 5) / 19, "
                      "weight=torch.tensor([[0.5], [1.0], [1.5], [2.0]], dtype=x.dtype), reduction='" + red +
@@ -294,7 +294,7 @@ TEST(ShapeOps, LossesRejectBadTargets) {
   EXPECT_THROW(cross_entropy(x, tensor<int32_t>({0, 1, 1, 2})), Error);      // not int64
   EXPECT_THROW(cross_entropy(x, int64_tensor({0, 1, 1}, {3})), Error);       // shape
   EXPECT_THROW(cross_entropy(x, int64_tensor({0, 1, 1, 2}, {4}), ones({4})), Error);  // weight (K)
-  EXPECT_THROW(nll_loss(x, int64_tensor({0, 1, 1, 2}, {4}), Tensor(), -100, "avg"), Error);
+  EXPECT_THROW(parse_mode<Reduction>("avg"), Error);
   EXPECT_THROW(cross_entropy(x, softmax(randn({4, 3}), 1), Tensor(), 2), Error);  // ignore_index, probabilities
   EXPECT_THROW(binary_cross_entropy_with_logits(x, randn({4})), Error);
   try {

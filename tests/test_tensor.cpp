@@ -12,6 +12,13 @@
 #include "tvc/internal/tensor_impl.h"
 #include "tvc/ops.h"
 
+// A user's code outside namespace tvc: shapes print through argument-dependent lookup.
+static std::string printed_outside_tvc(const tvc::Tensor& t) {
+  std::ostringstream os;
+  os << t.shape() << " " << t;
+  return os.str();
+}
+
 using namespace tvc;
 using tvc::test::py_tensor;
 using tvc::test::relative_error;
@@ -195,6 +202,7 @@ TEST(Tensor, MethodsAndPrinting) {
   std::ostringstream printed;
   printed << x.shape() << " " << tensor<float>({1.5f, -2}) << " " << Shape{};
   EXPECT_EQ(printed.str(), "[3, 5] tensor([ 1.5000, -2.0000]) []");
+  EXPECT_EQ(printed_outside_tvc(tensor<float>({1.5f, -2})), "[2] tensor([ 1.5000, -2.0000])");
 }
 
 TEST(Tensor, ErrorsNameOpAndShapes) {
@@ -253,6 +261,13 @@ TEST(Tensor, LayoutSizesAreOverflowChecked) {
   m = message([&] { t.view({-1, big, big}); });
   EXPECT_TRUE(has(m, "view: shape [-1, 4611686018427387904, 4611686018427387904] is invalid for input of size 4"))
       << m;
+  EXPECT_EQ(t.slice(0, 1, 4, INT64_MAX).shape(), Shape{1});  // a step past int64 when multiplied
+  m = message([&] { t.narrow(0, 3, INT64_MAX); });
+  EXPECT_TRUE(has(m, "narrow: start 3 + length 9223372036854775807 exceeds dimension 0")) << m;
+  m = message([&] { t.expand({big, 4}); });
+  EXPECT_TRUE(has(m, "expand: target [4611686018427387904, 4] has more elements than int64 holds")) << m;
+  m = message([&] { from_blob(buffer, {0, big, 4}, DType::Float32, {}, Shape{1, 1, 1}).flatten(1, 2); });
+  EXPECT_TRUE(has(m, "flatten: dims 1 to 2 of shape [0, 4611686018427387904, 4]")) << m;
   EXPECT_EQ(t.as_strided({2, 2}, {0, 1}, 2).sum().item<float>(), 14.0f);  // in-bounds views still work
 }
 

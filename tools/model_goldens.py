@@ -20,7 +20,8 @@ Writes into OUT_DIR:
                                                        each node of NODES ("layer1,layer2", as
                                                        create_feature_extractor names them)
                         train.input / train.output     train mode (batch statistics, dropout and
-                                                       stochastic depth off)
+                                                       stochastic depth off; these three not with
+                                                       NODES)
                         train.running.NAME             every BatchNorm buffer after that step
                         train64.running.NAME           the same step in float64 from the same
                                                        (float32) weights, buffers and input
@@ -129,11 +130,14 @@ def main():
                 tensors[f"stage.{node}"] = value
 
     # Train mode: batch statistics, dropout off (p = 0), running buffers updated once; in float32
-    # and in float64 (PyTorch's own float32 error on the running statistics).
+    # and in float64 (PyTorch's own float32 error on the running statistics). Not for the stage
+    # checks (NODES), which are eval mode only.
     n, s = map(int, eval_shapes.split(",")[0].split("x"))
     x = torch.randn(n, 3, s, s, generator=gen)
-    tensors["train.input"] = x
-    for dtype, prefix in ((torch.float32, "train"), (torch.float64, "train64")):
+    train_modes = () if nodes else ((torch.float32, "train"), (torch.float64, "train64"))
+    if train_modes:
+        tensors["train.input"] = x
+    for dtype, prefix in train_modes:
         train = build()
         train.load_state_dict(model.state_dict())
         train.train().to(dtype)

@@ -5,7 +5,8 @@
 # packages), it installs clang, builds tvc in ./build-asan with AddressSanitizer and
 # UndefinedBehaviorSanitizer (any report fails), runs the test suites that are fast under them,
 # then runs each libFuzzer target of fuzz/ for $TVC_FUZZ_SECONDS seconds (default 60) from its
-# seed corpus. Exit status: 0 when everything passed, 1 otherwise. Crashing inputs are left in
+# seed corpus, then the threads test in a ThreadSanitizer build (./build-tsan). Exit status: 0
+# when everything passed, 1 otherwise. Crashing inputs are left in
 # build-asan/fuzz-run/NAME/artifacts/ and printed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -30,8 +31,12 @@ fi
 # -fno-sanitize-recover=all: UBSan reports abort (by default they print and go on, so a test
 # with undefined behaviour would still pass). CUDA and oneDNN are off: nvcc code is not
 # instrumented, and oneDNN only serves the benchmarks, which are not run here.
+# -O1 with line tables only: reports keep file:line, and the build takes far less time than at
+# -O2 -g.
+fast_debug=(-Dbuildtype=plain -Doptimization=1 "-Dc_args=-gline-tables-only"
+            "-Dcpp_args=-gline-tables-only -fno-sanitize-recover=all")
 meson_args=(-Dcuda=disabled -Donednn=disabled -Dfuzz=true "-Db_sanitize=address,undefined"
-            -Db_lundef=false -Dbuildtype=debugoptimized -Dcpp_args=-fno-sanitize-recover=all)
+            -Db_lundef=false "${fast_debug[@]}")
 if [[ -f $build/build.ninja ]]; then
   meson setup --reconfigure "$build" "${meson_args[@]}"
 else
@@ -43,6 +48,10 @@ fi
 ninja -C "$build" -j "$(nproc)" tests/tvc_tests tests/tvc_io_tests tests/tvc_op_table tests/tvc_train_tests \
   tests/tvc_c_api_tests tools/tvc \
   fuzz/fuzz_safetensors fuzz/fuzz_pth fuzz/fuzz_tensor
+
+# PyTorch's goldens are the same for every build (keyed by their code): reuse those the release
+# build's tests made (.ci/run runs them first) instead of running PyTorch again.
+if [[ -z ${TVC_GOLDEN_CACHE:-} && -d build/golden-cache ]]; then export TVC_GOLDEN_CACHE=$PWD/build/golden-cache; fi
 
 # Leaks are findings too; abort_on_error makes every report a crash the test runner sees.
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
@@ -69,9 +78,12 @@ fi
 
 # Each fuzzer starts from a fresh copy of its seed corpus (the copy grows as libFuzzer finds
 # new inputs; the checked-in seeds stay as they are). Limits: 10 s per input, 1 GiB per
-# allocation and 2 GiB in all, beyond which libFuzzer reports the input as a finding.
+# allocation and 2 GiB in all, beyond which libFuzzer reports the input as a finding. The
+# fuzzers (one thread each) run side by side, for $fuzz_seconds s of wall time.
 summaries=()
-for name in safetensors pth tensor; do
+fuzzers=(safetensors pth tensor)
+pids=()
+for name in "${fuzzers[@]}"; do
   work=$build/fuzz-run/$name
   rm -rf "$work"
   mkdir -p "$work/corpus" "$work/artifacts"
@@ -79,10 +91,15 @@ for name in safetensors pth tensor; do
   dict=()
   if [[ -f fuzz/$name.dict ]]; then dict=(-dict="fuzz/$name.dict"); fi
   echo "sanitize.sh: fuzz_$name for $fuzz_seconds s (log: $work/log)"
-  rc=0
   "$build/fuzz/fuzz_$name" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 \
-    -timeout=10 "${dict[@]}" -artifact_prefix="$work/artifacts/" "$work/corpus" \
-    >"$work/log" 2>&1 || rc=$?
+    -timeout=10 "${dict[@]}" -artifact_prefix="$work/artifacts/" "$work/corpus" >"$work/log" 2>&1 &
+  pids+=($!)
+done
+for i in "${!fuzzers[@]}"; do
+  name=${fuzzers[$i]}
+  work=$build/fuzz-run/$name
+  rc=0
+  wait "${pids[$i]}" || rc=$?
   # libFuzzer's last words on a clean run: "Done N runs in S second(s)".
   done_line=$(grep -E '^Done [0-9]+ runs in [0-9]+ second' "$work/log" | tail -1 || true)
   artifacts=("$work"/artifacts/*)
@@ -100,6 +117,33 @@ for name in safetensors pth tensor; do
     summaries+=("fuzz_$name: OK, ${done_line#Done }")
   fi
 done
+
+# ThreadSanitizer: the threads test (tests/test_threads.cpp) in its own build, which compiles only
+# the core, the models and that test. LLVM's OpenMP loads its Archer tool (OMP_TOOL_LIBRARIES),
+# which tells TSan about OpenMP's barriers and locks; its verbose line shows that it did.
+# ignore_noninstrumented_modules: the OpenMP runtime itself is not instrumented (Archer's advice).
+tsan_build=build-tsan
+tsan_args=(-Dcuda=disabled -Donednn=disabled "-Db_sanitize=thread" -Db_lundef=false "${fast_debug[@]}")
+if [[ -f $tsan_build/build.ninja ]]; then
+  meson setup --reconfigure "$tsan_build" "${tsan_args[@]}"
+else
+  CC=clang CXX=clang++ meson setup "$tsan_build" "${tsan_args[@]}"
+fi
+ninja -C "$tsan_build" -j "$(nproc)" tests/tvc_thread_tests
+archer=$(dirname "$(readlink -f "$(command -v clang)")")/../lib/libarcher.so  # libomp-14-dev
+[[ -f $archer ]] || { echo "sanitize.sh: no Archer library at $archer" >&2; exit 1; }
+tsan_log=$tsan_build/threads.log
+echo "sanitize.sh: tests/tvc_thread_tests under ThreadSanitizer with $archer (log: $tsan_log)"
+rc=0
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1" OMP_TOOL_LIBRARIES="$archer" ARCHER_OPTIONS=verbose=1 \
+  "$tsan_build/tests/tvc_thread_tests" >"$tsan_log" 2>&1 || rc=$?
+if ((rc != 0)) || ! grep -q "Archer detected OpenMP application with TSan" "$tsan_log"; then
+  status=1
+  summaries+=("threads under TSan: FAILED (exit status $rc; Archer $(grep -q 'Archer detected' "$tsan_log" && echo loaded || echo 'NOT loaded'))")
+  tail -n 80 "$tsan_log"
+else
+  summaries+=("threads under TSan: OK, $(grep -E '^\[  PASSED  \]' "$tsan_log")")
+fi
 
 echo "---- sanitize.sh summary"
 printf '%s\n' "${summaries[@]}"

@@ -497,7 +497,7 @@ void Run::train_epoch(int64_t epoch, int64_t first_batch) {
       io::save_safetensors((fs::path(r_.dump_batches) / cat_str("epoch", epoch, "_batch", b, ".safetensors")).string(),
                            std::vector<std::pair<std::string, Tensor>>{{"images", batch->images}, {"labels", batch->labels}});
     Tensor logits = (*model_)(batch->images);
-    Tensor loss = cross_entropy(logits, batch->labels, Tensor(), -100, "mean", r_.label_smoothing);
+    Tensor loss = cross_entropy(logits, batch->labels, Tensor(), -100, Reduction::Mean, r_.label_smoothing);
     optimizer_->zero_grad();
     loss.backward();
     if (r_.clip_grad_norm > 0) optim::clip_grad_norm_(model_->parameters(), r_.clip_grad_norm);

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "tvc/error.h"
+#include "tvc/modes.h"
 
 namespace tvc {
 
@@ -184,5 +185,19 @@ std::string printable(std::string_view text) {
   }
   return out;
 }
+
+namespace detail {
+
+void throw_unknown_mode(const char* option, std::string_view text, const char* const* names, size_t count) {
+  std::string accepted;
+  for (size_t i = 0; i < count; ++i) accepted += (i ? ", '" : "'") + std::string(names[i]) + "'";
+  throw Error(std::string(option) + ": '" + printable(text) + "' is not one of " + accepted);
+}
+
+void throw_invalid_mode(const char* option, int value) {
+  throw Error(std::string(option) + ": invalid enum value " + std::to_string(value));
+}
+
+}  // namespace detail
 
 }  // namespace tvc

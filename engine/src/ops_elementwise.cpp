@@ -342,10 +342,8 @@ Tensor leaky_relu(const Tensor& t, double slope) {
   });
 }
 
-Tensor gelu(const Tensor& t, const std::string& approximate) {
-  TVC_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be 'none' or "
-            "'tanh', got '", approximate, "'");
-  bool use_tanh = approximate == "tanh";
+Tensor gelu(const Tensor& t, GeluApproximate approximate) {
+  bool use_tanh = approximate == GeluApproximate::Tanh;
   UnaryParams p{.approximate_tanh = use_tanh};
   Tensor out = unary_forward(Op::gelu, t, float_dtype(t), &p);
   return record_unary("GeluBackward0", t, out, [use_tanh](const Tensor& g, const Tensor& x, const Tensor&) {

@@ -11,19 +11,9 @@ namespace tvc {
 
 namespace {
 
-enum class Reduction { none, mean, sum };
-
-Reduction parse_reduction(const std::string& reduction, const char* op) {
-  if (reduction == "none") return Reduction::none;
-  if (reduction == "mean") return Reduction::mean;
-  if (reduction == "sum") return Reduction::sum;
-  TVC_CHECK(false, op, ": reduction must be 'mean', 'sum' or 'none', got '", reduction, "'");
-  return Reduction::none;
-}
-
 Tensor reduce(const Tensor& loss, Reduction r) {
-  if (r == Reduction::none) return loss;
-  if (r == Reduction::sum) return sum(loss);
+  if (r == Reduction::None) return loss;
+  if (r == Reduction::Sum) return sum(loss);
   return mean(loss);
 }
 
@@ -78,23 +68,21 @@ Tensor picked_loss(const ClassTargets& ct) {
 // Reduces a per-element class loss: the mean divides by the summed weights of the non-ignored
 // targets.
 Tensor reduce_class_loss(const Tensor& loss, const ClassTargets& ct, Reduction r) {
-  if (r == Reduction::none) return ct.unbatched ? loss.squeeze(0) : loss;
-  if (r == Reduction::sum) return sum(loss);
+  if (r == Reduction::None) return ct.unbatched ? loss.squeeze(0) : loss;
+  if (r == Reduction::Sum) return sum(loss);
   return div(sum(loss), sum(ct.w));
 }
 
 }  // namespace
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, const Tensor& weight, int64_t ignore_index,
-                const std::string& reduction) {
-  Reduction r = parse_reduction(reduction, "nll_loss");
+                Reduction r) {
   ClassTargets ct = class_targets("nll_loss", input, target, weight, ignore_index);
   return reduce_class_loss(picked_loss(ct), ct, r);
 }
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight, int64_t ignore_index,
-                     const std::string& reduction, double label_smoothing) {
-  Reduction r = parse_reduction(reduction, "cross_entropy");
+                     Reduction r, double label_smoothing) {
   TVC_CHECK(label_smoothing >= 0 && label_smoothing <= 1, "cross_entropy: label_smoothing must be in [0, 1], got ",
             label_smoothing);
   TVC_CHECK(input.defined() && target.defined(), "cross_entropy: undefined input or target");
@@ -119,7 +107,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
     Tensor prod = mul(logp, t);
     if (weight.defined()) prod = mul(prod, weight.to(input.dtype()).view(weight_view));
     Tensor loss = neg(sum(prod, {class_dim}));
-    if (r != Reduction::mean) return reduce(loss, r);
+    if (r != Reduction::Mean) return reduce(loss, r);
     return div(sum(loss), scalar_like(static_cast<double>(loss.numel()), loss.dtype()));
   }
   ClassTargets ct = class_targets("cross_entropy", logp, target, weight, ignore_index);
@@ -135,8 +123,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
   return reduce_class_loss(loss, ct, r);
 }
 
-Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
-  Reduction r = parse_reduction(reduction, "mse_loss");
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction r) {
   TVC_CHECK(input.defined() && target.defined(), "mse_loss: undefined input or target");
   broadcast_shapes(input.shape(), target.shape(), "mse_loss");
   Tensor d = sub(input, target);
@@ -144,8 +131,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& re
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, const Tensor& weight,
-                                        const std::string& reduction, const Tensor& pos_weight) {
-  Reduction r = parse_reduction(reduction, "binary_cross_entropy_with_logits");
+                                        Reduction r, const Tensor& pos_weight) {
   TVC_CHECK(input.defined() && target.defined(), "binary_cross_entropy_with_logits: undefined input or target");
   TVC_CHECK(target.shape() == input.shape(), "binary_cross_entropy_with_logits: target of shape ", target.shape(),
             " must have the input's shape ", input.shape());

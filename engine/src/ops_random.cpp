@@ -17,8 +17,9 @@ Tensor& random_fill(Tensor& t, Op op, FillParams p, Generator* gen) {
   autograd::check_inplace(t, op_name(op));
   Generator& g = gen ? *gen : default_generator();
   Tensor target = t.is_contiguous() ? t : empty(t.shape(), {.dtype = t.dtype()});
-  p.seed = g.seed();
-  p.offset = g.advance(static_cast<uint64_t>(t.numel()));
+  Generator::State reserved = g.advance(static_cast<uint64_t>(t.numel()));
+  p.seed = reserved.seed;
+  p.offset = reserved.offset;
   detail::run(op, {}, {target}, &p);
   if (!target.is_same(t)) {
     NoGradGuard no_grad;

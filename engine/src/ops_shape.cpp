@@ -167,26 +167,25 @@ Tensor constant_pad(const Tensor& t, const std::vector<int64_t>& pads, double va
 
 }  // namespace
 
-Tensor pad(const Tensor& t, const std::vector<int64_t>& pads, const std::string& mode, double value) {
+Tensor pad(const Tensor& t, const std::vector<int64_t>& pads, PadMode pad_mode, double value) {
   TVC_CHECK(pads.size() % 2 == 0, "pad: padding length must be divisible by 2, got ", pads.size(),
             " values for an input of shape ", t.shape());
   int64_t npairs = static_cast<int64_t>(pads.size()) / 2;
   TVC_CHECK(npairs <= t.dim(), "pad: padding ", pads, " pads more dims than the input of shape ",
             t.shape(), " has");
-  if (mode == "constant") return constant_pad(t, pads, value);
-  TVC_CHECK(mode == "reflect" || mode == "replicate" || mode == "circular",
-            "pad: mode must be 'constant', 'reflect', 'replicate' or 'circular', got '", mode, "'");
+  if (pad_mode == PadMode::Constant) return constant_pad(t, pads, value);
+  const char* mode = to_string(pad_mode);
   TVC_CHECK(value == 0, "pad: mode '", mode, "' takes no value (got ", value, ")");
   // As PyTorch 1.13: reflect and replicate take an unbatched or batched input, circular a batched
   // one; only the batch may be empty (circular also allows an empty channel dim).
   bool batched = t.dim() == npairs + 2;
-  if (mode == "circular")
+  if (pad_mode == PadMode::Circular)
     TVC_CHECK(batched, "pad: mode 'circular' with padding ", pads, " expects a ", npairs + 2,
               "-d (batched) input, got shape ", t.shape());
   else
     TVC_CHECK(batched || t.dim() == npairs + 1, "pad: mode '", mode, "' with padding ", pads, " expects a ",
               npairs + 1, "-d or ", npairs + 2, "-d (batched) input, got shape ", t.shape());
-  for (int64_t d = batched ? 1 : 0; d < t.dim() && mode != "circular"; ++d)
+  for (int64_t d = batched ? 1 : 0; d < t.dim() && pad_mode != PadMode::Circular; ++d)
     TVC_CHECK(t.shape()[d] > 0, "pad: mode '", mode, "' needs non-empty dims except the batch, got shape ",
               t.shape());
   // Each padded dim becomes an index_select with the source index of every output position.
@@ -198,10 +197,10 @@ Tensor pad(const Tensor& t, const std::vector<int64_t>& pads, const std::string&
     TVC_CHECK(n > 0, "pad: mode '", mode, "' cannot pad dim ", d, " of size 0 (shape ", t.shape(), ")");
     TVC_CHECK(n + l + rr >= 0, "pad: the size ", n, " of dim ", d, " (shape ", t.shape(),
               ") with padding (", l, ", ", rr, ") gives a negative size");
-    if (mode == "reflect")
+    if (pad_mode == PadMode::Reflect)
       TVC_CHECK(l < n && rr < n, "pad: reflect padding (", l, ", ", rr, ") must be smaller than the size ",
                 n, " of dim ", d, " (shape ", t.shape(), ")");
-    if (mode == "circular") {
+    if (pad_mode == PadMode::Circular) {
       TVC_CHECK(l <= n && rr <= n, "pad: circular padding (", l, ", ", rr, ") wraps around more than once "
                 "the size ", n, " of dim ", d, " (shape ", t.shape(), ")");
       int64_t cl = std::max<int64_t>(-l, 0), cr = std::max<int64_t>(-rr, 0);
@@ -216,8 +215,8 @@ Tensor pad(const Tensor& t, const std::vector<int64_t>& pads, const std::string&
     std::vector<int64_t> index(out_n);
     for (int64_t j = 0; j < out_n; ++j) {
       int64_t s = j - l;
-      if (mode == "reflect") index[j] = s < 0 ? -s : s >= n ? 2 * (n - 1) - s : s;
-      else if (mode == "replicate") index[j] = std::clamp<int64_t>(s, 0, n - 1);
+      if (pad_mode == PadMode::Reflect) index[j] = s < 0 ? -s : s >= n ? 2 * (n - 1) - s : s;
+      else if (pad_mode == PadMode::Replicate) index[j] = std::clamp<int64_t>(s, 0, n - 1);
       else index[j] = ((s % n) + n) % n;
     }
     r = index_select(r, d, tensor<int64_t>(index));
@@ -250,8 +249,6 @@ Tensor roll(const Tensor& t, const std::vector<int64_t>& shifts, const std::vect
 
 namespace {
 
-enum class InterpMode { nearest, bilinear, bicubic };
-
 // PyTorch's area_pixel_compute_scale: the step in input coordinates per output pixel.
 double pixel_scale(int64_t in, int64_t out, bool align_corners, std::optional<double> scale_factor) {
   if (align_corners) return out > 1 ? static_cast<double>(in - 1) / static_cast<double>(out - 1) : 0.0;
@@ -279,17 +276,17 @@ double cubic_far(double x, double a) { return ((a * x - 5 * a) * x + 8 * a) * x 
 // following PyTorch's upsample kernels (bilinear, bicubic with A = -0.75 and clamped borders)
 // and, with antialias, its _upsample_*_aa kernels (PIL-style separable filters whose support
 // grows with the downscale factor, weights normalised to sum 1; bicubic there uses A = -0.5).
-std::vector<double> axis_weights(InterpMode mode, int64_t in, int64_t out, bool align_corners,
+std::vector<double> axis_weights(InterpolateMode mode, int64_t in, int64_t out, bool align_corners,
                                  bool antialias, std::optional<double> scale_factor) {
   std::vector<double> w(out * in, 0.0);
   double scale = pixel_scale(in, out, align_corners, scale_factor);
   if (antialias) {
-    double taps = mode == InterpMode::bilinear ? 2 : 4;
+    double taps = mode == InterpolateMode::Bilinear ? 2 : 4;
     double support = scale >= 1 ? taps * 0.5 * scale : taps * 0.5;
     double invscale = scale >= 1 ? 1.0 / scale : 1.0;
     auto filter = [mode](double x) {
       x = std::fabs(x);
-      if (mode == InterpMode::bilinear) return x < 1 ? 1 - x : 0.0;
+      if (mode == InterpolateMode::Bilinear) return x < 1 ? 1 - x : 0.0;
       return x < 1 ? cubic_near(x, -0.5) : x < 2 ? cubic_far(x, -0.5) : 0.0;
     };
     for (int64_t o = 0; o < out; ++o) {
@@ -306,7 +303,7 @@ std::vector<double> axis_weights(InterpMode mode, int64_t in, int64_t out, bool 
   for (int64_t o = 0; o < out; ++o) {
     double x = static_cast<double>(o);
     double src = align_corners ? scale * x : scale * (x + 0.5) - 0.5;
-    if (mode == InterpMode::bilinear) {
+    if (mode == InterpolateMode::Bilinear) {
       if (in == out) {  // PyTorch copies an axis whose size does not change
         w[o * in + o] = 1;
         continue;
@@ -331,19 +328,14 @@ std::vector<double> axis_weights(InterpMode mode, int64_t in, int64_t out, bool 
 }  // namespace
 
 Tensor interpolate(const Tensor& input, std::optional<std::array<int64_t, 2>> size,
-                   std::optional<std::array<double, 2>> scale_factor, const std::string& mode_name,
+                   std::optional<std::array<double, 2>> scale_factor, InterpolateMode mode,
                    bool align_corners, bool antialias) {
   TVC_CHECK(input.dim() == 4, "interpolate: expects a 4-d (N,C,H,W) input, got shape ", input.shape());
   TVC_CHECK(size.has_value() != scale_factor.has_value(),
             "interpolate: give exactly one of size and scale_factor (input shape ", input.shape(), ")");
-  InterpMode mode;
-  if (mode_name == "nearest") mode = InterpMode::nearest;
-  else if (mode_name == "bilinear") mode = InterpMode::bilinear;
-  else if (mode_name == "bicubic") mode = InterpMode::bicubic;
-  else TVC_CHECK(false, "interpolate: mode must be 'nearest', 'bilinear' or 'bicubic', got '", mode_name, "'");
-  TVC_CHECK(mode != InterpMode::nearest || (!align_corners && !antialias),
+  TVC_CHECK(mode != InterpolateMode::Nearest || (!align_corners && !antialias),
             "interpolate: align_corners and antialias apply to modes 'bilinear' and 'bicubic' only");
-  TVC_CHECK(mode == InterpMode::nearest || is_floating(input.dtype()), "interpolate: mode '", mode_name,
+  TVC_CHECK(mode == InterpolateMode::Nearest || is_floating(input.dtype()), "interpolate: mode '", to_string(mode),
             "' needs a floating input, got ", dtype_name(input.dtype()));
   int64_t in_h = input.shape()[2], in_w = input.shape()[3];
   std::array<int64_t, 2> out_size{};
@@ -364,7 +356,7 @@ Tensor interpolate(const Tensor& input, std::optional<std::array<int64_t, 2>> si
             "interpolate: input and output sizes must be greater than 0, got input ", input.shape(),
             " and output size [", out_size[0], ", ", out_size[1], "]");
   MemoryFormat format = input.suggest_memory_format();
-  if (mode == InterpMode::nearest) {
+  if (mode == InterpolateMode::Nearest) {
     Tensor r = index_select(input, 2, tensor<int64_t>(nearest_index(in_h, out_size[0], scales[0])));
     r = index_select(r, 3, tensor<int64_t>(nearest_index(in_w, out_size[1], scales[1])));
     return r.contiguous(format);

@@ -308,12 +308,17 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   start = std::clamp<int64_t>(start, 0, n);
   end = std::clamp<int64_t>(end, start, n);
   Shape sh = shape(), st = strides();
-  sh[d] = (end - start + step - 1) / step;
-  st[d] *= step;
+  sh[d] = end == start ? 0 : (end - start - 1) / step + 1;  // no overflow for any step
+  // With two or more elements step < n, so the stride stays inside the tensor's extent; with one
+  // or none it is never used, and stays the input's where stride * step would overflow. An empty
+  // result keeps the input's offset (start * stride may pass int64 there).
+  int64_t stepped = 0;
+  if (!__builtin_mul_overflow(st[d], step, &stepped)) st[d] = stepped;
+  int64_t offset = storage_offset() + (sh[d] > 0 ? start * strides()[d] : 0);
   Shape in_shape = shape();
   DType dt = dtype();
   return record_view(
-      "SliceBackward0", *this, make_view(*this, sh, st, storage_offset() + start * strides()[d]),
+      "SliceBackward0", *this, make_view(*this, sh, st, offset),
       [in_shape, dt, d, start, end, step](const GradList& g) -> GradList {
         Tensor gi = zeros(in_shape, {.dtype = dt});
         gi.slice(d, start, end, step).copy_(g[0]);
@@ -326,7 +331,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   d = wrap_dim(d, dim(), "narrow");
   int64_t n = shape()[d];
   if (start < 0) start += n;
-  TVC_CHECK(start >= 0 && length >= 0 && start + length <= n, "narrow: start ", start, " + length ",
+  TVC_CHECK(start >= 0 && length >= 0 && length <= n - start, "narrow: start ", start, " + length ",
             length, " exceeds dimension ", d, " of size ", n, " (shape ", shape(), ")");
   return slice(d, start, start + length);
 }
@@ -375,6 +380,10 @@ Tensor Tensor::expand(const Shape& target) const {
     sh[i] = want;
     st[i] = stride;
   }
+  int64_t numel = 1;
+  for (int64_t size : sh)
+    TVC_CHECK(!__builtin_mul_overflow(numel, size, &numel), "expand: target ", target,
+              " has more elements than int64 holds");
   Shape in_shape = shape();
   return record_view("ExpandBackward0", *this, make_view(*this, sh, st, storage_offset()),
                      [in_shape](const GradList& g) -> GradList { return {sum_to(g[0], in_shape)}; });
@@ -383,7 +392,9 @@ Tensor Tensor::expand(const Shape& target) const {
 Tensor Tensor::unsqueeze(int64_t d) const {
   d = wrap_dim(d, dim() + 1, "unsqueeze");
   Shape sh = shape(), st = strides();
-  int64_t stride = d < dim() ? st[d] * sh[d] : 1;
+  // The new dim's stride is never used (size 1); PyTorch's, stride * size, where that fits.
+  int64_t stride = 1;
+  if (d < dim() && __builtin_mul_overflow(st[d], sh[d], &stride)) stride = st[d];
   sh.insert(sh.begin() + d, 1);
   st.insert(st.begin() + d, stride);
   return record_view("UnsqueezeBackward0", *this, make_view(*this, sh, st, storage_offset()),
@@ -420,7 +431,9 @@ Tensor Tensor::flatten(int64_t start, int64_t end) const {
   TVC_CHECK(start <= end, "flatten: start_dim ", start, " must not be after end_dim ", end);
   Shape sh(shape().begin(), shape().begin() + start);
   int64_t n = 1;
-  for (int64_t i = start; i <= end; ++i) n *= shape()[i];
+  for (int64_t i = start; i <= end; ++i)
+    TVC_CHECK(!__builtin_mul_overflow(n, shape()[i], &n), "flatten: dims ", start, " to ", end, " of shape ",
+              shape(), " hold more elements than int64 holds");
   sh.push_back(n);
   sh.insert(sh.end(), shape().begin() + end + 1, shape().end());
   return reshape(sh);

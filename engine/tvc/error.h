@@ -53,7 +53,7 @@ namespace detail {
 inline void append(std::ostringstream&) {}
 template <typename T, typename... Rest>
 void append(std::ostringstream& os, const T& first, const Rest&... rest) {
-  if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+  if constexpr (std::is_convertible_v<const T*, const std::vector<int64_t>*>)  // also tvc::Shape
     os << shape_str(first);
   else
     os << first;

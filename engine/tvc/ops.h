@@ -6,11 +6,13 @@
 #pragma once
 
 #include <array>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "tvc/modes.h"
 #include "tvc/tensor.h"
 
 namespace tvc {
@@ -18,25 +20,39 @@ namespace tvc {
 // ---- random numbers ----
 // A counter-based (Philox 4x32-10) generator: element i of a draw depends only on (seed,
 // offset + i), so results do not depend on the thread count, and the state is two numbers.
+// Thread-safe: draws from several threads at once reserve disjoint counters.
 class Generator {
  public:
-  explicit Generator(uint64_t seed = 0) : seed_(seed) {}
   struct State {
     uint64_t seed = 0, offset = 0;
   };
-  State state() const { return {seed_, offset_}; }
-  void set_state(const State& s) { seed_ = s.seed, offset_ = s.offset; }
-  void manual_seed(uint64_t seed) { seed_ = seed, offset_ = 0; }
-  uint64_t seed() const { return seed_; }
-  // Reserves n counters and returns the first.
-  uint64_t advance(uint64_t n) {
-    uint64_t first = offset_;
-    offset_ += n;
-    return first;
+  explicit Generator(uint64_t seed = 0) : state_{seed, 0} {}
+  Generator(const Generator& other) : state_(other.state()) {}
+  Generator& operator=(const Generator& other) {
+    set_state(other.state());
+    return *this;
+  }
+  State state() const {
+    std::lock_guard lock(mutex_);
+    return state_;
+  }
+  void set_state(const State& s) {
+    std::lock_guard lock(mutex_);
+    state_ = s;
+  }
+  void manual_seed(uint64_t seed) { set_state({seed, 0}); }
+  uint64_t seed() const { return state().seed; }
+  // Reserves n counters: returns the seed and the first of them, as one step.
+  State advance(uint64_t n) {
+    std::lock_guard lock(mutex_);
+    State reserved = state_;
+    state_.offset += n;
+    return reserved;
   }
 
  private:
-  uint64_t seed_ = 0, offset_ = 0;
+  mutable std::mutex mutex_;
+  State state_;
 };
 Generator& default_generator();
 void manual_seed(uint64_t seed);
@@ -92,8 +108,7 @@ Tensor clamp(const Tensor& t, std::optional<double> min, std::optional<double> m
 Tensor relu(const Tensor& t);
 Tensor relu6(const Tensor& t);
 Tensor leaky_relu(const Tensor& t, double negative_slope = 0.01);
-// approximate: "none" (erf) or "tanh".
-Tensor gelu(const Tensor& t, const std::string& approximate = "none");
+Tensor gelu(const Tensor& t, GeluApproximate approximate = GeluApproximate::None);
 Tensor silu(const Tensor& t);
 Tensor sigmoid(const Tensor& t);
 Tensor hardsigmoid(const Tensor& t);
@@ -188,37 +203,36 @@ std::vector<Tensor> chunk(const Tensor& t, int64_t chunks, int64_t dim = 0);
 Tensor index_select(const Tensor& t, int64_t dim, const Tensor& index);
 Tensor gather(const Tensor& t, int64_t dim, const Tensor& index);
 // pad: pairs from the last dim backwards (left, right, top, bottom, ...), as F.pad; negative
-// pads crop. mode: "constant" (any input), "reflect" and "replicate" (input with one or two
-// more dims than padded pairs: (C,*) or (N,C,*)), "circular" ((N,C,*) only).
-Tensor pad(const Tensor& t, const std::vector<int64_t>& pad, const std::string& mode = "constant",
-           double value = 0);
+// pads crop. mode: Constant (any input), Reflect and Replicate (input with one or two more dims
+// than padded pairs: (C,*) or (N,C,*)), Circular ((N,C,*) only).
+Tensor pad(const Tensor& t, const std::vector<int64_t>& pad, PadMode mode = PadMode::Constant, double value = 0);
 // roll: dims empty rolls the flattened tensor by shifts[0] (as torch.roll).
 Tensor roll(const Tensor& t, const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims);
-// input (N,C,H,W) -> (N,C,Ho,Wo); mode "nearest" (PyTorch's legacy nearest), "bilinear",
-// "bicubic" (A = -0.75). Give size or scale_factor (Ho = floor(H * scale); the kernels then use
+// input (N,C,H,W) -> (N,C,Ho,Wo); mode Nearest (PyTorch's legacy nearest), Bilinear, Bicubic
+// (A = -0.75). Give size or scale_factor (Ho = floor(H * scale); the kernels then use
 // 1/scale, as F.interpolate with recompute_scale_factor unset). antialias (bilinear, bicubic)
 // follows PyTorch's separable antialiased filters. The result keeps the input's memory format.
 Tensor interpolate(const Tensor& input, std::optional<std::array<int64_t, 2>> size,
                    std::optional<std::array<double, 2>> scale_factor = std::nullopt,
-                   const std::string& mode = "nearest", bool align_corners = false,
+                   InterpolateMode mode = InterpolateMode::Nearest, bool align_corners = false,
                    bool antialias = false);
 
-// ---- losses (reduction: "mean", "sum" or "none") ----
+// ---- losses ----
 // input (N,K) or (N,K,d1,...) logits (or (K) with a 0-d target), target int64 (N) or (N,d1,...)
 // class indices, or floating class probabilities shaped as input; weight (K) optional. As
 // PyTorch 1.13: the weighted mean divides by the summed weights of non-ignored targets, and
 // label_smoothing eps gives (1 - eps) * nll + eps / K * (-sum_k w_k log p_k), reduced alike.
 // A class index outside [0, K) other than ignore_index raises.
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight = Tensor(),
-                     int64_t ignore_index = -100, const std::string& reduction = "mean",
+                     int64_t ignore_index = -100, Reduction reduction = Reduction::Mean,
                      double label_smoothing = 0.0);
 Tensor nll_loss(const Tensor& input, const Tensor& target, const Tensor& weight = Tensor(),
-                int64_t ignore_index = -100, const std::string& reduction = "mean");
-Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction = "mean");
+                int64_t ignore_index = -100, Reduction reduction = Reduction::Mean);
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
 // target shaped as input; weight broadcasts to the input, pos_weight along the last dim (K).
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const Tensor& weight = Tensor(),
-                                        const std::string& reduction = "mean",
+                                        Reduction reduction = Reduction::Mean,
                                         const Tensor& pos_weight = Tensor());
 
 // ---- operators ----

@@ -23,7 +23,15 @@
 
 namespace tvc {
 
-using Shape = std::vector<int64_t>;
+// Sizes (or strides) of a tensor, one per dim: a std::vector<int64_t> of its own type, so that
+// `std::cout << t.shape()` prints [2, 3, 224, 224] wherever it is written. It converts to and
+// from std::vector<int64_t>.
+struct Shape : std::vector<int64_t> {
+  using std::vector<int64_t>::vector;
+  Shape() = default;
+  Shape(const std::vector<int64_t>& sizes) : std::vector<int64_t>(sizes) {}             // NOLINT
+  Shape(std::vector<int64_t>&& sizes) : std::vector<int64_t>(std::move(sizes)) {}       // NOLINT
+};
 
 namespace autograd {
 class Node;
@@ -200,8 +208,7 @@ class Tensor {
 
 // Prints repr(): tensor([...], dtype=...).
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
-// Prints a shape as [2, 3, 224, 224] (found by argument lookup only inside namespace tvc, since
-// Shape is a std::vector: elsewhere `using tvc::operator<<;` or shape_str(shape)).
+// Prints a shape as [2, 3, 224, 224].
 std::ostream& operator<<(std::ostream& os, const Shape& shape);
 
 // ---- creation ----

@@ -8,6 +8,7 @@
 #include "tvc/dtype.h"
 #include "tvc/error.h"
 #include "tvc/lr_scheduler.h"
+#include "tvc/modes.h"
 #include "tvc/nn/attention.h"
 #include "tvc/nn/containers.h"
 #include "tvc/nn/init.h"

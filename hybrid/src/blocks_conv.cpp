@@ -495,7 +495,7 @@ std::vector<BlockType> conv_block_types() {
              a, CoordConvOptions{.kernel_size = a.get_int("kernel_size"), .with_r = a.get_bool("with_r"),
                                  .conv = {.stride = a.get_int("stride"), .padding = a.get_int("padding"),
                                  .dilation = a.get_int("dilation"), .groups = a.get_int("groups"),
-                                 .bias = a.get_bool("bias"), .padding_mode = a.get_string("padding_mode")}});
+                                 .bias = a.get_bool("bias"), .padding_mode = parse_mode<PaddingMode>(a.get_string("padding_mode"))}});
        }},
       {.name = "conv_bn_act",
        .aliases = {"ConvBNAct"},

@@ -25,7 +25,7 @@ std::string py_tuple(const Shape& s) {
 void initialise(Tensor p, InitMethod method) {
   switch (method) {
     case InitMethod::Kaiming:
-      if (p.dim() >= 2) nn::init::kaiming_normal_(p, 0, "fan_out", "relu");
+      if (p.dim() >= 2) nn::init::kaiming_normal_(p, 0, FanMode::FanOut, Nonlinearity::Relu);
       else nn::init::zeros_(p);
       return;
     case InitMethod::Xavier:

@@ -128,7 +128,7 @@ class EfficientNet : public nn::Cloneable<EfficientNet, Backbone> {
     // and bias 0, Linear U(-1/sqrt(out), 1/sqrt(out)) and bias 0.
     for (const auto& m : modules()) {
       if (auto* conv = dynamic_cast<nn::Conv2d*>(m.get())) {
-        nn::init::kaiming_normal_(conv->weight(), 0, "fan_out");
+        nn::init::kaiming_normal_(conv->weight(), 0, FanMode::FanOut);
         if (conv->bias().defined()) nn::init::zeros_(conv->bias());
       } else if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(m.get())) {
         nn::init::ones_(bn->weight());

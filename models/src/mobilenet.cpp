@@ -85,7 +85,7 @@ class MobileNet : public Backbone {
     // BatchNorm weight 1 and bias 0, Linear weight N(0, 0.01) and bias 0.
     for (const auto& m : modules()) {
       if (auto* conv = dynamic_cast<Conv2d*>(m.get())) {
-        nn::init::kaiming_normal_(conv->weight(), 0, "fan_out");
+        nn::init::kaiming_normal_(conv->weight(), 0, FanMode::FanOut);
         if (conv->bias().defined()) nn::init::zeros_(conv->bias());
       } else if (auto* bn = dynamic_cast<BatchNorm2d*>(m.get())) {
         nn::init::ones_(bn->weight());

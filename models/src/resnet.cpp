@@ -118,7 +118,7 @@ class ResNet : public nn::Cloneable<ResNet, Backbone> {
     register_module("fc", std::make_shared<nn::Linear>(512 * expansion, num_classes));
     // torchvision: kaiming_normal_(fan_out, relu) for convolutions, BatchNorm weight 1, bias 0.
     for (const auto& m : modules())
-      if (auto* conv = dynamic_cast<Conv2d*>(m.get())) nn::init::kaiming_normal_(conv->weight(), 0, "fan_out", "relu");
+      if (auto* conv = dynamic_cast<Conv2d*>(m.get())) nn::init::kaiming_normal_(conv->weight(), 0, FanMode::FanOut, Nonlinearity::Relu);
   }
 
   Tensor forward(const Tensor& x) override {

@@ -56,7 +56,7 @@ class VGG : public nn::Cloneable<VGG, Backbone> {
     // and bias 0, Linear N(0, 0.01) with zero bias.
     for (const auto& m : modules()) {
       if (auto* conv = dynamic_cast<nn::Conv2d*>(m.get())) {
-        nn::init::kaiming_normal_(conv->weight(), 0, "fan_out", "relu");
+        nn::init::kaiming_normal_(conv->weight(), 0, FanMode::FanOut, Nonlinearity::Relu);
         nn::init::constant_(conv->bias(), 0);
       } else if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(m.get())) {
         nn::init::constant_(bn->weight(), 1);

@@ -101,7 +101,7 @@ void interpolate_pos_embedding(const nn::Module& encoder, nn::StateDict& state_d
   NoGradGuard no_grad;
   Tensor token = theirs->narrow(1, 0, 1);                                                       // (1, 1, D)
   Tensor image = theirs->narrow(1, 1, seq).permute({0, 2, 1}).reshape({1, hidden, grid, grid});  // (1, D, g, g)
-  image = interpolate(image, std::array<int64_t, 2>{new_grid, new_grid}, std::nullopt, "bicubic", true);
+  image = interpolate(image, std::array<int64_t, 2>{new_grid, new_grid}, std::nullopt, InterpolateMode::Bicubic, true);
   *theirs = cat({token, image.reshape({1, hidden, new_seq}).permute({0, 2, 1})}, 1);             // (1, 1 + G^2, D)
 }
 

@@ -24,11 +24,9 @@ Tensor assign(Tensor t, const Tensor& value) {
   return t;
 }
 
-double fan(const Tensor& t, const std::string& mode, const char* fn) {
+double fan(const Tensor& t, FanMode mode) {
   auto [fan_in, fan_out] = calculate_fan_in_and_fan_out(t);
-  TVC_CHECK(mode == "fan_in" || mode == "fan_out", fn, ": mode ", mode,
-            " not supported, please use one of fan_in, fan_out");
-  return static_cast<double>(mode == "fan_in" ? fan_in : fan_out);
+  return static_cast<double>(mode == FanMode::FanIn ? fan_in : fan_out);
 }
 
 // Polynomial p(w) = c[0] w^(n-1) + ... + c[n-1] by Horner's rule.
@@ -57,18 +55,21 @@ double norm_cdf(double x) { return (1.0 + std::erf(x / std::sqrt(2.0))) / 2.0; }
 
 }  // namespace
 
-double calculate_gain(const std::string& nonlinearity, std::optional<double> param) {
-  for (const char* linear : {"linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
-                             "conv_transpose2d", "conv_transpose3d", "sigmoid"})
-    if (nonlinearity == linear) return 1;
-  if (nonlinearity == "tanh") return 5.0 / 3;
-  if (nonlinearity == "relu") return std::sqrt(2.0);
-  if (nonlinearity == "leaky_relu") {
-    double slope = param.value_or(0.01);
-    return std::sqrt(2.0 / (1 + slope * slope));
+double calculate_gain(Nonlinearity nonlinearity, std::optional<double> param) {
+  switch (nonlinearity) {
+    case Nonlinearity::Tanh:
+      return 5.0 / 3;
+    case Nonlinearity::Relu:
+      return std::sqrt(2.0);
+    case Nonlinearity::LeakyRelu: {
+      double slope = param.value_or(0.01);
+      return std::sqrt(2.0 / (1 + slope * slope));
+    }
+    case Nonlinearity::Selu:
+      return 3.0 / 4;
+    default:  // the linear ones and sigmoid
+      return 1;
   }
-  if (nonlinearity == "selu") return 3.0 / 4;
-  throw Error("calculate_gain: unsupported nonlinearity " + nonlinearity);
 }
 
 std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t) {
@@ -132,17 +133,15 @@ Tensor xavier_normal_(Tensor t, double gain, Generator* gen) {
   return normal_(t, 0, gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out)), gen);
 }
 
-Tensor kaiming_uniform_(Tensor t, double a, const std::string& mode, const std::string& nonlinearity,
-                        Generator* gen) {
+Tensor kaiming_uniform_(Tensor t, double a, FanMode mode, Nonlinearity nonlinearity, Generator* gen) {
   if (t.defined() && t.numel() == 0) return t;
-  double r = std::sqrt(3.0) * calculate_gain(nonlinearity, a) / std::sqrt(fan(t, mode, "kaiming_uniform_"));
+  double r = std::sqrt(3.0) * calculate_gain(nonlinearity, a) / std::sqrt(fan(t, mode));
   return uniform_(t, -r, r, gen);
 }
 
-Tensor kaiming_normal_(Tensor t, double a, const std::string& mode, const std::string& nonlinearity,
-                       Generator* gen) {
+Tensor kaiming_normal_(Tensor t, double a, FanMode mode, Nonlinearity nonlinearity, Generator* gen) {
   if (t.defined() && t.numel() == 0) return t;
-  return normal_(t, 0, calculate_gain(nonlinearity, a) / std::sqrt(fan(t, mode, "kaiming_normal_")), gen);
+  return normal_(t, 0, calculate_gain(nonlinearity, a) / std::sqrt(fan(t, mode)), gen);
 }
 
 }  // namespace tvc::nn::init

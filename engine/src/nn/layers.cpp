@@ -89,10 +89,6 @@ ConvNd::ConvNd(size_t dims, const std::string& name, int64_t in_channels, int64_
             ") must be positive and divisible by groups (", o.groups, ")");
   TVC_CHECK(out_channels > 0 && out_channels % o.groups == 0, name, ": out_channels (", out_channels,
             ") must be positive and divisible by groups (", o.groups, ")");
-  TVC_CHECK(padding_mode == "zeros" || padding_mode == "reflect" || padding_mode == "replicate" ||
-                padding_mode == "circular",
-            name, ": padding_mode must be one of 'zeros', 'reflect', 'replicate', 'circular', got '",
-            padding_mode, "'");
   kernel_size = kernel_size_.expand(dims, name + " kernel_size");
   stride = o.stride.expand(dims, name + " stride");
   dilation = o.dilation.expand(dims, name + " dilation");
@@ -126,7 +122,7 @@ std::string ConvNd::extra_repr() const {
     s += ", dilation=" + py_tuple(dilation);
   if (groups != 1) s += cat_str(", groups=", groups);
   if (!bias().defined()) s += ", bias=False";
-  if (padding_mode != "zeros") s += ", padding_mode=" + padding_mode;
+  if (padding_mode != PaddingMode::Zeros) s += cat_str(", padding_mode=", to_string(padding_mode));
   return s;
 }
 
@@ -144,8 +140,12 @@ std::pair<Tensor, std::vector<int64_t>> ConvNd::padded_input(const Tensor& x) co
     conv_padding[i] = left;
     pads[2 * (n - 1 - i)] = left, pads[2 * (n - 1 - i) + 1] = right;
   }
-  if (padding_mode == "zeros" && !asymmetric) return {x, conv_padding};
-  return {pad(x, pads, padding_mode == "zeros" ? "constant" : padding_mode), std::vector<int64_t>(n, 0)};
+  if (padding_mode == PaddingMode::Zeros && !asymmetric) return {x, conv_padding};
+  PadMode mode = padding_mode == PaddingMode::Reflect     ? PadMode::Reflect
+                 : padding_mode == PaddingMode::Replicate ? PadMode::Replicate
+                 : padding_mode == PaddingMode::Circular  ? PadMode::Circular
+                                                          : PadMode::Constant;
+  return {pad(x, pads, mode), std::vector<int64_t>(n, 0)};
 }
 
 Tensor Conv1d::forward(const Tensor& x) {
@@ -290,11 +290,6 @@ Tensor Activation::forward(const Tensor& x) {
 
 std::string LeakyReLU::extra_repr() const {
   return "negative_slope=" + py_repr(negative_slope) + (inplace ? ", inplace=True" : "");
-}
-
-GELU::GELU(std::string approximate) : approximate(std::move(approximate)) {
-  TVC_CHECK(this->approximate == "none" || this->approximate == "tanh",
-            "GELU: approximate must be 'none' or 'tanh', got '", this->approximate, "'");
 }
 
 std::string Softplus::extra_repr() const {

@@ -8,17 +8,16 @@
 #pragma once
 
 #include <optional>
-#include <string>
 #include <utility>
 
 #include "tvc/ops.h"
 
 namespace tvc::nn::init {
 
-// The recommended gain for a nonlinearity: "linear", "conv1d", "conv2d", "conv3d",
-// "conv_transpose1d/2d/3d", "sigmoid" -> 1; "tanh" -> 5/3; "relu" -> sqrt(2);
-// "leaky_relu" -> sqrt(2 / (1 + param^2)) (param = negative slope, default 0.01); "selu" -> 3/4.
-double calculate_gain(const std::string& nonlinearity, std::optional<double> param = std::nullopt);
+// The recommended gain for a nonlinearity: Linear, Conv1d/2d/3d, ConvTranspose1d/2d/3d,
+// Sigmoid -> 1; Tanh -> 5/3; Relu -> sqrt(2); LeakyRelu -> sqrt(2 / (1 + param^2)) (param =
+// negative slope, default 0.01); Selu -> 3/4.
+double calculate_gain(Nonlinearity nonlinearity, std::optional<double> param = std::nullopt);
 // (fan_in, fan_out) of a tensor with at least 2 dims.
 std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t);
 
@@ -37,11 +36,11 @@ Tensor xavier_uniform_(Tensor t, double gain = 1, Generator* gen = nullptr);
 // N(0, s^2) with s = gain * sqrt(2 / (fan_in + fan_out)).
 Tensor xavier_normal_(Tensor t, double gain = 1, Generator* gen = nullptr);
 // U(-r, r) with r = gain * sqrt(3 / fan), gain = calculate_gain(nonlinearity, a),
-// fan = fan_in or fan_out by mode ("fan_in" / "fan_out").
-Tensor kaiming_uniform_(Tensor t, double a = 0, const std::string& mode = "fan_in",
-                        const std::string& nonlinearity = "leaky_relu", Generator* gen = nullptr);
+// fan = fan_in or fan_out by mode.
+Tensor kaiming_uniform_(Tensor t, double a = 0, FanMode mode = FanMode::FanIn,
+                        Nonlinearity nonlinearity = Nonlinearity::LeakyRelu, Generator* gen = nullptr);
 // N(0, s^2) with s = gain / sqrt(fan).
-Tensor kaiming_normal_(Tensor t, double a = 0, const std::string& mode = "fan_in",
-                       const std::string& nonlinearity = "leaky_relu", Generator* gen = nullptr);
+Tensor kaiming_normal_(Tensor t, double a = 0, FanMode mode = FanMode::FanIn,
+                       Nonlinearity nonlinearity = Nonlinearity::LeakyRelu, Generator* gen = nullptr);
 
 }  // namespace tvc::nn::init

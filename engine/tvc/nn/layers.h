@@ -70,7 +70,6 @@ class Flatten : public Cloneable<Flatten> {
 
 // Conv options after kernel_size, in PyTorch's order. padding: int, tuple, "same" (stride 1
 // only; odd total padding puts the extra row/column at the end, as PyTorch) or "valid".
-// padding_mode: "zeros", "reflect", "replicate" or "circular".
 struct ConvPadding {
   Sizes sizes = 0;
   std::string mode{};  // "", "same" or "valid"
@@ -85,7 +84,7 @@ struct ConvOptions {
   Sizes dilation = 1;
   int64_t groups = 1;
   bool bias = true;
-  std::string padding_mode = "zeros";
+  PaddingMode padding_mode = PaddingMode::Zeros;
 };
 
 // Shared by Conv1d and Conv2d (PyTorch's _ConvNd): weight (out, in/groups, *kernel_size),
@@ -101,7 +100,7 @@ class ConvNd : public Module {
   std::vector<int64_t> kernel_size, stride, padding, dilation;
   std::string padding_str;  // "same" / "valid" when padding was given as a string
   int64_t groups;
-  std::string padding_mode;
+  PaddingMode padding_mode;
 
  protected:
   ConvNd(size_t dims, const std::string& name, int64_t in_channels, int64_t out_channels,
@@ -313,14 +312,13 @@ class Tanh : public Cloneable<Tanh> {
   Tensor forward(const Tensor& x) override { return tanh(x); }
 };
 
-// approximate: "none" (erf) or "tanh".
 class GELU : public Cloneable<GELU> {
  public:
-  explicit GELU(std::string approximate = "none");
+  explicit GELU(GeluApproximate approximate = GeluApproximate::None) : approximate(approximate) {}
   Tensor forward(const Tensor& x) override { return gelu(x, approximate); }
-  std::string extra_repr() const override { return "approximate='" + approximate + "'"; }
+  std::string extra_repr() const override { return std::string("approximate='") + to_string(approximate) + "'"; }
 
-  std::string approximate;
+  GeluApproximate approximate;
 };
 
 // log(1 + exp(beta x)) / beta, linear above threshold.
