@@ -1,9 +1,9 @@
 // tvc_bench: the machine's FMA peak, tvc's SGEMM against it (per instruction-set path, and
 // oneDNN's dnnl_sgemm beside it when built with oneDNN), ResNet-50's convolutions through
-// tvc::conv2d, whole models (images/s) and EMA updates of a model's weights (GB/s). Every other rate is a GFLOP/s counter ("G/s" below means 1e9 FLOP/s); SGEMM also gets
-// "peak%", its rate as a share of the measured FMA peak on the same number of threads.
-// Benchmarks are named kind/variant/size/threads:T; pick them with --benchmark_filter.
-// See bench/README.md.
+// tvc::conv2d, whole models (images/s) and EMA updates of a model's weights (GB/s). Every other rate is a GFLOP/s
+// counter ("G/s" below means 1e9 FLOP/s); SGEMM also gets "peak%", its rate as a share of the measured FMA peak on the
+// same number of threads. Benchmarks are named kind/variant/size/threads:T; pick them with --benchmark_filter. See
+// bench/README.md.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -133,8 +133,7 @@ void sgemm_onednn(benchmark::State& state, int64_t n, int threads) {
   std::vector<float> a = random_floats(n * n, 1), b = random_floats(n * n, 2), c(n * n);
   bool ok = true;
   timed_loop(state, 2.0 * n * n * n, threads, [&] {
-    ok &= dnnl_sgemm('N', 'N', n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n) ==
-          dnnl_success;
+    ok &= dnnl_sgemm('N', 'N', n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n) == dnnl_success;
     benchmark::DoNotOptimize(c.data());
   });
   if (!ok) state.SkipWithError("dnnl_sgemm failed");
@@ -148,11 +147,11 @@ struct ConvShape {
   int64_t C, O, H, k, stride, pad;
 };
 constexpr ConvShape kResNet50Convs[] = {
-    {"3x3_64x56", 64, 64, 56, 3, 1, 1},         {"3x3_128x28", 128, 128, 28, 3, 1, 1},
-    {"3x3_256x14", 256, 256, 14, 3, 1, 1},      {"3x3_512x7", 512, 512, 7, 3, 1, 1},
-    {"1x1_64-256x56", 64, 256, 56, 1, 1, 0},    {"1x1_256-64x56", 256, 64, 56, 1, 1, 0},
+    {"3x3_64x56", 64, 64, 56, 3, 1, 1},          {"3x3_128x28", 128, 128, 28, 3, 1, 1},
+    {"3x3_256x14", 256, 256, 14, 3, 1, 1},       {"3x3_512x7", 512, 512, 7, 3, 1, 1},
+    {"1x1_64-256x56", 64, 256, 56, 1, 1, 0},     {"1x1_256-64x56", 256, 64, 56, 1, 1, 0},
     {"1x1_1024-256x14", 1024, 256, 14, 1, 1, 0}, {"1x1_256-1024x14", 256, 1024, 14, 1, 1, 0},
-    {"1x1_2048-512x7", 2048, 512, 7, 1, 1, 0},  {"1x1_512-2048x7", 512, 2048, 7, 1, 1, 0},
+    {"1x1_2048-512x7", 2048, 512, 7, 1, 1, 0},   {"1x1_512-2048x7", 512, 2048, 7, 1, 1, 0},
 };
 
 void conv2d_tvc(benchmark::State& state, ConvShape s, int64_t batch, int threads) {
@@ -197,8 +196,10 @@ void ema_update_tvc(benchmark::State& state, std::string name, bool multi, int t
   tvc::set_num_threads(threads);
   tvc::models::BackbonePtr model = tvc::models::create(name);
   tvc::swa::AveragedModelOptions options;
-  if (multi) options.multi_avg_fn = tvc::swa::get_ema_multi_avg_fn(0.999);
-  else options.avg_fn = tvc::swa::get_ema_avg_fn(0.999);
+  if (multi)
+    options.multi_avg_fn = tvc::swa::get_ema_multi_avg_fn(0.999);
+  else
+    options.avg_fn = tvc::swa::get_ema_avg_fn(0.999);
   tvc::swa::AveragedModel ema(*model, options);
   ema.update_parameters(*model);
   int64_t elements = 0;
@@ -227,29 +228,26 @@ void register_all() {
   std::vector<int> threads = thread_counts();
   if (has_avx512())
     for (int t : threads)
-      benchmark::RegisterBenchmark(bench_name({"fma_peak", "avx512", keyed("threads", t)}).c_str(),
-                                   fma_peak, t)
+      benchmark::RegisterBenchmark(bench_name({"fma_peak", "avx512", keyed("threads", t)}).c_str(), fma_peak, t)
           ->UseManualTime();
   for (int64_t n : {256, 512, 1024, 2048})
     for (int t : threads) {
       for (tvc::Isa isa : tvc::available_isas())
         benchmark::RegisterBenchmark(
-            bench_name({"sgemm", tvc::isa_name(isa), std::to_string(n), keyed("threads", t)}).c_str(),
-            sgemm_tvc, isa, n, t)
+            bench_name({"sgemm", tvc::isa_name(isa), std::to_string(n), keyed("threads", t)}).c_str(), sgemm_tvc, isa,
+            n, t)
             ->UseManualTime();
 #ifdef TVC_HAVE_DNNL
-      benchmark::RegisterBenchmark(
-          bench_name({"sgemm", "onednn", std::to_string(n), keyed("threads", t)}).c_str(),
-          sgemm_onednn, n, t)
+      benchmark::RegisterBenchmark(bench_name({"sgemm", "onednn", std::to_string(n), keyed("threads", t)}).c_str(),
+                                   sgemm_onednn, n, t)
           ->UseManualTime();
 #endif
     }
   for (const ConvShape& s : kResNet50Convs)
     for (int64_t batch : {1, 8})
       for (int t : threads)
-        benchmark::RegisterBenchmark(
-            bench_name({"conv2d", s.name, keyed("N", batch), keyed("threads", t)}).c_str(),
-            conv2d_tvc, s, batch, t)
+        benchmark::RegisterBenchmark(bench_name({"conv2d", s.name, keyed("N", batch), keyed("threads", t)}).c_str(),
+                                     conv2d_tvc, s, batch, t)
             ->UseManualTime()
             ->Unit(benchmark::kMillisecond);
   for (const char* model : {"resnet50", "mobilenet_v2", "densenet121"})

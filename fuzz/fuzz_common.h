@@ -81,8 +81,8 @@ inline void check_in_storage(const tvc::Tensor& t, const std::string& name) {
   }
   if (lo < 0 || (hi + 1) * elem > static_cast<__int128>(storage->nbytes()))
     finding("tensor '" + name + "' reaches outside its storage of " + std::to_string(storage->nbytes()) +
-            " bytes (shape " + tvc::shape_str(t.shape()) + ", strides " + tvc::shape_str(t.strides()) +
-            ", offset " + std::to_string(t.storage_offset()) + ")");
+            " bytes (shape " + tvc::shape_str(t.shape()) + ", strides " + tvc::shape_str(t.strides()) + ", offset " +
+            std::to_string(t.storage_offset()) + ")");
 }
 
 // check_in_storage, then all its bytes are read, so that a view of memory that is not there

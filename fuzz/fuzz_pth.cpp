@@ -23,7 +23,9 @@ using tvc::io::Value;
 // Visits every value inside v, reading every tensor.
 void walk(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::Tensor: tvc_fuzz::check_tensor(v.to_tensor(), "(in a loaded value)"); break;
+    case Value::Kind::Tensor:
+      tvc_fuzz::check_tensor(v.to_tensor(), "(in a loaded value)");
+      break;
     case Value::Kind::List:
     case Value::Kind::Tuple:
     case Value::Kind::Set:
@@ -35,7 +37,8 @@ void walk(const Value& v) {
         walk(e);
       }
       break;
-    default: (void)v.kind_name();
+    default:
+      (void)v.kind_name();
   }
 }
 

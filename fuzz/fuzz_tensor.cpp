@@ -20,7 +20,7 @@
 
 namespace {
 
-constexpr int64_t kMaxBytes = int64_t{64} << 20;  // larger tensors are legitimate but not made here
+constexpr int64_t kMaxBytes = int64_t{64} << 20;   // larger tensors are legitimate but not made here
 constexpr int64_t kMaxTouched = int64_t{1} << 20;  // elements read through a view
 
 // The fuzzer's bytes as a stream of choices; zeros once they run out.
@@ -31,9 +31,26 @@ class Choices {
   bool empty() const { return pos_ >= size_; }
   // An int64, usually one of the values where size arithmetic breaks.
   int64_t integer() {
-    static constexpr int64_t kEdges[] = {0, 1, 2, 3, 4, 7, -1, -2, -3, 1000, int64_t{1} << 31, int64_t{1} << 32,
-                                         (int64_t{1} << 53) + 1, int64_t{1} << 61, int64_t{1} << 62,
-                                         INT64_MAX / 2 + 1, INT64_MAX / 3, INT64_MAX - 1, INT64_MAX, INT64_MIN,
+    static constexpr int64_t kEdges[] = {0,
+                                         1,
+                                         2,
+                                         3,
+                                         4,
+                                         7,
+                                         -1,
+                                         -2,
+                                         -3,
+                                         1000,
+                                         int64_t{1} << 31,
+                                         int64_t{1} << 32,
+                                         (int64_t{1} << 53) + 1,
+                                         int64_t{1} << 61,
+                                         int64_t{1} << 62,
+                                         INT64_MAX / 2 + 1,
+                                         INT64_MAX / 3,
+                                         INT64_MAX - 1,
+                                         INT64_MAX,
+                                         INT64_MIN,
                                          INT64_MIN + 1};
     uint8_t kind = byte();
     if (kind < 128) return kEdges[kind % std::size(kEdges)];
@@ -96,9 +113,8 @@ void step(Choices& in, std::vector<char>& blob) {
       tvc::Shape shape = in.shape(), strides = in.shape();
       strides.resize(shape.size(), 1);
       __int128 bytes = exact_bytes(shape, strides, dtype);
-      if (bytes < 0 || bytes > kInt64Max) return expect_refused("empty_strided", [&] {
-        tvc::empty_strided(shape, strides, {.dtype = dtype});
-      });
+      if (bytes < 0 || bytes > kInt64Max)
+        return expect_refused("empty_strided", [&] { tvc::empty_strided(shape, strides, {.dtype = dtype}); });
       if (bytes <= kMaxBytes) {  // zero strides can give many elements in few bytes: touched when few
         tvc::Tensor t = tvc::empty_strided(shape, strides, {.dtype = dtype});
         if (t.numel() <= kMaxTouched) t.zero_();
@@ -110,10 +126,10 @@ void step(Choices& in, std::vector<char>& blob) {
       tvc::Shape shape = in.shape(), strides = in.shape();
       strides.resize(shape.size(), 1);
       __int128 bytes = exact_bytes(shape, strides, dtype);
-      if (bytes < 0 || bytes > kInt64Max) return expect_refused("from_blob", [&] {
-        tvc::from_blob(blob.data(), shape, dtype, {}, strides);
-      });
-      if (bytes <= static_cast<__int128>(blob.size())) check_view(tvc::from_blob(blob.data(), shape, dtype, {}, strides), "from_blob");
+      if (bytes < 0 || bytes > kInt64Max)
+        return expect_refused("from_blob", [&] { tvc::from_blob(blob.data(), shape, dtype, {}, strides); });
+      if (bytes <= static_cast<__int128>(blob.size()))
+        check_view(tvc::from_blob(blob.data(), shape, dtype, {}, strides), "from_blob");
       return;
     }
     case 2: {  // empty / zeros of any shape: refused when the element count or bytes overflow
@@ -129,25 +145,38 @@ void step(Choices& in, std::vector<char>& blob) {
       if (bytes <= kMaxBytes) tvc_fuzz::check_tensor(tvc::zeros(shape, {.dtype = dtype}), "zeros");
       return;
     }
-    default: break;
+    default:
+      break;
   }
   // A view of a small tensor with arbitrary arguments.
   tvc::Tensor base = tvc::arange(24, {.dtype = dtype}).reshape({2, 3, 4});
   if (in.byte() % 2) base = base.permute({2, 0, 1});
   const int64_t a = in.integer(), b = in.integer(), c = in.integer();
   switch (in.byte() % 13) {
-    case 0: return check_view(base.view(in.shape()), "view");
-    case 1: return check_view(base.reshape(in.shape()), "reshape");
-    case 2: return check_view(base.as_strided(in.shape(), in.shape(), a), "as_strided");
-    case 3: return check_view(base.slice(a, b, c, in.integer()), "slice");
-    case 4: return check_view(base.narrow(a, b, c), "narrow");
-    case 5: return check_view(base.select(a, b), "select");
-    case 6: return check_view(base.expand(in.shape()), "expand");
-    case 7: return check_view(base.permute(in.shape()), "permute");
-    case 8: return check_view(base.transpose(a, b), "transpose");
-    case 9: return check_view(base.unsqueeze(a).squeeze(b), "unsqueeze");
-    case 10: return check_view(base.flatten(a, b), "flatten");
-    case 11: return check_view(base.unflatten(a, in.shape()), "unflatten");
+    case 0:
+      return check_view(base.view(in.shape()), "view");
+    case 1:
+      return check_view(base.reshape(in.shape()), "reshape");
+    case 2:
+      return check_view(base.as_strided(in.shape(), in.shape(), a), "as_strided");
+    case 3:
+      return check_view(base.slice(a, b, c, in.integer()), "slice");
+    case 4:
+      return check_view(base.narrow(a, b, c), "narrow");
+    case 5:
+      return check_view(base.select(a, b), "select");
+    case 6:
+      return check_view(base.expand(in.shape()), "expand");
+    case 7:
+      return check_view(base.permute(in.shape()), "permute");
+    case 8:
+      return check_view(base.transpose(a, b), "transpose");
+    case 9:
+      return check_view(base.unsqueeze(a).squeeze(b), "unsqueeze");
+    case 10:
+      return check_view(base.flatten(a, b), "flatten");
+    case 11:
+      return check_view(base.unflatten(a, in.shape()), "unflatten");
     case 12: {  // a broadcast view, summed over its broadcast dim when that is small
       tvc::Tensor expanded = base.expand({a, 2, 3, 4});
       check_view(expanded, "expand");

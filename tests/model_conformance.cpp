@@ -90,23 +90,22 @@ class PinnedDecisions {
       const std::string name = path;  // a variable the hooks can capture (not a binding)
       if (auto* relu = dynamic_cast<nn::ReLU*>(module.get())) {
         relu->inplace = false;  // the hook reads the input
-        module->register_forward_hook(
-            [this, name, record](nn::Module&, const nn::TensorList& args,
-                                                    const nn::TensorList&) -> std::optional<nn::TensorList> {
-              const Tensor& x = args[0];
-              Tensor passes;
-              {
-                NoGradGuard no_grad;
-                passes = (x > 0.0).to(x.dtype());
-              }
-              Tensor pinned = decision(name, record, passes);
-              if (record) return std::nullopt;
-              return nn::TensorList{x * pinned.to(x.dtype())};
-            });
+        module->register_forward_hook([this, name, record](nn::Module&, const nn::TensorList& args,
+                                                           const nn::TensorList&) -> std::optional<nn::TensorList> {
+          const Tensor& x = args[0];
+          Tensor passes;
+          {
+            NoGradGuard no_grad;
+            passes = (x > 0.0).to(x.dtype());
+          }
+          Tensor pinned = decision(name, record, passes);
+          if (record) return std::nullopt;
+          return nn::TensorList{x * pinned.to(x.dtype())};
+        });
       } else if (auto* pool = dynamic_cast<nn::MaxPool2d*>(module.get())) {
         module->register_forward_hook(
             [this, name, record, pool](nn::Module&, const nn::TensorList& args,
-                                                          const nn::TensorList& output) -> std::optional<nn::TensorList> {
+                                       const nn::TensorList& output) -> std::optional<nn::TensorList> {
               const Tensor& x = args[0];
               const Shape out_shape = output[0].shape();
               Tensor pinned = decision(name, record, pool_choices(x, *pool, out_shape));
@@ -138,7 +137,7 @@ class PinnedDecisions {
   }
 
   std::map<std::string, std::vector<Tensor>> decisions_;  // per module, per call
-  std::map<std::string, size_t> calls_;                    // calls so far, per module
+  std::map<std::string, size_t> calls_;                   // calls so far, per module
   int64_t flipped_ = 0;
 };
 
@@ -279,24 +278,24 @@ ModelErrors check_model(const ModelCheck& check) {
     return std::string(text);
   };
   const bool grads = check.grad_size > 0;
-  std::printf("conformance %s (num_classes %lld%s): eval %.2e, train %.2e, running %s (torch32 %s), "
-              "grad64 %s, grad32 %s (torch32 %s), pinned %s, %.1f s\n",
-              check.model.c_str(), static_cast<long long>(check.num_classes),
-              check.image_size ? (", image_size " + std::to_string(*check.image_size)).c_str() : "", errors.eval,
-              errors.train, shown(errors.running, has_running).c_str(),
-              shown(errors.running_torch, has_running).c_str(), shown(errors.grad64, grads).c_str(),
-              shown(errors.grad32, grads).c_str(), shown(errors.grad32_torch, grads).c_str(),
-              grads ? std::to_string(errors.grad32_pinned).c_str() : "-", errors.seconds);
+  std::printf(
+      "conformance %s (num_classes %lld%s): eval %.2e, train %.2e, running %s (torch32 %s), "
+      "grad64 %s, grad32 %s (torch32 %s), pinned %s, %.1f s\n",
+      check.model.c_str(), static_cast<long long>(check.num_classes),
+      check.image_size ? (", image_size " + std::to_string(*check.image_size)).c_str() : "", errors.eval, errors.train,
+      shown(errors.running, has_running).c_str(), shown(errors.running_torch, has_running).c_str(),
+      shown(errors.grad64, grads).c_str(), shown(errors.grad32, grads).c_str(),
+      shown(errors.grad32_torch, grads).c_str(), grads ? std::to_string(errors.grad32_pinned).c_str() : "-",
+      errors.seconds);
   drop_goldens(dir);
   return errors;
 }
 
-
 double check_stages(const std::string& model, const std::vector<std::string>& nodes) {
   std::string joined;
   for (const std::string& node : nodes) joined += (joined.empty() ? "" : ",") + node;
-  std::string dir = python_golden_folder(TVC_SOURCE_ROOT "/tools/model_goldens.py",
-                                         {model, "1000", "1x224", "0", joined});
+  std::string dir =
+      python_golden_folder(TVC_SOURCE_ROOT "/tools/model_goldens.py", {model, "1000", "1x224", "0", joined});
   if (dir.empty()) return 0;
   io::SafetensorsFile goldens = io::SafetensorsFile::open(dir + "/goldens.safetensors");
   models::BackbonePtr m = load_model({.model = model}, dir + "/weights.pth");

@@ -37,16 +37,16 @@ struct ModelCheck {
 
 // The largest errors seen, for docs/conformance.md.
 struct ModelErrors {
-  double eval = 0;           // over the eval shapes
-  double train = 0;          // train-mode output
-  double running = 0;        // over the running statistics, against PyTorch's float32
-  double running_torch = 0;  // PyTorch's own float32 error on them (against its float64)
-  double grad64 = 0;         // over the float64 parameter gradients
-  double grad32 = 0;         // our float32 gradients against float64, all parameters together
-  double grad32_torch = 0;   // PyTorch's (the larger of contiguous and channels_last)
-  double grad32_ratio = 0;   // grad32 / grad32_torch
+  double eval = 0;            // over the eval shapes
+  double train = 0;           // train-mode output
+  double running = 0;         // over the running statistics, against PyTorch's float32
+  double running_torch = 0;   // PyTorch's own float32 error on them (against its float64)
+  double grad64 = 0;          // over the float64 parameter gradients
+  double grad32 = 0;          // our float32 gradients against float64, all parameters together
+  double grad32_torch = 0;    // PyTorch's (the larger of contiguous and channels_last)
+  double grad32_ratio = 0;    // grad32 / grad32_torch
   int64_t grad32_pinned = 0;  // ReLU and max-pool decisions our float32 run took otherwise than float64
-  double seconds = 0;        // tvc's time for all of the above
+  double seconds = 0;         // tvc's time for all of the above
 };
 
 ModelErrors check_model(const ModelCheck& check);

@@ -44,9 +44,14 @@ std::vector<OpSample> class_samples(std::optional<int64_t> ignore, bool with_emp
     Shape shape;
     bool non_contiguous = false;
   };
-  std::vector<C> cases = {{"(N,K)", {5, 4}},         {"one class", {3, 1}},       {"size-1", {1, 1}},
-                          {"(N,K) odd", {7, 3}},     {"non-contiguous", {6, 5}, true},
-                          {"(N,K,d)", {2, 4, 5}},    {"(N,K,d1,d2)", {2, 3, 2, 3}}, {"empty batch", {0, 4}}};
+  std::vector<C> cases = {{"(N,K)", {5, 4}},
+                          {"one class", {3, 1}},
+                          {"size-1", {1, 1}},
+                          {"(N,K) odd", {7, 3}},
+                          {"non-contiguous", {6, 5}, true},
+                          {"(N,K,d)", {2, 4, 5}},
+                          {"(N,K,d1,d2)", {2, 3, 2, 3}},
+                          {"empty batch", {0, 4}}};
   std::vector<OpSample> out;
   for (size_t i = 0; i < cases.size(); ++i) {
     const C& c = cases[i];
@@ -68,9 +73,12 @@ OpRow ce_row(bool weighted, std::optional<int64_t> ignore, const std::string& re
                       ", ignore_index=" + std::to_string(ii) + ", reduction='" + reduction +
                       "', label_smoothing=" + std::to_string(smoothing) + ")";
   bool empty = allows_empty(reduction);
-  return make_row(Op::cross_entropy, [ignore, empty] { return class_samples(ignore, empty); },
-               [=](In x) { return cross_entropy(x[0], x[1], weighted ? x[2] : Tensor(), ii, parse_mode<Reduction>(reduction), smoothing); },
-               torch, {0});
+  return make_row(
+      Op::cross_entropy, [ignore, empty] { return class_samples(ignore, empty); },
+      [=](In x) {
+        return cross_entropy(x[0], x[1], weighted ? x[2] : Tensor(), ii, parse_mode<Reduction>(reduction), smoothing);
+      },
+      torch, {0});
 }
 
 std::vector<OpSample> probability_samples() {
@@ -78,7 +86,8 @@ std::vector<OpSample> probability_samples() {
   std::vector<Shape> shapes = {{5, 4}, {1, 1}, {2, 3, 4}, {0, 3}};
   for (size_t i = 0; i < shapes.size(); ++i) {
     Tensor p = softmax(sample_randn(shapes[i], 760 + i), 1);
-    out.push_back({"shape " + shape_str(shapes[i]), {sample_randn(shapes[i], 770 + i), p, class_weight(shapes[i][1], 780 + i)}});
+    out.push_back(
+        {"shape " + shape_str(shapes[i]), {sample_randn(shapes[i], 770 + i), p, class_weight(shapes[i][1], 780 + i)}});
   }
   return out;
 }
@@ -97,11 +106,12 @@ std::vector<OpSample> bce_samples() {
                     sample_uniform({k}, 0.5, 2, 820 + i), sample_uniform({k}, 0.25, 3, 830 + i)}});
   }
   // Large logits: the stable form must not overflow.
-  out.push_back({"large logits", {mul(sample_randn({3, 4}, 840), scalar_like(40, DType::Float64)),
-                                  sample_uniform({3, 4}, 0, 1, 841), sample_uniform({4}, 0.5, 2, 842),
-                                  sample_uniform({4}, 0.25, 3, 843)}});
-  out.push_back({"non-contiguous", {non_contiguous(sample_randn({5, 3}, 850)), non_contiguous(sample_uniform({5, 3}, 0, 1, 851)),
-                                    sample_uniform({3}, 0.5, 2, 852), sample_uniform({3}, 0.25, 3, 853)}});
+  out.push_back({"large logits",
+                 {mul(sample_randn({3, 4}, 840), scalar_like(40, DType::Float64)), sample_uniform({3, 4}, 0, 1, 841),
+                  sample_uniform({4}, 0.5, 2, 842), sample_uniform({4}, 0.25, 3, 843)}});
+  out.push_back({"non-contiguous",
+                 {non_contiguous(sample_randn({5, 3}, 850)), non_contiguous(sample_uniform({5, 3}, 0, 1, 851)),
+                  sample_uniform({3}, 0.5, 2, 852), sample_uniform({3}, 0.25, 3, 853)}});
   return out;
 }
 
@@ -116,41 +126,46 @@ std::vector<OpRow> loss_rows() {
     rows.push_back(ce_row(true, 1, red, 0.15));
   }
   rows.push_back(ce_row(false, 3, "mean", 0.3));
-  rows.push_back(make_row(Op::cross_entropy, [] { return without_empty(probability_samples()); },
-                       [](In x) { return cross_entropy(x[0], x[1], x[2], -100, Reduction::Mean, 0.2); },
-                       "F.cross_entropy(a, b, weight=c, label_smoothing=0.2)", {0, 1}));
+  rows.push_back(make_row(
+      Op::cross_entropy, [] { return without_empty(probability_samples()); },
+      [](In x) { return cross_entropy(x[0], x[1], x[2], -100, Reduction::Mean, 0.2); },
+      "F.cross_entropy(a, b, weight=c, label_smoothing=0.2)", {0, 1}));
   rows.push_back(make_row(Op::cross_entropy, probability_samples,
-                       [](In x) { return cross_entropy(x[0], x[1], Tensor(), -100, Reduction::None); },
-                       "F.cross_entropy(a, b, reduction='none')", {0, 1}));
+                          [](In x) { return cross_entropy(x[0], x[1], Tensor(), -100, Reduction::None); },
+                          "F.cross_entropy(a, b, reduction='none')", {0, 1}));
   rows.push_back(make_row(Op::cross_entropy, unbatched_samples,
-                       [](In x) { return cross_entropy(x[0], x[1], x[2], -100, Reduction::Mean, 0.1); },
-                       "F.cross_entropy(a, b, weight=c, label_smoothing=0.1)", {0}));
+                          [](In x) { return cross_entropy(x[0], x[1], x[2], -100, Reduction::Mean, 0.1); },
+                          "F.cross_entropy(a, b, weight=c, label_smoothing=0.1)", {0}));
   // ---- nll_loss (inputs are any values: nll_loss does not need log-probabilities)
   for (std::string red : {"mean", "sum", "none"})
-    rows.push_back(make_row(Op::nll_loss, [red] { return class_samples(1, allows_empty(red)); },
-                         [red](In x) { return nll_loss(x[0], x[1], x[2], 1, parse_mode<Reduction>(red)); },
-                         "F.nll_loss(a, b, weight=c, ignore_index=1, reduction='" + red + "')", {0}));
-  rows.push_back(make_row(Op::nll_loss, [] { return class_samples(std::nullopt, false); },
-                       [](In x) { return nll_loss(x[0], x[1]); }, "F.nll_loss(a, b)", {0}));
+    rows.push_back(make_row(
+        Op::nll_loss, [red] { return class_samples(1, allows_empty(red)); },
+        [red](In x) { return nll_loss(x[0], x[1], x[2], 1, parse_mode<Reduction>(red)); },
+        "F.nll_loss(a, b, weight=c, ignore_index=1, reduction='" + red + "')", {0}));
+  rows.push_back(make_row(
+      Op::nll_loss, [] { return class_samples(std::nullopt, false); }, [](In x) { return nll_loss(x[0], x[1]); },
+      "F.nll_loss(a, b)", {0}));
   // ---- mse_loss (broadcasting as PyTorch, which warns about it)
   for (std::string red : {"mean", "sum", "none"})
-    rows.push_back(make_row(Op::mse_loss,
-                         [red] { return allows_empty(red) ? binary_samples() : without_empty(binary_samples()); },
-                         [red](In x) { return mse_loss(x[0], x[1], parse_mode<Reduction>(red)); },
-                         "F.mse_loss(a, b, reduction='" + red + "')", {0, 1}));
+    rows.push_back(make_row(
+        Op::mse_loss, [red] { return allows_empty(red) ? binary_samples() : without_empty(binary_samples()); },
+        [red](In x) { return mse_loss(x[0], x[1], parse_mode<Reduction>(red)); },
+        "F.mse_loss(a, b, reduction='" + red + "')", {0, 1}));
   // ---- binary_cross_entropy_with_logits (differentiable in the target too, as PyTorch)
   for (std::string red : {"mean", "sum", "none"})
-    rows.push_back(make_row(Op::binary_cross_entropy_with_logits,
-                         [red] { return allows_empty(red) ? bce_samples() : without_empty(bce_samples()); },
-                         [red](In x) { return binary_cross_entropy_with_logits(x[0], x[1], x[2], parse_mode<Reduction>(red), x[3]); },
-                         "F.binary_cross_entropy_with_logits(a, b, weight=c, reduction='" + red + "', pos_weight=d)",
-                         {0, 1}));
-  OpRow plain = make_row(Op::binary_cross_entropy_with_logits, [] { return without_empty(bce_samples()); },
-                    [](In x) { return binary_cross_entropy_with_logits(x[0], x[1]); },
-                    "F.binary_cross_entropy_with_logits(a, b)", {0, 1});
+    rows.push_back(make_row(
+        Op::binary_cross_entropy_with_logits,
+        [red] { return allows_empty(red) ? bce_samples() : without_empty(bce_samples()); },
+        [red](In x) { return binary_cross_entropy_with_logits(x[0], x[1], x[2], parse_mode<Reduction>(red), x[3]); },
+        "F.binary_cross_entropy_with_logits(a, b, weight=c, reduction='" + red + "', pos_weight=d)", {0, 1}));
+  OpRow plain = make_row(
+      Op::binary_cross_entropy_with_logits, [] { return without_empty(bce_samples()); },
+      [](In x) { return binary_cross_entropy_with_logits(x[0], x[1]); }, "F.binary_cross_entropy_with_logits(a, b)",
+      {0, 1});
   plain.tol = 5e-5;
-  plain.note = "the input gradient sigmoid(a) - b cancels where b is near sigmoid(a): on the [1, 1] sample it is "
-               "-0.0021 from terms near 0.70, and PyTorch's own float32 gradient is 8e-6 off its float64 one";
+  plain.note =
+      "the input gradient sigmoid(a) - b cancels where b is near sigmoid(a): on the [1, 1] sample it is "
+      "-0.0021 from terms near 0.70, and PyTorch's own float32 gradient is 8e-6 off its float64 one";
   rows.push_back(plain);
   return rows;
 }

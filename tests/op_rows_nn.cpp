@@ -34,14 +34,11 @@ std::vector<OpSample> with_layouts(std::vector<OpSample> cases) {
 
 // ---------------------------------------------------------------- convolution
 
-OpRow conv2d_row(std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
-                 std::array<int64_t, 2> dilation, int64_t groups, bool bias, std::string torch_args,
-                 std::vector<OpSample> samples) {
+OpRow conv2d_row(std::array<int64_t, 2> stride, std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation,
+                 int64_t groups, bool bias, std::string torch_args, std::vector<OpSample> samples) {
   return make_row(
       Op::conv2d, [samples] { return with_layouts(samples); },
-      [=](In x) {
-        return conv2d(x[0], x[1], bias ? x[2] : Tensor(), stride, padding, dilation, groups);
-      },
+      [=](In x) { return conv2d(x[0], x[1], bias ? x[2] : Tensor(), stride, padding, dilation, groups); },
       std::string("F.conv2d(a, b") + (bias ? ", c" : "") + torch_args + ")",
       bias ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 1});
 }
@@ -62,8 +59,7 @@ std::vector<OpRow> conv_rows() {
                             {randn_sample("odd sizes", {{2, 3, 7, 9}, {4, 3, 3, 3}, {4}}),
                              randn_sample("pointwise", {{2, 3, 5, 5}, {2, 3, 1, 1}, {2}}),
                              randn_sample("batch 1", {{1, 1, 8, 8}, {5, 1, 3, 3}, {5}})}));
-  rows.push_back(conv2d_row({1, 2}, {1, 2}, {2, 1}, 1, false,
-                            ", stride=(1, 2), padding=(1, 2), dilation=(2, 1)",
+  rows.push_back(conv2d_row({1, 2}, {1, 2}, {2, 1}, 1, false, ", stride=(1, 2), padding=(1, 2), dilation=(2, 1)",
                             {randn_sample("odd sizes", {{2, 3, 7, 6}, {2, 3, 3, 2}}),
                              randn_sample("batch 1", {{1, 2, 5, 5}, {3, 2, 2, 3}})}));
   rows.push_back(conv2d_row({1, 1}, {1, 1}, {1, 1}, 2, true, ", padding=1, groups=2",
@@ -74,8 +70,7 @@ std::vector<OpRow> conv_rows() {
                             {randn_sample("multiplier 2", {{2, 3, 7, 6}, {6, 1, 3, 3}, {6}}),
                              randn_sample("multiplier 1", {{1, 3, 5, 5}, {3, 1, 3, 3}, {3}}),
                              randn_sample("unbatched", {{3, 4, 4}, {3, 1, 2, 2}, {3}})}));
-  rows.push_back(conv2d_row({1, 1}, {2, 1}, {2, 2}, 3, false,
-                            ", padding=(2, 1), dilation=2, groups=3",
+  rows.push_back(conv2d_row({1, 1}, {2, 1}, {2, 2}, 3, false, ", padding=(2, 1), dilation=2, groups=3",
                             {randn_sample("depthwise dilated", {{2, 3, 6, 7}, {3, 1, 3, 3}})}));
 
   auto conv1d_samples = [](std::vector<OpSample> cases) {
@@ -89,11 +84,9 @@ std::vector<OpRow> conv_rows() {
                                              randn_sample("size-1", {{1, 1, 1}, {2, 1, 1}, {2}}),
                                              randn_sample("unbatched", {{3, 7}, {2, 3, 2}, {2}})});
   rows.push_back(make_row(
-      Op::conv1d, [c1] { return c1; }, [](In x) { return conv1d(x[0], x[1], x[2]); },
-      "F.conv1d(a, b, c)", {0, 1, 2}));
-  std::vector<OpSample> c2 =
-      conv1d_samples({randn_sample("odd sizes", {{2, 4, 11}, {6, 2, 3}, {6}}),
-                      randn_sample("batch 1", {{1, 4, 6}, {2, 2, 2}, {2}})});
+      Op::conv1d, [c1] { return c1; }, [](In x) { return conv1d(x[0], x[1], x[2]); }, "F.conv1d(a, b, c)", {0, 1, 2}));
+  std::vector<OpSample> c2 = conv1d_samples(
+      {randn_sample("odd sizes", {{2, 4, 11}, {6, 2, 3}, {6}}), randn_sample("batch 1", {{1, 4, 6}, {2, 2, 2}, {2}})});
   rows.push_back(make_row(
       Op::conv1d, [c2] { return c2; }, [](In x) { return conv1d(x[0], x[1], x[2], 2, 1, 2, 2); },
       "F.conv1d(a, b, c, stride=2, padding=1, dilation=2, groups=2)", {0, 1, 2}));
@@ -112,11 +105,9 @@ std::vector<OpSample> pool_samples(const std::vector<Shape>& shapes) {
   return with_layouts(cases);
 }
 
-OpRow pool_row(Op op, std::function<Tensor(const Tensor&)> f, std::string torch,
-               std::vector<Shape> shapes) {
+OpRow pool_row(Op op, std::function<Tensor(const Tensor&)> f, std::string torch, std::vector<Shape> shapes) {
   return make_row(
-      op, [shapes] { return pool_samples(shapes); }, [f](In x) { return f(x[0]); },
-      std::move(torch), {0});
+      op, [shapes] { return pool_samples(shapes); }, [f](In x) { return f(x[0]); }, std::move(torch), {0});
 }
 
 std::vector<OpRow> pool_rows() {
@@ -131,38 +122,34 @@ std::vector<OpRow> pool_rows() {
                             return max_pool2d(x, {2, 2});
                           },
                           "F.max_pool2d(a, 2)", {{2, 3, 6, 7}, {1, 1, 2, 2}}));
-  rows.push_back(
-      pool_row(Op::max_pool2d,
-               [](const Tensor& x) {
-                 return max_pool2d(x, {3, 2}, std::array<int64_t, 2>{2, 2}, {1, 0}, {1, 2}, true);
-               },
-               "F.max_pool2d(a, (3, 2), (2, 2), (1, 0), dilation=(1, 2), ceil_mode=True)",
-               {{2, 3, 8, 9}, {1, 2, 4, 3}, {2, 6, 7}}));
+  rows.push_back(pool_row(Op::max_pool2d,
+                          [](const Tensor& x) {
+                            return max_pool2d(x, {3, 2}, std::array<int64_t, 2>{2, 2}, {1, 0}, {1, 2}, true);
+                          },
+                          "F.max_pool2d(a, (3, 2), (2, 2), (1, 0), dilation=(1, 2), ceil_mode=True)",
+                          {{2, 3, 8, 9}, {1, 2, 4, 3}, {2, 6, 7}}));
   rows.push_back(pool_row(Op::avg_pool2d,
                           [](const Tensor& x) {
                             return avg_pool2d(x, {3, 3}, std::array<int64_t, 2>{2, 2}, {1, 1});
                           },
                           "F.avg_pool2d(a, 3, 2, 1)", {{2, 3, 7, 9}, {1, 2, 1, 1}, {3, 5, 4}}));
-  rows.push_back(
-      pool_row(Op::avg_pool2d,
-               [](const Tensor& x) {
-                 return avg_pool2d(x, {3, 2}, std::array<int64_t, 2>{2, 2}, {1, 1}, true, false);
-               },
-               "F.avg_pool2d(a, (3, 2), 2, 1, ceil_mode=True, count_include_pad=False)",
-               {{2, 3, 8, 9}, {1, 2, 4, 3}, {2, 6, 7}}));
-  rows.push_back(
-      pool_row(Op::avg_pool2d,
-               [](const Tensor& x) {
-                 return avg_pool2d(x, {2, 2}, std::array<int64_t, 2>{3, 3}, {1, 1}, true, true, 3);
-               },
-               "F.avg_pool2d(a, 2, 3, 1, ceil_mode=True, divisor_override=3)",
-               {{2, 3, 8, 9}, {1, 2, 5, 3}}));
+  rows.push_back(pool_row(Op::avg_pool2d,
+                          [](const Tensor& x) {
+                            return avg_pool2d(x, {3, 2}, std::array<int64_t, 2>{2, 2}, {1, 1}, true, false);
+                          },
+                          "F.avg_pool2d(a, (3, 2), 2, 1, ceil_mode=True, count_include_pad=False)",
+                          {{2, 3, 8, 9}, {1, 2, 4, 3}, {2, 6, 7}}));
+  rows.push_back(pool_row(Op::avg_pool2d,
+                          [](const Tensor& x) {
+                            return avg_pool2d(x, {2, 2}, std::array<int64_t, 2>{3, 3}, {1, 1}, true, true, 3);
+                          },
+                          "F.avg_pool2d(a, 2, 3, 1, ceil_mode=True, divisor_override=3)",
+                          {{2, 3, 8, 9}, {1, 2, 5, 3}}));
   rows.push_back(pool_row(Op::adaptive_avg_pool2d,
                           [](const Tensor& x) {
                             return adaptive_avg_pool2d(x, {3, 4});
                           },
-                          "F.adaptive_avg_pool2d(a, (3, 4))",
-                          {{2, 3, 7, 9}, {1, 2, 2, 3}, {3, 5, 5}}));
+                          "F.adaptive_avg_pool2d(a, (3, 4))", {{2, 3, 7, 9}, {1, 2, 2, 3}, {3, 5, 5}}));
   rows.push_back(pool_row(Op::adaptive_avg_pool2d,
                           [](const Tensor& x) {
                             return adaptive_avg_pool2d(x, {1, 1});
@@ -172,8 +159,7 @@ std::vector<OpRow> pool_rows() {
                           [](const Tensor& x) {
                             return adaptive_max_pool2d(x, {3, 4});
                           },
-                          "F.adaptive_max_pool2d(a, (3, 4))",
-                          {{2, 3, 7, 9}, {1, 2, 5, 6}, {3, 5, 5}}));
+                          "F.adaptive_max_pool2d(a, (3, 4))", {{2, 3, 7, 9}, {1, 2, 5, 6}, {3, 5, 5}}));
   return rows;
 }
 
@@ -185,22 +171,20 @@ std::vector<OpRow> norm_rows() {
   auto bn_samples = [] {
     std::vector<OpSample> c = with_layouts(
         {randn_sample("4-d", {{2, 3, 4, 5}, {3}, {3}}), randn_sample("2-d", {{4, 3}, {3}, {3}}),
-         randn_sample("3-d", {{2, 3, 5}, {3}, {3}}),
-         randn_sample("size-1 spatial", {{3, 2, 1, 1}, {2}, {2}})});
+         randn_sample("3-d", {{2, 3, 5}, {3}, {3}}), randn_sample("size-1 spatial", {{3, 2, 1, 1}, {2}, {2}})});
     return c;
   };
-  rows.push_back(
-      make_row(Op::batch_norm, bn_samples,
-               [](In x) { return batch_norm(x[0], Tensor(), Tensor(), x[1], x[2], true); },
-               "F.batch_norm(a, None, None, b, c, training=True)", {0, 1, 2}));
+  rows.push_back(make_row(Op::batch_norm, bn_samples,
+                          [](In x) { return batch_norm(x[0], Tensor(), Tensor(), x[1], x[2], true); },
+                          "F.batch_norm(a, None, None, b, c, training=True)", {0, 1, 2}));
   // Evaluation mode with running statistics (positive variance), no bias.
   auto bn_eval_samples = [bn_samples] {
     std::vector<OpSample> out;
     for (const OpSample& s : bn_samples()) {
       int64_t C = s.inputs[0].shape()[1];
-      out.push_back({s.label,
-                     {s.inputs[0], sample_randn({C}, seed_of(s.label, 7)),
-                      positive({C}, seed_of(s.label, 8)), s.inputs[1]}});
+      out.push_back(
+          {s.label,
+           {s.inputs[0], sample_randn({C}, seed_of(s.label, 7)), positive({C}, seed_of(s.label, 8)), s.inputs[1]}});
     }
     return out;
   };
@@ -211,17 +195,15 @@ std::vector<OpRow> norm_rows() {
   rows.push_back(make_row(
       Op::layer_norm,
       [] {
-        return with_layouts({randn_sample("4-d", {{2, 3, 4, 5}, {5}, {5}}),
-                             randn_sample("1-d", {{5}, {5}, {5}}),
+        return with_layouts({randn_sample("4-d", {{2, 3, 4, 5}, {5}, {5}}), randn_sample("1-d", {{5}, {5}, {5}}),
                              randn_sample("3-d", {{3, 1, 5}, {5}, {5}})});
       },
-      [](In x) { return layer_norm(x[0], {5}, x[1], x[2]); }, "F.layer_norm(a, (5,), b, c)",
-      {0, 1, 2}));
+      [](In x) { return layer_norm(x[0], {5}, x[1], x[2]); }, "F.layer_norm(a, (5,), b, c)", {0, 1, 2}));
   rows.push_back(make_row(
       Op::layer_norm,
       [] {
-        return with_layouts({randn_sample("4-d", {{2, 3, 4, 5}, {4, 5}, {4, 5}}),
-                             randn_sample("2-d", {{4, 5}, {4, 5}, {4, 5}})});
+        return with_layouts(
+            {randn_sample("4-d", {{2, 3, 4, 5}, {4, 5}, {4, 5}}), randn_sample("2-d", {{4, 5}, {4, 5}, {4, 5}})});
       },
       [](In x) {
         return layer_norm(x[0], {4, 5}, x[1], x[2], 1e-3);
@@ -230,8 +212,7 @@ std::vector<OpRow> norm_rows() {
   rows.push_back(make_row(
       Op::group_norm,
       [] {
-        return with_layouts({randn_sample("4-d", {{2, 4, 3, 5}, {4}, {4}}),
-                             randn_sample("3-d", {{3, 6, 5}, {6}, {6}}),
+        return with_layouts({randn_sample("4-d", {{2, 4, 3, 5}, {4}, {4}}), randn_sample("3-d", {{3, 6, 5}, {6}, {6}}),
                              randn_sample("2-d", {{3, 8}, {8}, {8}}),
                              randn_sample("batch 1", {{1, 2, 3, 3}, {2}, {2}})});
       },
@@ -244,8 +225,8 @@ std::vector<OpRow> norm_rows() {
 std::vector<OpRow> softmax_rows() {
   std::vector<OpRow> rows;
   rows.push_back(make_row(
-      Op::softmax, [] { return unary_samples(); }, [](In x) { return softmax(x[0], -1); },
-      "torch.softmax(a, -1)", {0}));
+      Op::softmax, [] { return unary_samples(); }, [](In x) { return softmax(x[0], -1); }, "torch.softmax(a, -1)",
+      {0}));
   rows.push_back(make_row(
       Op::log_softmax, [] { return unary_samples(); }, [](In x) { return log_softmax(x[0], -1); },
       "torch.log_softmax(a, -1)", {0}));
@@ -254,13 +235,11 @@ std::vector<OpRow> softmax_rows() {
   auto dim1 = [] {
     OpSample big = randn_sample("large values", {{2, 5, 3}});
     big.inputs[0] = add(big.inputs[0], scalar_like(90, DType::Float64));
-    return with_layouts(
-        {randn_sample("4-d", {{2, 5, 3, 4}}), randn_sample("size-1", {{1, 1, 1, 1}}), big});
+    return with_layouts({randn_sample("4-d", {{2, 5, 3, 4}}), randn_sample("size-1", {{1, 1, 1, 1}}), big});
   };
-  rows.push_back(make_row(Op::softmax, dim1, [](In x) { return softmax(x[0], 1); },
-                          "torch.softmax(a, 1)", {0}));
-  rows.push_back(make_row(Op::log_softmax, dim1, [](In x) { return log_softmax(x[0], 1); },
-                          "torch.log_softmax(a, 1)", {0}));
+  rows.push_back(make_row(Op::softmax, dim1, [](In x) { return softmax(x[0], 1); }, "torch.softmax(a, 1)", {0}));
+  rows.push_back(
+      make_row(Op::log_softmax, dim1, [](In x) { return log_softmax(x[0], 1); }, "torch.log_softmax(a, 1)", {0}));
   OpRow drop = make_row(
       Op::dropout, [] { return unary_samples(); }, [](In x) { return dropout(x[0], 0.5, true); },
       "F.dropout(a, 0.5, True)", {0});
@@ -275,10 +254,9 @@ std::vector<OpRow> linalg_rows() {
   rows.push_back(make_row(
       Op::bmm,
       [] {
-        std::vector<OpSample> c{randn_sample("odd sizes", {{3, 7, 5}, {3, 5, 9}}),
-                                randn_sample("batch 1", {{1, 4, 3}, {1, 3, 2}}),
-                                randn_sample("size-1", {{1, 1, 1}, {1, 1, 1}}),
-                                randn_sample("empty inner", {{2, 3, 0}, {2, 0, 4}})};
+        std::vector<OpSample> c{
+            randn_sample("odd sizes", {{3, 7, 5}, {3, 5, 9}}), randn_sample("batch 1", {{1, 4, 3}, {1, 3, 2}}),
+            randn_sample("size-1", {{1, 1, 1}, {1, 1, 1}}), randn_sample("empty inner", {{2, 3, 0}, {2, 0, 4}})};
         OpSample nc = randn_sample("non-contiguous", {{2, 4, 3}, {2, 3, 5}});
         nc.inputs = {non_contiguous(nc.inputs[0]), non_contiguous(nc.inputs[1])};
         c.push_back(nc);
@@ -288,13 +266,11 @@ std::vector<OpRow> linalg_rows() {
   rows.push_back(make_row(
       Op::matmul,
       [] {
-        std::vector<OpSample> c{randn_sample("1-d @ 1-d", {{5}, {5}}),
-                                randn_sample("2-d @ 1-d", {{3, 5}, {5}}),
-                                randn_sample("1-d @ 3-d", {{4}, {2, 4, 3}}),
-                                randn_sample("2-d @ 2-d", {{3, 7}, {7, 2}}),
-                                randn_sample("3-d @ 2-d", {{2, 3, 4}, {4, 5}}),
-                                randn_sample("broadcast batch", {{2, 1, 3, 4}, {5, 4, 2}}),
-                                randn_sample("size-1", {{1, 1}, {1, 1}})};
+        std::vector<OpSample> c{
+            randn_sample("1-d @ 1-d", {{5}, {5}}),          randn_sample("2-d @ 1-d", {{3, 5}, {5}}),
+            randn_sample("1-d @ 3-d", {{4}, {2, 4, 3}}),    randn_sample("2-d @ 2-d", {{3, 7}, {7, 2}}),
+            randn_sample("3-d @ 2-d", {{2, 3, 4}, {4, 5}}), randn_sample("broadcast batch", {{2, 1, 3, 4}, {5, 4, 2}}),
+            randn_sample("size-1", {{1, 1}, {1, 1}})};
         OpSample nc = randn_sample("non-contiguous", {{4, 3}, {3, 5}});
         nc.inputs = {non_contiguous(nc.inputs[0]), non_contiguous(nc.inputs[1])};
         c.push_back(nc);
@@ -305,8 +281,7 @@ std::vector<OpRow> linalg_rows() {
       Op::linear,
       [] {
         std::vector<OpSample> c{randn_sample("2-d", {{3, 4}, {5, 4}, {5}}),
-                                randn_sample("3-d", {{2, 3, 4}, {2, 4}, {2}}),
-                                randn_sample("1-d", {{4}, {3, 4}, {3}}),
+                                randn_sample("3-d", {{2, 3, 4}, {2, 4}, {2}}), randn_sample("1-d", {{4}, {3, 4}, {3}}),
                                 randn_sample("size-1", {{1, 1}, {1, 1}, {1}})};
         OpSample nc = randn_sample("non-contiguous", {{4, 3}, {5, 3}, {5}});
         nc.inputs = {non_contiguous(nc.inputs[0]), non_contiguous(nc.inputs[1]), nc.inputs[2]};

@@ -6,8 +6,7 @@
 namespace tvc::test {
 
 OpRow make_row(Op op, std::function<std::vector<OpSample>()> samples,
-               std::function<Tensor(const std::vector<Tensor>&)> fn, std::string torch,
-               std::vector<int> grad_inputs) {
+               std::function<Tensor(const std::vector<Tensor>&)> fn, std::string torch, std::vector<int> grad_inputs) {
   return OpRow{op, std::move(samples), std::move(fn), std::move(torch), std::move(grad_inputs)};
 }
 
@@ -46,7 +45,6 @@ uint64_t seed_of(const std::string& label, size_t i) {
 
 Tensor channels_last(const Tensor& t) { return t.contiguous(MemoryFormat::ChannelsLast); }
 
-
 std::vector<OpSample> unary_samples(std::function<Tensor(const Shape&, uint64_t)> make) {
   if (!make) make = sample_randn;
   std::vector<OpSample> out;
@@ -77,12 +75,13 @@ std::vector<OpSample> binary_samples(std::function<Tensor(const Shape&, uint64_t
   pair("scalar", {3, 4}, {});
   pair("size-1", {1, 1}, {1, 1});
   pair("empty", {0, 3}, {3});
-  out.push_back({"non-contiguous", {non_contiguous(make_a({4, 3}, seed_of("nc", 1))),
-                                    non_contiguous(make_b({4, 3}, seed_of("nc", 2)))}});
-  out.push_back({"channels-last", {channels_last(make_a({2, 3, 2, 3}, seed_of("cl", 1))),
-                                   channels_last(make_b({2, 3, 2, 3}, seed_of("cl", 2)))}});
-  out.push_back({"channels-last and contiguous", {channels_last(make_a({2, 3, 2, 3}, seed_of("clc", 1))),
-                                                  make_b({2, 3, 2, 3}, seed_of("clc", 2))}});
+  out.push_back({"non-contiguous",
+                 {non_contiguous(make_a({4, 3}, seed_of("nc", 1))), non_contiguous(make_b({4, 3}, seed_of("nc", 2)))}});
+  out.push_back(
+      {"channels-last",
+       {channels_last(make_a({2, 3, 2, 3}, seed_of("cl", 1))), channels_last(make_b({2, 3, 2, 3}, seed_of("cl", 2)))}});
+  out.push_back({"channels-last and contiguous",
+                 {channels_last(make_a({2, 3, 2, 3}, seed_of("clc", 1))), make_b({2, 3, 2, 3}, seed_of("clc", 2))}});
   return out;
 }
 

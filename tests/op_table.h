@@ -42,8 +42,7 @@ struct OpRow {
 
 // A row with the default tolerance, no note, not random.
 OpRow make_row(Op op, std::function<std::vector<OpSample>()> samples,
-               std::function<Tensor(const std::vector<Tensor>&)> fn, std::string torch,
-               std::vector<int> grad_inputs);
+               std::function<Tensor(const std::vector<Tensor>&)> fn, std::string torch, std::vector<int> grad_inputs);
 
 // Rows, one function per op family (tests/op_rows_*.cpp).
 std::vector<OpRow> elementwise_rows();

@@ -38,12 +38,11 @@ Tensor bool_mask(const Shape& shape, uint64_t seed) {
   return u < 0.25;
 }
 
-
 // One configuration and call. E = 8, H = 2 (head_dim 4), N = 3, L = 4, S = 5.
 struct AttentionCase {
   std::string py_options;  // nn.MultiheadAttention(8, 2, <py_options>)
   MultiheadAttentionOptions options;
-  Shape query, key;        // key empty: self-attention, the query passed as key and value
+  Shape query, key;  // key empty: self-attention, the query passed as key and value
   int64_t vdim = 8;
   Tensor key_padding_mask{}, attn_mask{};
   bool need_weights = true, average_attn_weights = true;
@@ -54,14 +53,26 @@ std::vector<AttentionCase> attention_cases() {
   return {
       {"", {}, {4, 3, 8}, {5, 3, 8}},
       {"batch_first=True", {.batch_first = true}, {3, 4, 8}, {}},
-      {"batch_first=True", {.batch_first = true}, {3, 4, 8}, {3, 5, 8}, 8, bool_mask({3, 5}, 1), bool_mask({4, 5}, 2),
-       true, !avg},
+      {"batch_first=True",
+       {.batch_first = true},
+       {3, 4, 8},
+       {3, 5, 8},
+       8,
+       bool_mask({3, 5}, 1),
+       bool_mask({4, 5}, 2),
+       true,
+       !avg},
       {"", {}, {4, 3, 8}, {5, 3, 8}, 8, bool_mask({3, 5}, 3), randn_of({6, 4, 5}, 4)},
       {"", {}, {4, 3, 8}, {}, 8, Tensor(), randn_of({4, 4}, 5), true, !avg},
       {"batch_first=True", {.batch_first = true}, {3, 4, 8}, {3, 5, 8}, 8, randn_of({3, 5}, 6), Tensor(), false},
       {"bias=False, kdim=6, vdim=7", {.bias = false, .kdim = 6, .vdim = 7}, {4, 3, 8}, {5, 3, 6}, 7},
-      {"add_bias_kv=True, add_zero_attn=True", {.add_bias_kv = true, .add_zero_attn = true}, {4, 3, 8}, {5, 3, 8},
-       8, bool_mask({3, 5}, 7), bool_mask({4, 5}, 8)},
+      {"add_bias_kv=True, add_zero_attn=True",
+       {.add_bias_kv = true, .add_zero_attn = true},
+       {4, 3, 8},
+       {5, 3, 8},
+       8,
+       bool_mask({3, 5}, 7),
+       bool_mask({4, 5}, 8)},
       {"batch_first=True", {.batch_first = true}, {4, 8}, {5, 8}, 8, bool_mask({5}, 9), bool_mask({2, 4, 5}, 10)},
   };
 }
@@ -130,7 +141,9 @@ TEST(MultiheadAttention, OutputsAndGradientsMatchPyTorch) {
                        : c.key_padding_mask;
       Tensor am = c.attn_mask.defined() && c.attn_mask.dtype() != DType::Bool ? c.attn_mask.to(dtype) : c.attn_mask;
       auto [out, w] = (*m)(qi, ki, vi,
-                           {.key_padding_mask = kpm, .need_weights = c.need_weights, .attn_mask = am,
+                           {.key_padding_mask = kpm,
+                            .need_weights = c.need_weights,
+                            .attn_mask = am,
                             .average_attn_weights = c.average_attn_weights});
       Tensor gout = randn_of(out.shape(), 400 + i).to(dtype);
       Tensor loss = (out * gout).sum();
@@ -157,8 +170,9 @@ TEST(MultiheadAttention, OutputsAndGradientsMatchPyTorch) {
       code += "loss = (out * " + py_tensor(gout) + ").sum()\n";
       if (w.defined()) code += "loss = loss + (w * " + py_tensor(gw) + ").sum()\n";
       code += "loss.backward()\n";
-      code += "res.append([_t(out), None if w is None else _t(w), _t(q.grad), _t(k.grad), _t(v.grad)] + "
-              "[_t(p.grad) for p in m.parameters()])\n";
+      code +=
+          "res.append([_t(out), None if w is None else _t(w), _t(q.grad), _t(k.grad), _t(v.grad)] + "
+          "[_t(p.grad) for p in m.parameters()])\n";
     }
   }
   nlohmann::json want = torch_json(code + "print(json.dumps(res))\n");
@@ -231,17 +245,22 @@ TEST(MultiheadAttention, DropoutAppliesInTrainingOnly) {
 }
 
 TEST(MultiheadAttention, ErrorsNameTheArgument) {
-  EXPECT_NE(test::error_of([] { MultiheadAttention(10, 3); }).find("embed_dim must be divisible by num_heads, got 10 and 3"),
-            std::string::npos);
+  EXPECT_NE(
+      test::error_of([] { MultiheadAttention(10, 3); }).find("embed_dim must be divisible by num_heads, got 10 and 3"),
+      std::string::npos);
   MultiheadAttention m(8, 2);
   Tensor q = randn_of({4, 3, 8}, 6);
-  EXPECT_NE(test::error_of([&] { m(q, q, q, {.attn_mask = bool_mask({4, 5}, 7)}); })
-                .find("the shape of the 2D attn_mask is [4, 5], but should be [4, 4]"),
+  EXPECT_NE(test::error_of([&] {
+              m(q, q, q, {.attn_mask = bool_mask({4, 5}, 7)});
+            }).find("the shape of the 2D attn_mask is [4, 5], but should be [4, 4]"),
             std::string::npos);
-  EXPECT_NE(test::error_of([&] { m(q, q, q, {.key_padding_mask = ones({3, 4}, {.dtype = DType::Int64})}); })
-                .find("only bool and floating key_padding_mask are supported, got int64"),
+  EXPECT_NE(test::error_of([&] {
+              m(q, q, q, {.key_padding_mask = ones({3, 4}, {.dtype = DType::Int64})});
+            }).find("only bool and floating key_padding_mask are supported, got int64"),
             std::string::npos);
-  EXPECT_NE(test::error_of([&] { m(randn_of({4, 3, 6}, 8)); }).find("was expecting embedding dimension of 8, but got 6"),
+  EXPECT_NE(test::error_of([&] {
+              m(randn_of({4, 3, 6}, 8));
+            }).find("was expecting embedding dimension of 8, but got 6"),
             std::string::npos);
 }
 

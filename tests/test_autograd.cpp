@@ -25,7 +25,8 @@ TEST(Autograd, SharedSubexpressionSumsGradients) {
   Tensor y = exp(x);
   Tensor z = add(mul(y, y), y);  // d/dx = 2 e^2x + e^x
   sum(z).backward();
-  Tensor expect = add(mul(exp(mul(x.detach(), scalar_like(2, DType::Float64))), scalar_like(2, DType::Float64)), exp(x.detach()));
+  Tensor expect =
+      add(mul(exp(mul(x.detach(), scalar_like(2, DType::Float64))), scalar_like(2, DType::Float64)), exp(x.detach()));
   EXPECT_LE(relative_error(x.grad(), expect), 1e-14);
 }
 
@@ -130,7 +131,7 @@ TEST(Autograd, GradFunctionAndUnusedInputs) {
   auto g = grad({y}, {a, b}, {}, true, true);
   EXPECT_LE(relative_error(g[0], mul(a.detach(), scalar_like(2, DType::Float64))), 1e-15);
   EXPECT_FALSE(g[1].defined());
-  EXPECT_FALSE(a.grad().defined());  // grad() does not accumulate
+  EXPECT_FALSE(a.grad().defined());        // grad() does not accumulate
   EXPECT_THROW(grad({y}, {a, b}), Error);  // b unused without allow_unused
 }
 

@@ -2,8 +2,6 @@
 // error path returns its status with a message, sets no output and leaves the handles usable
 // (run under LeakSanitizer by tools/sanitize.sh); one model serves forward passes from several
 // threads at once, with set_num_threads changing meanwhile, equal to serial runs.
-#include "tvc/c_api.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +12,7 @@
 
 #include "test_helpers.h"
 #include "tvc/autograd.h"
+#include "tvc/c_api.h"
 #include "tvc/models/models.h"
 #include "tvc/ops.h"
 #include "tvc/serialize.h"

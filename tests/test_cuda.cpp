@@ -86,8 +86,7 @@ TEST(Cuda, AddMatchesCpu) {
   for (const tvc::Shape& shape : {tvc::Shape{1000003}, tvc::Shape{4, 33, 65}, tvc::Shape{}}) {
     tvc::Tensor a = tvc::randn(shape, {}, &gen), b = tvc::randn(shape, {}, &gen);
     tvc::Tensor got = cuda_add(a.to(tvc::Device::CUDA), b.to(tvc::Device::CUDA));
-    EXPECT_EQ(got.to(tvc::Device::CPU).to_vector(), tvc::add(a, b).to_vector())
-        << "shape " << tvc::shape_str(shape);
+    EXPECT_EQ(got.to(tvc::Device::CPU).to_vector(), tvc::add(a, b).to_vector()) << "shape " << tvc::shape_str(shape);
   }
   // Broadcast (stride 0) operands, as ops hand them to kernels.
   tvc::Tensor a = tvc::randn({4, 6}, {}, &gen), row = tvc::randn({1, 6}, {}, &gen);

@@ -1,12 +1,12 @@
 // The pictures and tables of a training run (tools/curves.h).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 
 #include "curves.h"
 
@@ -27,7 +27,8 @@ std::string read(const std::string& path) {
 }
 
 TEST(Curves, APolylinePerSeriesAndAPointPerEpoch) {
-  const std::string path = (std::filesystem::temp_directory_path() / ("tvc-curves-" + std::to_string(::getpid()) + ".svg")).string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("tvc-curves-" + std::to_string(::getpid()) + ".svg")).string();
   std::vector<EpochMetrics> history;
   for (int e = 1; e <= 3; ++e) {
     EpochMetrics m;
@@ -42,10 +43,10 @@ TEST(Curves, APolylinePerSeriesAndAPointPerEpoch) {
   std::string svg = read(path);
   EXPECT_EQ(svg.rfind("<svg xmlns='http://www.w3.org/2000/svg'", 0), 0u);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
-  EXPECT_EQ(count(svg, "<polyline"), 4);          // loss; training, validation, validation swa
+  EXPECT_EQ(count(svg, "<polyline"), 4);            // loss; training, validation, validation swa
   EXPECT_EQ(count(svg, "<circle"), 3 + 3 + 3 + 2);  // no point where the average is NaN
   EXPECT_NE(svg.find("validation, swa"), std::string::npos);
-  write_curves(path, {history.front()}, "");      // one epoch, no average: points only
+  write_curves(path, {history.front()}, "");  // one epoch, no average: points only
   svg = read(path);
   EXPECT_EQ(count(svg, "<circle"), 3);
   EXPECT_EQ(svg.find("validation, "), std::string::npos);

@@ -45,9 +45,7 @@ void for_each_isa(F&& f) {
 
 // How an operand of r x c elements is laid out in its buffer.
 enum class Layout { RowMajor, ColMajor, Strided };
-const char* layout_name(Layout l) {
-  return l == Layout::RowMajor ? "row" : l == Layout::ColMajor ? "col" : "strided";
-}
+const char* layout_name(Layout l) { return l == Layout::RowMajor ? "row" : l == Layout::ColMajor ? "col" : "strided"; }
 
 // A matrix of r x c elements in a buffer of the given layout (Strided: row stride 2c+3, column
 // stride 2, so neither is 1), filled with values in [-1, 1]; the gaps hold NaN.
@@ -58,8 +56,12 @@ struct Matrix {
   Matrix(int64_t rows, int64_t cols, Layout l, std::mt19937& gen)
       : r(rows),
         c(cols),
-        rs(l == Layout::RowMajor ? cols : l == Layout::ColMajor ? 1 : 2 * cols + 3),
-        cs(l == Layout::RowMajor ? 1 : l == Layout::ColMajor ? rows : 2) {
+        rs(l == Layout::RowMajor   ? cols
+           : l == Layout::ColMajor ? 1
+                                   : 2 * cols + 3),
+        cs(l == Layout::RowMajor   ? 1
+           : l == Layout::ColMajor ? rows
+                                   : 2) {
     buf.assign(static_cast<size_t>((r - 1) * rs + (c - 1) * cs + 1), T(NAN));
     std::uniform_real_distribution<double> dist(-1, 1);
     for (int64_t i = 0; i < r; ++i)
@@ -81,9 +83,8 @@ struct Case {
 };
 
 std::string describe(const Case& c) {
-  return "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
-         " A " + layout_name(c.la) + " B " + layout_name(c.lb) + " C " + layout_name(c.lc) +
-         " beta " + std::to_string(c.beta);
+  return "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " A " +
+         layout_name(c.la) + " B " + layout_name(c.lb) + " C " + layout_name(c.lc) + " beta " + std::to_string(c.beta);
 }
 
 // cpu::gemm on each case and each instruction-set path against the float64 reference.
@@ -105,8 +106,8 @@ void check_cases(const std::vector<Case>& cases) {
       }
     for_each_isa([&] {
       Matrix<T> out = c;
-      cpu::gemm<T>(cs.M, cs.N, cs.K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs,
-                   out.buf.data(), out.rs, out.cs, static_cast<T>(cs.beta));
+      cpu::gemm<T>(cs.M, cs.N, cs.K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, out.buf.data(), out.rs, out.cs,
+                   static_cast<T>(cs.beta));
       ASSERT_LT(rel_error(out.values(), want), tolerance<T>()) << describe(cs);
     });
   }
@@ -122,8 +123,7 @@ std::vector<Case> small_cases() {
   for (int64_t M = 1; M <= 17; ++M)
     for (int64_t N = 1; N <= 17; ++N)
       for (int64_t K = 1; K <= 17; ++K, ++i)
-        cases.push_back({M, N, K, kLayouts[i % 3], kLayouts[(i / 3) % 3], kLayouts[(i / 9) % 3],
-                         kBetas[(i / 27) % 3]});
+        cases.push_back({M, N, K, kLayouts[i % 3], kLayouts[(i / 3) % 3], kLayouts[(i / 9) % 3], kBetas[(i / 27) % 3]});
   return cases;
 }
 
@@ -173,11 +173,9 @@ TEST(Gemm, BitIdenticalForAnyThreadCount) {
       Matrix<float> a(M, K, Layout::RowMajor, gen), b(K, N, b_layouts[t], gen);
       std::vector<float> c1(M * N), c2(M * N);
       set_num_threads(1);
-      cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, c1.data(), N,
-                       1, 0.f);
+      cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, c1.data(), N, 1, 0.f);
       set_num_threads(2);
-      cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, c2.data(), N,
-                       1, 0.f);
+      cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, c2.data(), N, 1, 0.f);
       EXPECT_EQ(c1, c2) << "M=" << M << " N=" << N << " K=" << K;
     }
   });

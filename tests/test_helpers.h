@@ -2,16 +2,15 @@
 // the message of an expected tvc::Error, the bytes of a tensor.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -85,8 +84,9 @@ inline ::testing::AssertionResult IsTerminalSafe(const std::string& text, bool t
     bool allowed_control = lead == '\n' || (tabs && lead == '\t');
     if (len == 0 || (lead < 0x20 && !allowed_control) || lead == 0x7f || c1_control) {
       std::string offending = text.substr(i, std::max<size_t>(len, 1));
-      return ::testing::AssertionFailure() << "byte " << i << " (" << printable(offending)
-                                           << ") is a control character or not UTF-8 in:\n" << printable(text);
+      return ::testing::AssertionFailure()
+             << "byte " << i << " (" << printable(offending) << ") is a control character or not UTF-8 in:\n"
+             << printable(text);
     }
     i += len;
   }

@@ -46,8 +46,11 @@ struct HybridCase {
 void PrintTo(const HybridCase& c, std::ostream* os) { *os << c.backbone << " " << c.patches; }
 
 HybridModelPtr build(const HybridCase& c) {
-  BuildOptions options{.weights = "", .patches = parse_patches(c.patches), .num_classes = c.num_classes,
-                       .dropout = c.dropout, .verbose = false};
+  BuildOptions options{.weights = "",
+                       .patches = parse_patches(c.patches),
+                       .num_classes = c.num_classes,
+                       .dropout = c.dropout,
+                       .verbose = false};
   if (c.backbone.rfind("vit", 0) == 0) options.image_size = c.size;
   return HybridBuilder().from_torchvision(c.backbone, options);
 }
@@ -62,9 +65,12 @@ std::string deps_fingerprint() {
 }
 
 std::string goldens(const HybridCase& c, const HybridModel& model) {
-  nlohmann::json j = {{"backbone", c.backbone},   {"patches", nlohmann::json::parse(c.patches)},
-                      {"num_classes", c.num_classes}, {"dropout", c.dropout},
-                      {"size", c.size},           {"nodes", model.layout().stage_nodes}};
+  nlohmann::json j = {{"backbone", c.backbone},
+                      {"patches", nlohmann::json::parse(c.patches)},
+                      {"num_classes", c.num_classes},
+                      {"dropout", c.dropout},
+                      {"size", c.size},
+                      {"nodes", model.layout().stage_nodes}};
   return test::python_golden_folder(TVC_SOURCE_ROOT "/tools/hybrid_goldens.py", {j.dump(), deps_fingerprint()});
 }
 
@@ -106,7 +112,7 @@ void check_against_pytorch(const HybridCase& c) {
     ASSERT_TRUE(p.grad().defined()) << name;
     const Tensor expected_grad = g.tensor("grad." + name);
     const double e = norm(expected_grad) < 1e-12 * total ? norm(p.grad() - expected_grad) / total
-                         : relative_error(p.grad(), expected_grad);
+                                                         : relative_error(p.grad(), expected_grad);
     EXPECT_LE(e, 1e-8) << "grad " << name;
     grad_err = std::max(grad_err, e);
   }
@@ -122,8 +128,10 @@ void check_against_pytorch(const HybridCase& c) {
   EXPECT_LE(err32, 1e-4) << "float32 output";
   std::string patches;  // on one line: every run of whitespace as one space
   for (char ch : c.patches) {
-    if (!std::isspace(static_cast<unsigned char>(ch))) patches += ch;
-    else if (!patches.empty() && patches.back() != ' ') patches += ' ';
+    if (!std::isspace(static_cast<unsigned char>(ch)))
+      patches += ch;
+    else if (!patches.empty() && patches.back() != ' ')
+      patches += ' ';
   }
   std::printf("hybrid %s %s: eval32 %.2e, eval64 %.2e, stages64 %.2e, grad64 %.2e\n", c.backbone.c_str(),
               patches.c_str(), err32, err64, stage_err, grad_err);
@@ -152,14 +160,20 @@ INSTANTIATE_TEST_SUITE_P(
                                         "features.1.0.block.1": {"replace": {"type": "conv_bn_act", "params": {"kernel_size": 1}}}})"},
         HybridCase{"mobilenet_v3_small", R"({"features.4": {"wrap": "SEBlock"},
                                            "features.9": {"inject": {"type": "se_enhanced", "params": {"gate_activation": "hardsigmoid"}}}})"},
-        HybridCase{"mobilenet_v2", R"({"features.17": {"inject": "eca_block"}, "features.5": {"replace": "mbconv"}})", 5, 0.2},
+        HybridCase{"mobilenet_v2", R"({"features.17": {"inject": "eca_block"}, "features.5": {"replace": "mbconv"}})",
+                   5, 0.2},
         HybridCase{"densenet121", R"({"features.denseblock2": {"wrap": "cbam"},
                                     "features.transition1.conv": {"replace": {"type": "coord_conv", "params": {"kernel_size": 1, "with_r": true}}}})"},
-        HybridCase{"convnext_tiny", R"({"features.3": {"wrap": "layer_scale"}, "features.5.2": {"wrap": "se"}, "features.1.2": {"inject": "eca"},
+        HybridCase{
+            "convnext_tiny",
+            R"({"features.3": {"wrap": "layer_scale"}, "features.5.2": {"wrap": "se"}, "features.1.2": {"inject": "eca"},
                                       "features.4": {"replace": {"type": "conv_bn_act", "params": {"stride": 2}}}})"},
-        HybridCase{"swin_t", R"({"features.3": {"wrap": "se"}, "features.5.1": {"wrap": "mish"}, "features.7.1": {"inject": "drop_path"},
+        HybridCase{
+            "swin_t",
+            R"({"features.3": {"wrap": "se"}, "features.5.1": {"wrap": "mish"}, "features.7.1": {"inject": "drop_path"},
                                "features.2": {"replace": {"type": "conv_bn_act", "params": {"stride": 2}}}})"},
-        HybridCase{"vit_b_32", R"({"encoder.layers.encoder_layer_3": {"wrap": "layer_scale"}, "conv_proj": {"wrap": "se"},
+        HybridCase{"vit_b_32",
+                   R"({"encoder.layers.encoder_layer_3": {"wrap": "layer_scale"}, "conv_proj": {"wrap": "se"},
                                  "encoder.layers.encoder_layer_1": {"replace": {"type": "mha", "params": {"num_heads": 4}}}})",
                    10, 0.1, 64}),
     case_name);
@@ -171,20 +185,27 @@ INSTANTIATE_TEST_SUITE_P(
         HybridCase{"resnet18", R"({"layer1.0": {"wrap": "channel_attention"}, "layer1.1": {"wrap": "spatial_attention"},
                                  "layer2.0": {"wrap": {"type": "se_enhanced", "params": {"use_bn": true, "activation": "swish"}}},
                                  "layer2.1": {"inject": "attention_block"}})"},
-        HybridCase{"resnet18", R"({"layer4.0": {"wrap": {"type": "mha", "params": {"num_heads": 4}}}, "layer4.1": {"wrap": "drop_path"},
+        HybridCase{
+            "resnet18",
+            R"({"layer4.0": {"wrap": {"type": "mha", "params": {"num_heads": 4}}}, "layer4.1": {"wrap": "drop_path"},
                                  "avgpool": {"replace": "gem"}, "layer3.0": {"wrap": "mish"}})"},
         HybridCase{"resnet18", R"({"layer1.1": {"replace": "conv"}, "layer2.1": {"replace": "residual"},
                                  "layer3.1": {"replace": "depthwise"}, "layer4.1": {"replace": {"type": "coord_conv", "params": {"padding": 1}}}})"},
-        HybridCase{"resnet18", R"({"layer3.1": {"replace": {"type": "inception", "params": {"out_1x1": 64, "out_3x3": 64, "out_5x5": 64, "out_pool": 64}}},
+        HybridCase{
+            "resnet18",
+            R"({"layer3.1": {"replace": {"type": "inception", "params": {"out_1x1": 64, "out_3x3": 64, "out_5x5": 64, "out_pool": 64}}},
                                  "layer4": {"replace": {"type": "dense", "params": {"num_layers": 8, "growth_rate": 32}}}})"},
-        HybridCase{"resnet18", R"({"layer1.0": {"replace": "fused_mbconv"}, "layer1.1": {"replace": "mbconv"}, "layer2.1": {"replace": "bottleneck"},
+        HybridCase{
+            "resnet18",
+            R"({"layer1.0": {"replace": "fused_mbconv"}, "layer1.1": {"replace": "mbconv"}, "layer2.1": {"replace": "bottleneck"},
                                  "layer3.1": {"replace": "wide_bottleneck"}, "layer4.1": {"replace": "grouped_bottleneck"}})"}),
     case_name);
 
 INSTANTIATE_TEST_SUITE_P(
     Families, HybridConformanceFull,
     ::testing::Values(
-        HybridCase{"vgg11_bn", R"({"features.10": {"wrap": "cbam_block"}, "features.14": {"replace": "conv_bn_act"}})", 10, 0.5},
+        HybridCase{"vgg11_bn", R"({"features.10": {"wrap": "cbam_block"}, "features.14": {"replace": "conv_bn_act"}})",
+                   10, 0.5},
         HybridCase{"resnext50_32x4d", R"({"layer3": {"wrap": "se"}})"},
         HybridCase{"wide_resnet50_2", R"({"layer2.3": {"inject": "eca"}})"},
         HybridCase{"efficientnet_v2_s", R"({"features.4": {"wrap": "cbam"}})"},
@@ -197,9 +218,12 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Hybrid, StateDictNamesOfThePythonLibrary) {
   // resnet50 with dropout 0.3: head.3 is the Linear (NOTES section 1); layer3.5 wrapped: its
   // original keys under .0, the SE block's under .1.
-  HybridModelPtr m = HybridBuilder().from_torchvision(
-      "resnet50", {.weights = "", .patches = parse_patches(R"({"layer3.5": {"wrap": "se"}})"), .num_classes = 10,
-                   .dropout = 0.3, .verbose = false});
+  HybridModelPtr m =
+      HybridBuilder().from_torchvision("resnet50", {.weights = "",
+                                                    .patches = parse_patches(R"({"layer3.5": {"wrap": "se"}})"),
+                                                    .num_classes = 10,
+                                                    .dropout = 0.3,
+                                                    .verbose = false});
   const nn::StateDict sd = m->state_dict();
   for (const char* key : {"stem.0.weight", "stem.1.running_mean", "stages.0.0.conv1.weight",
                           "stages.0.0.downsample.0.weight", "stages.2.5.0.conv1.weight",
@@ -219,8 +243,8 @@ TEST(Hybrid, TorchvisionNamesLoadIntoTheTorchvisionModelStrictly) {
   // every torchvision key, in torchvision's order, holding the hybrid's tensor; back again.
   for (const char* backbone : {"resnet18", "densenet121", "mobilenet_v2", "convnext_tiny"}) {
     SCOPED_TRACE(backbone);
-    HybridModelPtr m = HybridBuilder().from_torchvision(backbone, {.weights = "", .num_classes = 7, .dropout = 0.2,
-                                                                   .verbose = false});
+    HybridModelPtr m =
+        HybridBuilder().from_torchvision(backbone, {.weights = "", .num_classes = 7, .dropout = 0.2, .verbose = false});
     const nn::StateDict own = m->state_dict();
     const nn::StateDict tv = m->to_torchvision_names(own);
     models::BackbonePtr reference = models::create(backbone, {.num_classes = 7});
@@ -244,9 +268,11 @@ TEST(Hybrid, TorchvisionNamesLoadIntoTheTorchvisionModelStrictly) {
 
 TEST(Hybrid, HeadWidthIsTheBackbonesOutputNotABlocksConv) {
   // The Python library reads the CBAM block's 1-channel conv here and builds Linear(1, ...).
-  HybridModelPtr m = HybridBuilder().from_torchvision(
-      "resnet18", {.weights = "", .patches = parse_patches(R"({"layer4.1": {"wrap": "cbam_block"}})"),
-                   .num_classes = 3, .verbose = false});
+  HybridModelPtr m =
+      HybridBuilder().from_torchvision("resnet18", {.weights = "",
+                                                    .patches = parse_patches(R"({"layer4.1": {"wrap": "cbam_block"}})"),
+                                                    .num_classes = 3,
+                                                    .verbose = false});
   EXPECT_EQ(m->state_dict().at("head.2.weight").shape(), (Shape{3, 512}));
   m->eval();
   Generator gen(3);
@@ -275,7 +301,8 @@ TEST(Hybrid, FreezeBackboneTrainsExactlyTheUnfrozenStagesAndHead) {
   // Frozen BatchNorms kept their statistics; the trainable stage's moved.
   EXPECT_EQ(relative_error(m->state_dict().at("stem.1.running_mean"), initial["stem.1.running_mean"]), 0);
   EXPECT_EQ(relative_error(m->state_dict().at("stages.1.0.bn1.running_var"), initial["stages.1.0.bn1.running_var"]), 0);
-  EXPECT_GT(relative_error(m->state_dict().at("stages.3.0.bn1.running_mean"), initial["stages.3.0.bn1.running_mean"]), 0);
+  EXPECT_GT(relative_error(m->state_dict().at("stages.3.0.bn1.running_mean"), initial["stages.3.0.bn1.running_mean"]),
+            0);
   EXPECT_EQ(m->count_parameters(true), [&] {
     int64_t n = 0;
     for (const auto& [name, t] : m->named_parameters())
@@ -302,8 +329,8 @@ TEST(Hybrid, FreezeByResolutionStageInAFeaturesFamily) {
 
 TEST(Hybrid, ExplainInThePythonLibrarysFormat) {
   HybridModelPtr m = HybridBuilder().from_torchvision(
-      "resnet50", {.weights = "", .patches = parse_patches(R"({"layer3": {"wrap": "se"}})"), .num_classes = 100,
-                   .verbose = false});
+      "resnet50",
+      {.weights = "", .patches = parse_patches(R"({"layer3": {"wrap": "se"}})"), .num_classes = 100, .verbose = false});
   m->freeze_backbone({3});
   const std::string expected =
       "+============================================================+\n"
@@ -355,8 +382,11 @@ TEST(Hybrid, PatchErrorsNameTheFaultAndLeaveNothingBuilt) {
 
 TEST(Hybrid, ExplainAndSummaryOfEfficientNetAndSwin) {
   HybridModelPtr effnet = HybridBuilder().from_torchvision(
-      "efficientnet_b0", {.weights = "", .patches = parse_patches(R"({"features.5": {"wrap": "se"}})"),
-                          .num_classes = 10, .dropout = 0.2, .verbose = false});
+      "efficientnet_b0", {.weights = "",
+                          .patches = parse_patches(R"({"features.5": {"wrap": "se"}})"),
+                          .num_classes = 10,
+                          .dropout = 0.2,
+                          .verbose = false});
   EXPECT_EQ(effnet->explain(),
             "+============================================================+\n"
             "|               HybridModel (efficientnet_b0)                |\n"
@@ -371,7 +401,8 @@ TEST(Hybrid, ExplainAndSummaryOfEfficientNetAndSwin) {
             "+------------------------------------------------------------+\n"
             "| Total: 4,022,045 | Trainable: 4,022,045                    |\n"
             "+============================================================+");
-  HybridModelPtr swin = HybridBuilder().from_torchvision("swin_t", {.weights = "", .num_classes = 10, .verbose = false});
+  HybridModelPtr swin =
+      HybridBuilder().from_torchvision("swin_t", {.weights = "", .num_classes = 10, .verbose = false});
   EXPECT_EQ(swin->explain(),
             "+============================================================+\n"
             "|                    HybridModel (swin_t)                    |\n"
@@ -393,10 +424,11 @@ TEST(Hybrid, ExplainAndSummaryOfEfficientNetAndSwin) {
             "Backbone: efficientnet_b0\n----------------------------------------\nStem:   N/A\n"
             "Stages: features\nHead:   avgpool, classifier\n----------------------------------------\n"
             "Parameters: 5,288,548\nStage Channels: [16, 24, 40, 112, 1280]");
-  EXPECT_EQ(summary("swin_t"),
-            "Backbone: swin_t\n----------------------------------------\nStem:   N/A\n"
-            "Stages: features\nHead:   norm, permute, avgpool, flatten, head\n----------------------------------------\n"
-            "Parameters: 28,288,354\nStage Channels: [96, 192, 384, 768]");
+  EXPECT_EQ(
+      summary("swin_t"),
+      "Backbone: swin_t\n----------------------------------------\nStem:   N/A\n"
+      "Stages: features\nHead:   norm, permute, avgpool, flatten, head\n----------------------------------------\n"
+      "Parameters: 28,288,354\nStage Channels: [96, 192, 384, 768]");
 }
 
 TEST(Hybrid, ExtractTiersReproducesTheModelsForward) {
@@ -417,26 +449,26 @@ TEST(Hybrid, ExtractTiersReproducesTheModelsForward) {
 
 // A small model for the weight utilities: conv (3->4), bn, fc (16->5).
 std::shared_ptr<nn::Sequential> small_model() {
-  return std::make_shared<nn::Sequential>(std::vector<std::pair<std::string, nn::ModulePtr>>{
-      {"conv", std::make_shared<nn::Conv2d>(3, 4, 3)},
-      {"bn", std::make_shared<nn::BatchNorm2d>(4)},
-      {"pool", std::make_shared<nn::AdaptiveAvgPool2d>(2)},
-      {"flatten", std::make_shared<nn::Flatten>(1)},
-      {"fc", std::make_shared<nn::Linear>(16, 5)}});
+  return std::make_shared<nn::Sequential>(
+      std::vector<std::pair<std::string, nn::ModulePtr>>{{"conv", std::make_shared<nn::Conv2d>(3, 4, 3)},
+                                                         {"bn", std::make_shared<nn::BatchNorm2d>(4)},
+                                                         {"pool", std::make_shared<nn::AdaptiveAvgPool2d>(2)},
+                                                         {"flatten", std::make_shared<nn::Flatten>(1)},
+                                                         {"fc", std::make_shared<nn::Linear>(16, 5)}});
 }
 
 TEST(HybridWeights, PartialLoadReportsEveryKeyAndInitialisesOnlyNewLayers) {
   auto source = small_model(), model = small_model();
   nn::StateDict sd;
   for (const auto& [k, t] : source->state_dict()) sd.insert(k, t.clone());
-  sd.erase("conv.bias");                               // absent from a layer that is there
-  sd.at("bn.weight") = randn({5});                     // another shape
-  sd.erase("fc.weight"), sd.erase("fc.bias");          // a layer absent from the source: new
-  sd.insert("extra.weight", randn({2}));               // unexpected
+  sd.erase("conv.bias");                       // absent from a layer that is there
+  sd.at("bn.weight") = randn({5});             // another shape
+  sd.erase("fc.weight"), sd.erase("fc.bias");  // a layer absent from the source: new
+  sd.insert("extra.weight", randn({2}));       // unexpected
   const Tensor conv_bias = model->get_parameter("conv.bias").clone();
   const WeightLoadingReport r = partial_load(*model, sd, {.verbose = false});
   EXPECT_EQ(r.loaded, (std::vector<std::string>{"conv.weight", "bn.bias", "bn.running_mean", "bn.running_var",
-                                                  "bn.num_batches_tracked"}));
+                                                "bn.num_batches_tracked"}));
   ASSERT_EQ(r.skipped_shape_mismatch.size(), 1u);
   EXPECT_EQ(r.skipped_shape_mismatch[0].name, "bn.weight");
   EXPECT_EQ(r.skipped_shape_mismatch[0].source, (Shape{5}));
@@ -484,7 +516,8 @@ TEST(HybridWeights, TransferWeightsFiltersAndRenames) {
   EXPECT_EQ(relative_error(target->get_parameter("fc.weight"), fc), 0);  // kept
   EXPECT_EQ(relative_error(target->get_parameter("conv.weight"), source->get_parameter("conv.weight")), 0);
   auto renamed = small_model();
-  r = transfer_weights(*source, *renamed, {.layer_mapping = {{"bn.weight", "bn.bias"}}, .include_patterns = {"bn\\.weight"}});
+  r = transfer_weights(*source, *renamed,
+                       {.layer_mapping = {{"bn.weight", "bn.bias"}}, .include_patterns = {"bn\\.weight"}});
   EXPECT_EQ(r.loaded, std::vector<std::string>{"bn.bias"});
   EXPECT_EQ(relative_error(renamed->get_parameter("bn.bias"), source->get_parameter("bn.weight")), 0);
   EXPECT_NE(error_of([&] { transfer_weights(*source, *renamed, {.include_patterns = {"(fc"}}); }).find("'(fc'"),
@@ -506,10 +539,11 @@ TEST(HybridWeights, FromCheckpointReadsHybridTorchvisionAndLibraryNames) {
       "resnet18", {.weights = "", .patches = parse_patches(patches), .num_classes = 10, .verbose = false});
   io::Value::Items prefixed;
   for (const auto& [k, t] : trained->state_dict()) prefixed.emplace_back(io::Value("module." + k), io::Value(t));
-  io::save_pth(dir / "ckpt.pth",
-               io::Value::dict({{io::Value("state_dict"), io::Value::dict(prefixed, true)}, {io::Value("epoch"), io::Value(3)}}));
+  io::save_pth(dir / "ckpt.pth", io::Value::dict({{io::Value("state_dict"), io::Value::dict(prefixed, true)},
+                                                  {io::Value("epoch"), io::Value(3)}}));
   HybridModelPtr loaded = HybridBuilder().from_checkpoint(
-      dir / "ckpt.pth", "resnet18", {.patches = parse_patches(patches), .num_classes = 10, .strict = true, .verbose = false});
+      dir / "ckpt.pth", "resnet18",
+      {.patches = parse_patches(patches), .num_classes = 10, .strict = true, .verbose = false});
   EXPECT_EQ(relative_error(output(*loaded), output(*trained)), 0);
 
   // A plain torchvision state_dict: every tensor maps (the classifier to the new Linear).
@@ -523,9 +557,11 @@ TEST(HybridWeights, FromCheckpointReadsHybridTorchvisionAndLibraryNames) {
   EXPECT_EQ(relative_error(output(*from_tv), output(*tv)), 0);
 
   // The Python library's densenet head (Flatten, Linear: head.1) moves to tvc's head.3.
-  HybridModelPtr dense = HybridBuilder().from_torchvision("densenet121", {.weights = "", .num_classes = 4, .verbose = false});
+  HybridModelPtr dense =
+      HybridBuilder().from_torchvision("densenet121", {.weights = "", .num_classes = 4, .verbose = false});
   nn::StateDict library;
-  for (const auto& [k, t] : dense->state_dict()) library.insert(k.rfind("head.3.", 0) == 0 ? "head.1." + k.substr(7) : k, t);
+  for (const auto& [k, t] : dense->state_dict())
+    library.insert(k.rfind("head.3.", 0) == 0 ? "head.1." + k.substr(7) : k, t);
   io::save_safetensors(dir / "lib.safetensors", library);
   HybridModelPtr from_lib = HybridBuilder().from_checkpoint(dir / "lib.safetensors", "densenet121",
                                                             {.num_classes = 4, .strict = true, .verbose = false});
@@ -551,7 +587,8 @@ TEST(HybridCli, BackbonesBlocksInfoExplainAndRun) {
   run = test::run_tvc(dir, "info resnet50");
   EXPECT_EQ(run.status, 0) << run.err;
   EXPECT_NE(run.out.find("Stage Channels: [256, 512, 1024, 2048]"), std::string::npos) << run.out;
-  run = test::run_tvc(dir, "explain resnet50 --patches " + quoted(R"({"layer3": {"wrap": "se"}})") + " --num-classes 100");
+  run = test::run_tvc(dir,
+                      "explain resnet50 --patches " + quoted(R"({"layer3": {"wrap": "se"}})") + " --num-classes 100");
   EXPECT_EQ(run.status, 0) << run.err;
   EXPECT_NE(run.out.find("| Total: 23,845,092 | Trainable: 23,845,092"), std::string::npos) << run.out;
   run = test::run_tvc(dir, "explain resnet50 --patches " + quoted(R"({"layer9": {"wrap": "se"}})"));
@@ -581,17 +618,20 @@ TEST(HybridCli, BackbonesBlocksInfoExplainAndRun) {
 
 TEST(Hybrid, VerboseSaysWhatWasLoadedPatchedAndInitialised) {
   ::testing::internal::CaptureStdout();
-  HybridBuilder().from_torchvision("resnet18", {.weights = "", .patches = parse_patches(R"({"layer3": {"wrap": "se"}})"),
-                                                .num_classes = 10, .dropout = 0.2});
+  HybridBuilder().from_torchvision(
+      "resnet18",
+      {.weights = "", .patches = parse_patches(R"({"layer3": {"wrap": "se"}})"), .num_classes = 10, .dropout = 0.2});
   const std::string out = ::testing::internal::GetCapturedStdout();
   EXPECT_NE(out.find("Loaded resnet18 (random initialization)"), std::string::npos) << out;
-  EXPECT_NE(out.find("Wrapped layer3 with se: SEBlock at stages.2.1, 8464 new parameters initialised"), std::string::npos) << out;
+  EXPECT_NE(out.find("Wrapped layer3 with se: SEBlock at stages.2.1, 8464 new parameters initialised"),
+            std::string::npos)
+      << out;
   EXPECT_NE(out.find("Head: Dropout(p=0.2), Linear(512, 10) at head.3, initialised"), std::string::npos) << out;
 }
 
 TEST(Hybrid, CloneIsADeepCopyAndViTChecksTheInputSize) {
-  HybridModelPtr vit = HybridBuilder().from_torchvision("vit_b_32", {.weights = "", .num_classes = 4, .verbose = false,
-                                                                     .image_size = 64});
+  HybridModelPtr vit = HybridBuilder().from_torchvision(
+      "vit_b_32", {.weights = "", .num_classes = 4, .verbose = false, .image_size = 64});
   auto copy = std::dynamic_pointer_cast<HybridModel>(vit->clone());
   ASSERT_NE(copy, nullptr);
   EXPECT_EQ(copy->backbone_name(), "vit_b_32");

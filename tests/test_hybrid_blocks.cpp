@@ -68,7 +68,8 @@ std::vector<Case> cases() {
   for (const auto& c : j) {
     Case k{.id = c["id"], .block = c["block"], .train = c["train"]};
     for (const auto& [name, value] : c["params"].items()) k.params[name] = param_from_json(value);
-    k.channels = {.in_channels = c["in_channels"].get<int64_t>(), .out_channels = c["out_channels"].get<int64_t>(),
+    k.channels = {.in_channels = c["in_channels"].get<int64_t>(),
+                  .out_channels = c["out_channels"].get<int64_t>(),
                   .layout = layout_from(c["layout"])};
     out.push_back(std::move(k));
   }
@@ -151,9 +152,9 @@ TEST(HybridBlockGoldens, Float64OutputAndGradients) {
       EXPECT_LE(gradient_error(p.grad(), g.at("grad." + name)), 1e-10) << name;
       ++grads;
     }
-    EXPECT_EQ(grads + 2, static_cast<size_t>(std::count_if(g.begin(), g.end(), [](const auto& item) {
-                return item.first.rfind("grad.", 0) == 0;
-              }))) << "a parameter torch has a gradient for is missing";
+    EXPECT_EQ(grads + 2, static_cast<size_t>(std::count_if(
+                             g.begin(), g.end(), [](const auto& item) { return item.first.rfind("grad.", 0) == 0; })))
+        << "a parameter torch has a gradient for is missing";
   }
 }
 
@@ -248,23 +249,39 @@ TEST(HybridRegistry, UnknownNameListsTheCanonicalNames) {
 
 TEST(HybridRegistry, ParameterErrors) {
   InferredChannels c16{.in_channels = 16, .out_channels = 16};
-  EXPECT_THAT(error_of([&] { make_block("se", {{"reductio", int64_t{8}}}, c16); }),
+  EXPECT_THAT(error_of([&] {
+                make_block("se", {{"reductio", int64_t{8}}}, c16);
+              }),
               HasSubstr("block 'se' (SEBlock) has no parameter 'reductio'; it accepts: channels, reduction, "
                         "activation"));
-  EXPECT_THAT(error_of([&] { make_block("mish", {{"inplace", true}}, c16); }),
+  EXPECT_THAT(error_of([&] {
+                make_block("mish", {{"inplace", true}}, c16);
+              }),
               HasSubstr("block 'mish' (Mish) has no parameter 'inplace'; it accepts: none"));
-  EXPECT_THAT(error_of([&] { make_block("se", {{"reduction", std::string("8")}}, c16); }),
+  EXPECT_THAT(error_of([&] {
+                make_block("se", {{"reduction", std::string("8")}}, c16);
+              }),
               HasSubstr("block 'se' (SEBlock): parameter 'reduction' must be an int, got the string \"8\""));
-  EXPECT_THAT(error_of([&] { make_block("se", {{"reduction", 2.5}}, c16); }),
+  EXPECT_THAT(error_of([&] {
+                make_block("se", {{"reduction", 2.5}}, c16);
+              }),
               HasSubstr("parameter 'reduction' must be an int, got the number 2.5"));
-  EXPECT_THAT(error_of([&] { make_block("gem", {{"learnable", int64_t{1}}}, c16); }),
+  EXPECT_THAT(error_of([&] {
+                make_block("gem", {{"learnable", int64_t{1}}}, c16);
+              }),
               HasSubstr("parameter 'learnable' must be a bool, got the int 1"));
-  EXPECT_THAT(error_of([&] { make_block("se", {{"activation", std::string("swsh")}}, c16); }),
+  EXPECT_THAT(error_of([&] {
+                make_block("se", {{"activation", std::string("swsh")}}, c16);
+              }),
               HasSubstr("parameter 'activation' must be one of relu, leaky_relu, prelu, gelu, silu, sigmoid, tanh, "
                         "elu, selu; got \"swsh\""));
-  EXPECT_THAT(error_of([&] { make_block("se", {{"channels", int64_t{0}}}, c16); }),
+  EXPECT_THAT(error_of([&] {
+                make_block("se", {{"channels", int64_t{0}}}, c16);
+              }),
               HasSubstr("parameter 'channels' must be a positive channel count, got 0"));
-  EXPECT_THAT(error_of([&] { make_block("inception", {{"out_3x3", int64_t{4}}, {"out_5x5", int64_t{2}}}, c16); }),
+  EXPECT_THAT(error_of([&] {
+                make_block("inception", {{"out_3x3", int64_t{4}}, {"out_5x5", int64_t{2}}}, c16);
+              }),
               HasSubstr("block 'inception' (InceptionModule): parameter 'out_1x1' (an int) is required"));
   EXPECT_THAT(error_of([&] { make_block("mha", {{"batch_first", false}}, c16); }), HasSubstr("batch_first=false"));
   // An int given for a number converts.
@@ -313,7 +330,9 @@ TEST(HybridRegistry, LayoutsAreChecked) {
   EXPECT_EQ(std::string(layout_name(Layout::NHWC)), "(N, H, W, C)");
   // A map block given a tensor of the wrong rank says what it expected.
   auto se = make_block("se", {}, {.out_channels = 16, .layout = Layout::NHWC});
-  EXPECT_THAT(error_of([&] { (*se)(randn({2, 16})); }),
+  EXPECT_THAT(error_of([&] {
+                (*se)(randn({2, 16}));
+              }),
               HasSubstr("SEBlock: expected a feature map (N, H, W, C), got shape [2, 16]"));
 }
 
@@ -324,8 +343,8 @@ TEST(HybridRegistry, UserBlockTypes) {
                  .category = "other",
                  .class_name = "LayerScale",
                  .description = "a user block",
-                 .params = {{.name = "dim", .kind = ParamKind::Channels}, {.name = "init", .kind = ParamKind::Float,
-                                                                            .default_value = 0.5}},
+                 .params = {{.name = "dim", .kind = ParamKind::Channels},
+                            {.name = "init", .kind = ParamKind::Float, .default_value = 0.5}},
                  .layouts = {Layout::Tokens},
                  .make = [&made](const BlockArgs& a) -> nn::ModulePtr {
                    ++made;
@@ -391,11 +410,12 @@ TEST(HybridBlocks, LayerScaleScalesTheChannelDimOfItsLayout) {
 TEST(HybridBlocks, ForwardGoesThroughRegisteredChildren) {
   auto se = make_block("se", {{"reduction", int64_t{4}}}, {.out_channels = 8});
   int calls = 0;
-  se->get_submodule("excitation.1")->register_forward_hook(
-      [&](nn::Module&, const nn::TensorList&, const nn::TensorList&) -> std::optional<nn::TensorList> {
-        ++calls;
-        return std::nullopt;
-      });
+  se->get_submodule("excitation.1")
+      ->register_forward_hook(
+          [&](nn::Module&, const nn::TensorList&, const nn::TensorList&) -> std::optional<nn::TensorList> {
+            ++calls;
+            return std::nullopt;
+          });
   Tensor x = randn({2, 8, 3, 3});
   (*se)(x);
   EXPECT_EQ(calls, 1);

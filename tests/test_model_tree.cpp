@@ -40,7 +40,8 @@ std::map<std::string, int> as_called_by_tvc(std::map<std::string, int> counts) {
 // The first activation module in named_modules order.
 std::string first_activation(nn::Module& model) {
   for (const auto& [path, m] : model.named_modules())
-    if (dynamic_cast<nn::Activation*>(m.get()) || dynamic_cast<nn::GELU*>(m.get()) || dynamic_cast<nn::Sigmoid*>(m.get()))
+    if (dynamic_cast<nn::Activation*>(m.get()) || dynamic_cast<nn::GELU*>(m.get()) ||
+        dynamic_cast<nn::Sigmoid*>(m.get()))
       return path;
   return "";
 }
@@ -51,11 +52,11 @@ std::map<std::string, int> hook_counts(nn::Module& model, const Tensor& x) {
   std::vector<std::pair<nn::ModulePtr, nn::RemovableHandle>> handles;
   for (const auto& [path, m] : model.named_modules()) {
     counts[path] = 0;
-    handles.emplace_back(m, m->register_forward_hook([&counts, p = path](nn::Module&, const nn::TensorList&,
-                                                                         const nn::TensorList&) {
-      ++counts[p];
-      return std::optional<nn::TensorList>();
-    }));
+    handles.emplace_back(
+        m, m->register_forward_hook([&counts, p = path](nn::Module&, const nn::TensorList&, const nn::TensorList&) {
+          ++counts[p];
+          return std::optional<nn::TensorList>();
+        }));
   }
   NoGradGuard no_grad;
   model(x);
@@ -93,8 +94,8 @@ void check_tree(const std::string& name) {
   auto identity = std::make_shared<nn::Identity>();
   auto wrapper_relu = std::make_shared<nn::ReLU>();
   model->set_submodule(activation, identity);
-  model->set_submodule(stage, std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
-                                  model->get_submodule(stage), wrapper_relu}));
+  model->set_submodule(stage, std::make_shared<nn::Sequential>(
+                                  std::initializer_list<nn::ModulePtr>{model->get_submodule(stage), wrapper_relu}));
   int replaced_calls = 0;
   for (nn::Module* m : {static_cast<nn::Module*>(identity.get()), static_cast<nn::Module*>(wrapper_relu.get())})
     m->register_forward_hook([&](nn::Module&, const nn::TensorList&, const nn::TensorList&) {
@@ -113,10 +114,13 @@ void check_tree(const std::string& name) {
 import json, torchvision
 from safetensors.torch import load_file
 torch.set_num_threads(2)
-model = torchvision.models.__dict__[")" + name + R"("](num_classes=10)
-model.load_state_dict(torch.load(")" + (dir / "weights.pth") + R"("))
+model = torchvision.models.__dict__[")" + name +
+                                             R"("](num_classes=10)
+model.load_state_dict(torch.load(")" + (dir / "weights.pth") +
+                                             R"("))
 model.eval()
-x = load_file(")" + (dir / "input.safetensors") + R"(")["x"]
+x = load_file(")" + (dir / "input.safetensors") +
+                                             R"(")["x"]
 counts = {path: 0 for path, _ in model.named_modules()}
 def counter(path):
     def hook(module, args, output):
@@ -131,7 +135,8 @@ def replace(path, module):
     parent, _, leaf = path.rpartition(".")
     setattr(model.get_submodule(parent), leaf, module)
 replace(")" + activation + R"(", torch.nn.Identity())
-replace(")" + stage + R"(", torch.nn.Sequential(model.get_submodule(")" + stage + R"("), torch.nn.ReLU()))
+replace(")" + stage + R"(", torch.nn.Sequential(model.get_submodule(")" +
+                                             stage + R"("), torch.nn.ReLU()))
 with torch.no_grad():
     y = model(x)
 print(json.dumps({"counts": counts, "changed": y.flatten().tolist()}))
@@ -140,13 +145,15 @@ print(json.dumps({"counts": counts, "changed": y.flatten().tolist()}))
   nlohmann::json torch = nlohmann::json::parse(out);
   EXPECT_EQ(counts, as_called_by_tvc(torch["counts"].get<std::map<std::string, int>>()));
   Tensor want = tensor(torch["changed"].get<std::vector<double>>()).to(DType::Float32);
-  EXPECT_LE(test::relative_error(changed.flatten(), want), 1e-4) << activation << " -> Identity, " << stage << " wrapped";
+  EXPECT_LE(test::relative_error(changed.flatten(), want), 1e-4)
+      << activation << " -> Identity, " << stage << " wrapped";
 }
 
 // One model per family in CI ...
 TEST(ModelTree, HooksAndReplacementsAsTorchvision) {
-  for (const char* name : {"resnet18", "resnext50_32x4d", "vgg11_bn", "densenet121", "mobilenet_v2", "mobilenet_v3_small",
-                           "efficientnet_b0", "efficientnet_v2_s", "convnext_tiny", "swin_t", "vit_b_32"})
+  for (const char* name :
+       {"resnet18", "resnext50_32x4d", "vgg11_bn", "densenet121", "mobilenet_v2", "mobilenet_v3_small",
+        "efficientnet_b0", "efficientnet_v2_s", "convnext_tiny", "swin_t", "vit_b_32"})
     check_tree(name);
 }
 

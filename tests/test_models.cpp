@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <optional>
+#include <regex>
 #include <tuple>
 
 #include "compare.h"
@@ -18,10 +21,6 @@
 #include "tvc/nn/layers.h"
 #include "tvc/ops.h"
 #include "tvc/serialize.h"
-
-#include <cstdlib>
-#include <filesystem>
-#include <regex>
 
 namespace tvc {
 namespace {
@@ -161,8 +160,8 @@ TEST(ModelCli, RunMatchesTorchvision) {
   io::save_safetensors(dir / "train.safetensors", {{"input", goldens.tensor("train.input")}});
   std::string common = "run resnet18 --num-classes 10 --weights " + golden + "/weights.pth ";
 
-  test::TvcRun eval = test::run_tvc(dir, common + "--input " + (dir / "eval.safetensors") + " --output " +
-                                             (dir / "out.safetensors") + " --features");
+  test::TvcRun eval = test::run_tvc(
+      dir, common + "--input " + (dir / "eval.safetensors") + " --output " + (dir / "out.safetensors") + " --features");
   ASSERT_EQ(eval.status, 0) << eval.err;
   EXPECT_THAT(eval.out, HasSubstr("output [1, 10] and 5 stage tensors"));
   io::SafetensorsFile out = io::SafetensorsFile::open(dir / "out.safetensors");
@@ -234,13 +233,27 @@ print(json.dumps(out))
 // Creating the big models takes seconds each (initialising up to 144M parameters), so CI checks
 // each family with both class counts ...
 TEST(ModelZoo, StateDictsAreTorchvisions) {
-  expect_torchvision_state_dicts({{"resnet18", 10},        {"resnet50", 1000},        {"resnext50_32x4d", 1000},
-                                  {"wide_resnet50_2", 1000}, {"vgg11", 1000},         {"vgg11_bn", 10},
-                                  {"densenet121", 1000},     {"densenet121", 10},     {"densenet161", 1000},
-                                  {"mobilenet_v2", 1000},    {"mobilenet_v2", 10},    {"mobilenet_v3_small", 1000},
-                                  {"mobilenet_v3_large", 10}, {"efficientnet_b0", 1000}, {"efficientnet_b3", 10},
-                                  {"efficientnet_v2_s", 1000}, {"convnext_tiny", 1000}, {"convnext_tiny", 10},
-                                  {"vit_b_16", 1000},        {"vit_b_32", 10},          {"swin_t", 1000},
+  expect_torchvision_state_dicts({{"resnet18", 10},
+                                  {"resnet50", 1000},
+                                  {"resnext50_32x4d", 1000},
+                                  {"wide_resnet50_2", 1000},
+                                  {"vgg11", 1000},
+                                  {"vgg11_bn", 10},
+                                  {"densenet121", 1000},
+                                  {"densenet121", 10},
+                                  {"densenet161", 1000},
+                                  {"mobilenet_v2", 1000},
+                                  {"mobilenet_v2", 10},
+                                  {"mobilenet_v3_small", 1000},
+                                  {"mobilenet_v3_large", 10},
+                                  {"efficientnet_b0", 1000},
+                                  {"efficientnet_b3", 10},
+                                  {"efficientnet_v2_s", 1000},
+                                  {"convnext_tiny", 1000},
+                                  {"convnext_tiny", 10},
+                                  {"vit_b_16", 1000},
+                                  {"vit_b_32", 10},
+                                  {"swin_t", 1000},
                                   {"swin_t", 10}});
 }
 // ... and this every model with both.
@@ -267,10 +280,10 @@ enum class ConvInit {
   uniform_in  // Conv2d's own U(-1/sqrt(fan_in), 1/sqrt(fan_in)), bias too (Swin)
 };
 enum class LinearInit {
-  normal_001,      // N(0, 0.01^2), bias 0
-  uniform_in,      // Linear's own U(-1/sqrt(in), 1/sqrt(in))
-  uniform_out,     // U(-1/sqrt(out), 1/sqrt(out)), bias 0 (EfficientNet)
-  trunc_normal_002 // trunc_normal(std 0.02), bias 0 (ConvNeXt)
+  normal_001,       // N(0, 0.01^2), bias 0
+  uniform_in,       // Linear's own U(-1/sqrt(in), 1/sqrt(in))
+  uniform_out,      // U(-1/sqrt(out), 1/sqrt(out)), bias 0 (EfficientNet)
+  trunc_normal_002  // trunc_normal(std 0.02), bias 0 (ConvNeXt)
 };
 struct InitRules {
   ConvInit conv;  // kaiming: N(0, 2 / fan) with fan = fan_out or fan_in; bias 0 but for uniform_in
@@ -287,7 +300,8 @@ void expect_torchvision_init(const std::string& name, InitRules rules) {
   for (const auto& [path, m] : model->named_modules()) {
     SCOPED_TRACE(name + " " + path);
     if (auto* conv = dynamic_cast<nn::Conv2d*>(m.get())) {
-      int64_t channels = rules.conv == ConvInit::kaiming_fan_out ? conv->out_channels : conv->in_channels / conv->groups;
+      int64_t channels =
+          rules.conv == ConvInit::kaiming_fan_out ? conv->out_channels : conv->in_channels / conv->groups;
       double fan = static_cast<double>(channels * conv->kernel_size[0] * conv->kernel_size[1]);
       // trunc_normal(0, 0.02) on [-2, 2] is N(0, 0.02^2) to 1e-300.
       double want = rules.conv == ConvInit::trunc_normal_002 ? 0.02
@@ -380,11 +394,12 @@ TEST(ModelConformanceFull, DenseNet) {
 }
 
 const std::vector<std::string> kDenseNetNodes = {"features.relu0", "features.denseblock1", "features.denseblock2",
-                                                  "features.denseblock3", "features.norm5"};
+                                                 "features.denseblock3", "features.norm5"};
 
 TEST(ModelStages, VggAndDenseNet) {
   test::check_stages("vgg16", {"features.3", "features.8", "features.15", "features.22", "features.29", "features.30"});
-  test::check_stages("vgg11_bn", {"features.2", "features.6", "features.13", "features.20", "features.27", "features.28"});
+  test::check_stages("vgg11_bn",
+                     {"features.2", "features.6", "features.13", "features.20", "features.27", "features.28"});
   test::check_stages("densenet121", kDenseNetNodes);
 }
 
@@ -414,20 +429,26 @@ TEST(ModelStagesFull, AllOtherModels) {
                               512, 512, 512, 512, 0,   512, 512, 512, 512, 0};
   EXPECT_EQ(vgg_nodes(d, false), (std::vector<std::string>{"features.3", "features.8", "features.15", "features.22",
                                                            "features.29", "features.30"}));
-  for (const auto& [name, config, bn] : {std::tuple{"vgg11", a, false}, {"vgg13", b, false}, {"vgg19", e, false},
-                                         {"vgg13_bn", b, true}, {"vgg16_bn", d, true}, {"vgg19_bn", e, true}})
+  for (const auto& [name, config, bn] : {std::tuple{"vgg11", a, false},
+                                         {"vgg13", b, false},
+                                         {"vgg19", e, false},
+                                         {"vgg13_bn", b, true},
+                                         {"vgg16_bn", d, true},
+                                         {"vgg19_bn", e, true}})
     test::check_stages(name, vgg_nodes(config, bn));
   for (const char* name : {"densenet161", "densenet169", "densenet201"}) test::check_stages(name, kDenseNetNodes);
 }
 
-// ---------------------------------------------------------------- EfficientNet and ConvNeXt (efficientnet.cpp, convnext.cpp)
+// ---------------------------------------------------------------- EfficientNet and ConvNeXt (efficientnet.cpp,
+// convnext.cpp)
 
 TEST(ModelConformance, EfficientnetB0) { test::check_model({.model = "efficientnet_b0"}); }
 TEST(ModelConformance, EfficientnetV2S) { test::check_model({.model = "efficientnet_v2_s"}); }
 TEST(ModelConformance, ConvnextTiny) { test::check_model({.model = "convnext_tiny"}); }
 TEST(ModelConformanceFull, EfficientNet) {
-  for (const char* name : {"efficientnet_b1", "efficientnet_b2", "efficientnet_b3", "efficientnet_b4", "efficientnet_b5",
-                           "efficientnet_b6", "efficientnet_b7", "efficientnet_v2_m", "efficientnet_v2_l"})
+  for (const char* name :
+       {"efficientnet_b1", "efficientnet_b2", "efficientnet_b3", "efficientnet_b4", "efficientnet_b5",
+        "efficientnet_b6", "efficientnet_b7", "efficientnet_v2_m", "efficientnet_v2_l"})
     test::check_model({.model = name});
 }
 TEST(ModelConformanceFull, ConvNeXt) {
@@ -443,19 +464,20 @@ TEST(ModelStages, EfficientNetAndConvNeXt) {
   test::check_stages("convnext_tiny", kConvNeXtNodes);
 }
 TEST(ModelStagesFull, EfficientNetAndConvNeXt) {
-  for (const char* name : {"efficientnet_b1", "efficientnet_b2", "efficientnet_b3", "efficientnet_b4", "efficientnet_b5",
-                           "efficientnet_b6", "efficientnet_b7"})
+  for (const char* name : {"efficientnet_b1", "efficientnet_b2", "efficientnet_b3", "efficientnet_b4",
+                           "efficientnet_b5", "efficientnet_b6", "efficientnet_b7"})
     test::check_stages(name, {"features.1", "features.2", "features.3", "features.5", "features.8"});
   test::check_stages("efficientnet_v2_m", {"features.1", "features.2", "features.3", "features.5", "features.8"});
   test::check_stages("efficientnet_v2_l", {"features.1", "features.2", "features.3", "features.5", "features.8"});
-  for (const char* name : {"convnext_small", "convnext_base", "convnext_large"}) test::check_stages(name, kConvNeXtNodes);
+  for (const char* name : {"convnext_small", "convnext_base", "convnext_large"})
+    test::check_stages(name, kConvNeXtNodes);
 }
 
 // Each model's stochastic-depth rates (torchvision's StochasticDepth modules, in order) and
 // classifier dropout against torchvision's.
 TEST(ModelZoo, StochasticDepthRatesAndDropoutAreTorchvisions) {
-  const std::vector<std::string> names = {"efficientnet_b0", "efficientnet_b4", "efficientnet_v2_s", "convnext_tiny",
-                                          "convnext_small",  "swin_t",          "swin_b"};
+  const std::vector<std::string> names = {
+      "efficientnet_b0", "efficientnet_b4", "efficientnet_v2_s", "convnext_tiny", "convnext_small", "swin_t", "swin_b"};
   std::string joined;
   for (const auto& n : names) joined += n + " ";
   nlohmann::json want = test::torch_json(kTorchInitOff + R"(
@@ -564,8 +586,8 @@ TEST(ModelConformanceFull, Vit) {
 // (1, 26, D) as torchvision's interpolate_embeddings makes it, on load (load_state_dict, or
 // create with Options::weights).
 TEST(ModelConformance, VitB32At160WithWeightsFor224) {
-  test::ModelCheck check{.model = "vit_b_32", .eval_shapes = "2x160", .grad_size = 0, .image_size = 160,
-                         .weights_image_size = 224};
+  test::ModelCheck check{
+      .model = "vit_b_32", .eval_shapes = "2x160", .grad_size = 0, .image_size = 160, .weights_image_size = 224};
   test::check_model(check);
   std::string golden = test::golden_folder(check);
   ASSERT_FALSE(golden.empty());
@@ -600,7 +622,9 @@ TEST(Vit, ImageSizeAndDropoutOptions) {
   EXPECT_EQ(model->state_dict().at("encoder.pos_embedding").shape(), (Shape{1, 10, 768}));
   EXPECT_EQ(dropout_probabilities(model), std::vector<double>(1 + 12 * 3, 0.1));
   EXPECT_EQ(model->forward(zeros({1, 3, 96, 96})).shape(), (Shape{1, 10}));
-  EXPECT_THAT(test::error_of([&] { model->forward(zeros({1, 3, 224, 224})); }),
+  EXPECT_THAT(test::error_of([&] {
+                model->forward(zeros({1, 3, 224, 224}));
+              }),
               HasSubstr("vit_b_32 is built for 96x96 images (Options::image_size), got 224x224"));
   EXPECT_EQ(dropout_probabilities(models::create("vit_b_32")), std::vector<double>(1 + 12 * 3, 0.0));
 }
@@ -617,7 +641,8 @@ TEST(Vit, ImageSizeFollowsTheWeightsTag) {
   EXPECT_EQ(tag.preprocessing.crop_size, 384);
   manual_seed(14);
   models::BackbonePtr source = models::create("vit_b_16", {.image_size = 384});
-  io::save_safetensors(dir / (std::filesystem::path(tag.file_name).stem().string() + ".safetensors"), source->state_dict());
+  io::save_safetensors(dir / (std::filesystem::path(tag.file_name).stem().string() + ".safetensors"),
+                       source->state_dict());
   models::BackbonePtr loaded = models::create("vit_b_16", {.weights = "IMAGENET1K_SWAG_E2E_V1"});
   EXPECT_EQ(loaded->get_parameter("encoder.pos_embedding").shape(), (Shape{1, 577, 768}));
   EXPECT_TRUE(same_state(*loaded, *source));
@@ -636,8 +661,9 @@ TEST(Vit, InitialisationIsTorchvisions) {
   EXPECT_NEAR(rms(sd.at("encoder.layers.encoder_layer_3.mlp.0.weight")) / std::sqrt(2.0 / (768 + 3072)), 1, 0.02);
   EXPECT_LT(max_abs(sd.at("encoder.layers.encoder_layer_3.mlp.3.bias")), 1e-5);
   EXPECT_GT(max_abs(sd.at("encoder.layers.encoder_layer_3.mlp.3.bias")), 0);
-  EXPECT_NEAR(rms(sd.at("encoder.layers.encoder_layer_0.self_attention.in_proj_weight")) /
-                  std::sqrt(2.0 / (768 + 3 * 768)), 1, 0.02);
+  EXPECT_NEAR(
+      rms(sd.at("encoder.layers.encoder_layer_0.self_attention.in_proj_weight")) / std::sqrt(2.0 / (768 + 3 * 768)), 1,
+      0.02);
   EXPECT_EQ(max_abs(sd.at("encoder.layers.encoder_layer_0.self_attention.in_proj_bias")), 0);
   EXPECT_EQ(max_abs(sd.at("encoder.layers.encoder_layer_0.self_attention.out_proj.bias")), 0);
   EXPECT_EQ(max_abs(sd.at("encoder.ln.weight") - 1), 0);
@@ -654,9 +680,9 @@ TEST(Vit, LoadsOldMlpKeyNames) {
   std::regex mlp_key(R"((.*\.mlp\.)([03])\.(weight|bias))");
   for (const auto& [key, t] : source->state_dict()) {
     std::smatch m;
-    old.insert(std::regex_match(key, m, mlp_key) ? m[1].str() + (m[2] == "0" ? "linear_1." : "linear_2.") + m[3].str()
-                                                 : key,
-               t);
+    old.insert(
+        std::regex_match(key, m, mlp_key) ? m[1].str() + (m[2] == "0" ? "linear_1." : "linear_2.") + m[3].str() : key,
+        t);
   }
   ASSERT_TRUE(old.contains("encoder.layers.encoder_layer_11.mlp.linear_2.bias"));
   manual_seed(14);

@@ -75,8 +75,7 @@ TEST(Module, RegistrationAndNaming) {
   EXPECT_EQ(names_of(c.named_parameters()), (std::vector<std::string>{"scale", "extra"}));
   EXPECT_NE(error_of([&] { c.register_buffer("scale", ones({1})); }).find("attribute 'scale' already exists"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { c.register_parameter("a.b", ones({1})); }).find("can't contain \".\""),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { c.register_parameter("a.b", ones({1})); }).find("can't contain \".\""), std::string::npos);
   EXPECT_NE(error_of([&] { c.register_module("", make_shared<Identity>()); }).find("can't be empty"),
             std::string::npos);
   Tensor non_leaf = ones({2}).requires_grad_() * 2.0;
@@ -93,11 +92,10 @@ TEST(Module, RegistrationAndNaming) {
 TEST(Module, NamedMembersWithSharing) {
   auto l = make_shared<Linear>(2, 3);
   auto seq = make_shared<Sequential>(std::initializer_list<ModulePtr>{l, l, make_shared<BatchNorm1d>(3)});
-  EXPECT_EQ(names_of(seq->named_parameters()),
-            (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
+  EXPECT_EQ(names_of(seq->named_parameters()), (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
   EXPECT_EQ(names_of(seq->named_parameters("net", true, false)),
-            (std::vector<std::string>{"net.0.weight", "net.0.bias", "net.1.weight", "net.1.bias",
-                                      "net.2.weight", "net.2.bias"}));
+            (std::vector<std::string>{"net.0.weight", "net.0.bias", "net.1.weight", "net.1.bias", "net.2.weight",
+                                      "net.2.bias"}));
   EXPECT_TRUE(seq->named_parameters("", false).empty());
   EXPECT_EQ(names_of(seq->named_buffers("m")),
             (std::vector<std::string>{"m.2.running_mean", "m.2.running_var", "m.2.num_batches_tracked"}));
@@ -131,8 +129,9 @@ TEST(Module, Paths) {
             std::string::npos);
   root->set_submodule("block.extra", make_shared<ReLU>());
   EXPECT_EQ(inner->size(), 2u);
-  EXPECT_EQ(root->repr(), "Module(\n  (block): Sequential(\n    (0): Identity()\n    (extra): ReLU()\n  )\n"
-                          "  (none): None\n)");
+  EXPECT_EQ(root->repr(),
+            "Module(\n  (block): Sequential(\n    (0): Identity()\n    (extra): ReLU()\n  )\n"
+            "  (none): None\n)");
 }
 
 TEST(Module, Containers) {
@@ -163,23 +162,24 @@ TEST(Module, Containers) {
 
 ModulePtr nested_model() {
   auto seq = make_shared<Sequential>(std::initializer_list<ModulePtr>{
-      make_shared<Conv2d>(3, 8, 3, ConvOptions{.stride = 2, .padding = 1, .bias = false}),
-      make_shared<BatchNorm2d>(8),
+      make_shared<Conv2d>(3, 8, 3, ConvOptions{.stride = 2, .padding = 1, .bias = false}), make_shared<BatchNorm2d>(8),
       make_shared<ReLU>(true),
       make_shared<Sequential>(std::initializer_list<ModulePtr>{
-          make_shared<Conv2d>(8, 8, Sizes{3, 1}, ConvOptions{.padding = "same", .dilation = 2, .groups = 4,
-                                                             .padding_mode = PaddingMode::Reflect}),
+          make_shared<Conv2d>(
+              8, 8, Sizes{3, 1},
+              ConvOptions{.padding = "same", .dilation = 2, .groups = 4, .padding_mode = PaddingMode::Reflect}),
           make_shared<MaxPool2d>(2), make_shared<AvgPool2d>(3, AvgPool2dOptions{.stride = 1, .padding = 1}),
           make_shared<AdaptiveAvgPool2d>(Sizes{1, 1}), make_shared<Flatten>(), make_shared<Linear>(8, 4),
           make_shared<Dropout>(0.25)}),
       make_shared<ModuleDict>(std::vector<std::pair<std::string, ModulePtr>>{
-          {"norm", make_shared<LayerNorm>(4, 1e-6)}, {"act", make_shared<GELU>(GeluApproximate::Tanh)},
+          {"norm", make_shared<LayerNorm>(4, 1e-6)},
+          {"act", make_shared<GELU>(GeluApproximate::Tanh)},
           {"bn", make_shared<BatchNorm1d>(4, BatchNormOptions{.eps = 1e-3, .momentum = std::nullopt})}}),
       make_shared<ModuleList>(std::initializer_list<ModulePtr>{
-          make_shared<GroupNorm>(2, 4), make_shared<Identity>(), make_shared<Conv1d>(2, 3, 3, ConvOptions{.bias = false}),
-          make_shared<LeakyReLU>(0.2), make_shared<SiLU>(), make_shared<Hardswish>(), make_shared<Hardsigmoid>(),
-          make_shared<ReLU6>(), make_shared<Sigmoid>(), make_shared<Tanh>(), make_shared<Softplus>(),
-          make_shared<Mish>(), make_shared<AdaptiveMaxPool2d>(7),
+          make_shared<GroupNorm>(2, 4), make_shared<Identity>(),
+          make_shared<Conv1d>(2, 3, 3, ConvOptions{.bias = false}), make_shared<LeakyReLU>(0.2), make_shared<SiLU>(),
+          make_shared<Hardswish>(), make_shared<Hardsigmoid>(), make_shared<ReLU6>(), make_shared<Sigmoid>(),
+          make_shared<Tanh>(), make_shared<Softplus>(), make_shared<Mish>(), make_shared<AdaptiveMaxPool2d>(7),
           make_shared<BatchNorm2d>(3, BatchNormOptions{.affine = false, .track_running_stats = false})})});
   return seq;
 }
@@ -216,7 +216,8 @@ TEST(Module, StateDictKeysAndReprMatchPyTorch) {
   EXPECT_EQ(sd.keys(), j["keys"].get<std::vector<std::string>>());
   std::vector<Shape> shapes;
   std::vector<std::string> dtypes;
-  for (const auto& [k, t] : sd) shapes.push_back(t.shape()), dtypes.push_back(std::string("torch.") + dtype_name(t.dtype()));
+  for (const auto& [k, t] : sd)
+    shapes.push_back(t.shape()), dtypes.push_back(std::string("torch.") + dtype_name(t.dtype()));
   EXPECT_EQ(shapes, j["shapes"].get<std::vector<Shape>>());
   EXPECT_EQ(dtypes, j["dtypes"].get<std::vector<std::string>>());
   EXPECT_EQ(names_of(m->named_parameters()), j["params"].get<std::vector<std::string>>());
@@ -259,7 +260,8 @@ TEST(Module, BatchNormLoadsStatesWithoutNumBatchesTracked) {
 
 TEST(Module, LoadStateDictStrictNonStrictAssign) {
   auto make = [] {
-    return make_shared<Sequential>(std::initializer_list<ModulePtr>{make_shared<Linear>(2, 3), make_shared<BatchNorm1d>(3)});
+    return make_shared<Sequential>(
+        std::initializer_list<ModulePtr>{make_shared<Linear>(2, 3), make_shared<BatchNorm1d>(3)});
   };
   auto src = make(), dst = make();
   StateDict before = dst->state_dict();
@@ -357,11 +359,13 @@ TEST(Module, ForwardHooks) {
 
   // always_call hooks run when forward throws.
   bool ran = false;
-  lin->register_forward_hook([&](Module&, const TensorList&, const TensorList& out) -> std::optional<TensorList> {
-    ran = true;
-    EXPECT_TRUE(out.empty());
-    return std::nullopt;
-  }, false, true);
+  lin->register_forward_hook(
+      [&](Module&, const TensorList&, const TensorList& out) -> std::optional<TensorList> {
+        ran = true;
+        EXPECT_TRUE(out.empty());
+        return std::nullopt;
+      },
+      false, true);
   EXPECT_THROW((*lin)(randn_of({4, 5}, 3)), Error);
   EXPECT_TRUE(ran);
 }
@@ -391,12 +395,13 @@ TEST(Module, FullBackwardHooks) {
   // No input needs a gradient: the hook fires with grad_input = (None,).
   auto lin2 = make_shared<Linear>(3, 2);
   int calls = 0;
-  lin2->register_full_backward_hook([&](Module&, const TensorList& gin, const TensorList& gout) -> std::optional<TensorList> {
-    ++calls;
-    EXPECT_FALSE(gin[0].defined());
-    EXPECT_TRUE(gout[0].defined());
-    return std::nullopt;
-  });
+  lin2->register_full_backward_hook(
+      [&](Module&, const TensorList& gin, const TensorList& gout) -> std::optional<TensorList> {
+        ++calls;
+        EXPECT_FALSE(gin[0].defined());
+        EXPECT_TRUE(gout[0].defined());
+        return std::nullopt;
+      });
   (*lin2)(x.detach()).sum().backward();
   EXPECT_EQ(calls, 1);
 }
@@ -407,9 +412,8 @@ TEST(Module, StateDictAndLoadHooks) {
   root->register_module("fc", lin);
   std::vector<std::string> prefixes;
   lin->register_state_dict_pre_hook([&](Module&, const std::string& prefix, bool) { prefixes.push_back(prefix); });
-  lin->register_state_dict_post_hook([](Module&, StateDict& sd, const std::string& prefix) {
-    sd.insert(prefix + "note", ones({1}));
-  });
+  lin->register_state_dict_post_hook(
+      [](Module&, StateDict& sd, const std::string& prefix) { sd.insert(prefix + "note", ones({1})); });
   StateDict sd = root->state_dict();
   EXPECT_EQ(prefixes, (std::vector<std::string>{"fc."}));
   EXPECT_EQ(sd.keys(), (std::vector<std::string>{"fc.weight", "fc.bias", "fc.note"}));
@@ -455,7 +459,8 @@ TEST(Module, TrainEvalRequiresGradZeroGradApply) {
 }
 
 TEST(Module, ToDtypeKeepsIdentity) {
-  auto seq = make_shared<Sequential>(std::initializer_list<ModulePtr>{make_shared<Conv2d>(2, 3, 3), make_shared<BatchNorm2d>(3)});
+  auto seq = make_shared<Sequential>(
+      std::initializer_list<ModulePtr>{make_shared<Conv2d>(2, 3, 3), make_shared<BatchNorm2d>(3)});
   Tensor w = seq->get_parameter("0.weight");
   TensorImpl* impl = w.impl();
   std::vector<double> values = w.to_vector();
@@ -485,8 +490,8 @@ TEST(Module, ToDtypeKeepsIdentity) {
 
 TEST(Module, CloneIsDeep) {
   auto shared_lin = make_shared<Linear>(3, 3);
-  auto seq = make_shared<Sequential>(std::initializer_list<ModulePtr>{shared_lin, make_shared<ReLU>(), shared_lin,
-                                                                     make_shared<BatchNorm1d>(3)});
+  auto seq = make_shared<Sequential>(
+      std::initializer_list<ModulePtr>{shared_lin, make_shared<ReLU>(), shared_lin, make_shared<BatchNorm1d>(3)});
   seq->eval();
   int hook_calls = 0;
   seq->register_forward_hook([&](Module&, const TensorList&, const TensorList&) -> std::optional<TensorList> {
@@ -584,24 +589,30 @@ TEST(Layers, OutputsAndGradientsMatchPyTorch) {
       {"nn.Flatten()", make_shared<Flatten>(), {2, 3, 4}},
       {"nn.Dropout(0.3)", make_shared<Dropout>(0.3), {3, 7}, false},
       {"nn.Conv2d(4, 6, 3, stride=2, padding=1, bias=False)",
-       make_shared<Conv2d>(4, 6, 3, ConvOptions{.stride = 2, .padding = 1, .bias = false}), {2, 4, 9, 9}},
+       make_shared<Conv2d>(4, 6, 3, ConvOptions{.stride = 2, .padding = 1, .bias = false}),
+       {2, 4, 9, 9}},
       {"nn.Conv2d(4, 6, (2, 3), padding='same', dilation=(1, 2), groups=2)",
        make_shared<Conv2d>(4, 6, Sizes{2, 3}, ConvOptions{.padding = "same", .dilation = {1, 2}, .groups = 2}),
        {2, 4, 7, 8}},
       {"nn.Conv2d(3, 4, 3, padding=(1, 2), padding_mode='reflect')",
-       make_shared<Conv2d>(3, 4, 3, ConvOptions{.padding = {1, 2}, .padding_mode = PaddingMode::Reflect}), {1, 3, 6, 7}},
-      {"nn.Conv1d(3, 4, 3, stride=2, padding=1)", make_shared<Conv1d>(3, 4, 3, ConvOptions{.stride = 2, .padding = 1}),
+       make_shared<Conv2d>(3, 4, 3, ConvOptions{.padding = {1, 2}, .padding_mode = PaddingMode::Reflect}),
+       {1, 3, 6, 7}},
+      {"nn.Conv1d(3, 4, 3, stride=2, padding=1)",
+       make_shared<Conv1d>(3, 4, 3, ConvOptions{.stride = 2, .padding = 1}),
        {2, 3, 10}},
       {"nn.BatchNorm2d(3)", make_shared<BatchNorm2d>(3), {4, 3, 5, 5}},
       {"nn.BatchNorm2d(3)", make_shared<BatchNorm2d>(3), {4, 3, 5, 5}, false},
-      {"nn.BatchNorm1d(3, momentum=None)", make_shared<BatchNorm1d>(3, BatchNormOptions{.momentum = std::nullopt}),
+      {"nn.BatchNorm1d(3, momentum=None)",
+       make_shared<BatchNorm1d>(3, BatchNormOptions{.momentum = std::nullopt}),
        {6, 3}},
       {"nn.BatchNorm1d(3, affine=False, track_running_stats=False)",
-       make_shared<BatchNorm1d>(3, BatchNormOptions{.affine = false, .track_running_stats = false}), {6, 3, 4}},
+       make_shared<BatchNorm1d>(3, BatchNormOptions{.affine = false, .track_running_stats = false}),
+       {6, 3, 4}},
       {"nn.LayerNorm([3, 4])", make_shared<LayerNorm>(Shape{3, 4}), {2, 3, 4}},
       {"nn.GroupNorm(2, 4)", make_shared<GroupNorm>(2, 4), {3, 4, 5}},
       {"nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True)",
-       make_shared<MaxPool2d>(3, MaxPool2dOptions{.stride = 2, .padding = 1, .ceil_mode = true}), {2, 3, 8, 8}},
+       make_shared<MaxPool2d>(3, MaxPool2dOptions{.stride = 2, .padding = 1, .ceil_mode = true}),
+       {2, 3, 8, 8}},
       {"nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False)",
        make_shared<AvgPool2d>(3, AvgPool2dOptions{.stride = 2, .padding = 1, .count_include_pad = false}),
        {2, 3, 8, 8}},
@@ -678,10 +689,13 @@ TEST(Layers, InplaceActivationsAndDropout) {
   drop.eval();
   EXPECT_TRUE(drop(ones_in).is_same(ones_in));
   EXPECT_NE(error_of([] { Dropout(1.5); }).find("between 0 and 1, but got 1.5"), std::string::npos);
-  EXPECT_NE(error_of([] { BatchNorm2d(3).forward(ones({3, 4})); }).find("expected 4D input (got 2D input"),
+  EXPECT_NE(error_of([] {
+              BatchNorm2d(3).forward(ones({3, 4}));
+            }).find("expected 4D input (got 2D input"),
             std::string::npos);
-  EXPECT_NE(error_of([] { Conv2d(3, 4, 3, ConvOptions{.stride = 2, .padding = "same"}); })
-                .find("padding='same' is not supported for strided convolutions"),
+  EXPECT_NE(error_of([] {
+              Conv2d(3, 4, 3, ConvOptions{.stride = 2, .padding = "same"});
+            }).find("padding='same' is not supported for strided convolutions"),
             std::string::npos);
 }
 

@@ -44,9 +44,9 @@ struct ConvCase {
 
 std::string conv_label(const ConvCase& c) {
   std::ostringstream os;
-  os << "x " << shape_str(c.x) << " w " << shape_str(c.w) << " stride " << py_pair(c.stride)
-     << " padding " << py_pair(c.padding) << " dilation " << py_pair(c.dilation) << " groups "
-     << c.groups << (c.channels_last ? " channels-last" : "") << " " << dtype_name(c.dtype);
+  os << "x " << shape_str(c.x) << " w " << shape_str(c.w) << " stride " << py_pair(c.stride) << " padding "
+     << py_pair(c.padding) << " dilation " << py_pair(c.dilation) << " groups " << c.groups
+     << (c.channels_last ? " channels-last" : "") << " " << dtype_name(c.dtype);
   return os.str();
 }
 
@@ -79,17 +79,13 @@ TEST(NnOps, Conv2dForwardAndGradientsMatchTorch) {
     Tensor y = conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
     Tensor r = randn_of(y.shape(), c.dtype, 10 * i + 4);
     sum(mul(y, r)).backward();
-    EXPECT_EQ(y.suggest_memory_format() == MemoryFormat::ChannelsLast, c.channels_last)
-        << conv_label(c);
-    EXPECT_EQ(x.grad().suggest_memory_format() == MemoryFormat::ChannelsLast, c.channels_last)
-        << conv_label(c);
+    EXPECT_EQ(y.suggest_memory_format() == MemoryFormat::ChannelsLast, c.channels_last) << conv_label(c);
+    EXPECT_EQ(x.grad().suggest_memory_format() == MemoryFormat::ChannelsLast, c.channels_last) << conv_label(c);
     ours.push_back({y, x.grad(), w.grad(), c.bias ? b.grad() : Tensor()});
-    code << "x = " << py_tensor(x) << ".requires_grad_()\nw = " << py_tensor(w)
-         << ".requires_grad_()\n"
+    code << "x = " << py_tensor(x) << ".requires_grad_()\nw = " << py_tensor(w) << ".requires_grad_()\n"
          << "b = " << (c.bias ? py_tensor(b) + ".requires_grad_()" : "None") << "\n"
-         << "y = torch.nn.functional.conv2d(x, w, b, stride=" << py_pair(c.stride)
-         << ", padding=" << py_pair(c.padding) << ", dilation=" << py_pair(c.dilation)
-         << ", groups=" << c.groups << ")\n"
+         << "y = torch.nn.functional.conv2d(x, w, b, stride=" << py_pair(c.stride) << ", padding=" << py_pair(c.padding)
+         << ", dilation=" << py_pair(c.dilation) << ", groups=" << c.groups << ")\n"
          << "(y * " << py_tensor(r) << ").sum().backward()\n"
          << "out += [y, x.grad, w.grad" << (c.bias ? ", b.grad" : "") << "]\n";
   }
@@ -130,8 +126,7 @@ TEST(NnOps, Conv2dGradientsMatchFiniteDifferences) {
     Tensor r;
     {
       NoGradGuard no_grad;
-      r = randn_of(conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups).shape(),
-                   DType::Float64, 400 + i);
+      r = randn_of(conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups).shape(), DType::Float64, 400 + i);
     }
     loss(r).backward();
     for (Tensor* t : {&x, &w, &b}) {
@@ -163,15 +158,13 @@ TEST(NnOps, Conv2dGradientsMatchFiniteDifferences) {
 TEST(NnOps, Conv1dAndUnbatchedConv2dMatchTorch) {
   Tensor x1 = randn_of({2, 4, 11}, DType::Float32, 1), w1 = randn_of({6, 2, 3}, DType::Float32, 2);
   Tensor b1 = randn_of({6}, DType::Float32, 3);
-  Tensor x2 = randn_of({3, 6, 5}, DType::Float32, 4),
-         w2 = randn_of({2, 3, 3, 2}, DType::Float32, 5);
+  Tensor x2 = randn_of({3, 6, 5}, DType::Float32, 4), w2 = randn_of({2, 3, 3, 2}, DType::Float32, 5);
   Tensor y1 = conv1d(x1, w1, b1, 2, 1, 2, 2);
   Tensor y2 = conv2d(x2, w2, Tensor(), {1, 1}, {1, 0});
-  std::vector<Tensor> ref = torch_tensors("out.append(torch.nn.functional.conv1d(" + py_tensor(x1) +
-                                          ", " + py_tensor(w1) + ", " + py_tensor(b1) +
-                                          ", stride=2, padding=1, dilation=2, groups=2))\n" +
-                                          "out.append(torch.nn.functional.conv2d(" + py_tensor(x2) +
-                                          ", " + py_tensor(w2) + ", padding=(1, 0)))");
+  std::vector<Tensor> ref = torch_tensors(
+      "out.append(torch.nn.functional.conv1d(" + py_tensor(x1) + ", " + py_tensor(w1) + ", " + py_tensor(b1) +
+      ", stride=2, padding=1, dilation=2, groups=2))\n" + "out.append(torch.nn.functional.conv2d(" + py_tensor(x2) +
+      ", " + py_tensor(w2) + ", padding=(1, 0)))");
   ASSERT_EQ(ref.size(), 2u);
   EXPECT_LE(relative_error(y1, ref[0]), 1e-5);
   EXPECT_LE(relative_error(y2, ref[1]), 1e-5);
@@ -188,13 +181,11 @@ TEST(NnOps, Conv2dDoesNotDependOnThreadCount) {
     Tensor b = randn_of({16}, DType::Float32, 9).requires_grad_();
     Tensor y = conv2d(x, w, b, {1, 1}, {1, 1});
     sum(mul(y, y)).backward();
-    return std::vector<std::vector<double>>{y.to_vector(), x.grad().to_vector(),
-                                            w.grad().to_vector()};
+    return std::vector<std::vector<double>>{y.to_vector(), x.grad().to_vector(), w.grad().to_vector()};
   };
   for (int64_t batch : {9, 1}) {
     auto one = run(1, batch), three = run(3, batch);
-    for (size_t i = 0; i < one.size(); ++i)
-      EXPECT_EQ(one[i], three[i]) << "batch " << batch << ", tensor " << i;
+    for (size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], three[i]) << "batch " << batch << ", tensor " << i;
   }
   set_num_threads(threads);
 }
@@ -205,8 +196,7 @@ TEST(NnOps, Conv2dHalfTypesAndExpandedGradients) {
   for (DType dt : {DType::Float16, DType::BFloat16}) {
     Tensor x = randn_of({2, 3, 5, 5}, DType::Float32, 1).to(dt).requires_grad_();
     Tensor w = randn_of({4, 3, 5, 5}, DType::Float32, 2).to(dt).requires_grad_();
-    Tensor x32 = x.detach().to(DType::Float32).requires_grad_(),
-           w32 = w.detach().to(DType::Float32).requires_grad_();
+    Tensor x32 = x.detach().to(DType::Float32).requires_grad_(), w32 = w.detach().to(DType::Float32).requires_grad_();
     Tensor y = conv2d(x, w), y32 = conv2d(x32, w32);
     ASSERT_EQ(y.dtype(), dt);
     sum(y).backward();
@@ -225,8 +215,7 @@ TEST(NnOps, Conv2dRejectsBadShapes) {
       f();
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
-      for (const auto& p : parts)
-        EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+      for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
     }
   };
   expect_error(
@@ -239,11 +228,7 @@ TEST(NnOps, Conv2dRejectsBadShapes) {
         conv2d(x, randn_of({3, 2, 3, 3}, DType::Float32, 2), Tensor(), {1, 1}, {0, 0}, {1, 1}, 2);
       },
       {"conv2d", "groups", "[3, 2, 3, 3]"});
-  expect_error(
-      [&] {
-        conv2d(x, randn_of({3, 4, 7, 3}, DType::Float32, 2));
-      },
-      {"conv2d", "kernel", "[2, 4, 5, 5]"});
+  expect_error([&] { conv2d(x, randn_of({3, 4, 7, 3}, DType::Float32, 2)); }, {"conv2d", "kernel", "[2, 4, 5, 5]"});
   expect_error(
       [&] {
         conv2d(x.flatten(2), randn_of({3, 4, 3}, DType::Float32, 2));
@@ -348,15 +333,14 @@ TEST(NnOps, PoolingMatchesTorch) {
     Tensor r = randn_of(y.shape(), DType::Float32, 70 + i);
     sum(mul(y, r)).backward();
     ours.push_back({y, x.grad()});
-    code << "x = " << py_tensor(x) << ".requires_grad_()\ny = " << c.torch << "\n(y * "
-         << py_tensor(r) << ").sum().backward()\nout += [y, x.grad]\n";
+    code << "x = " << py_tensor(x) << ".requires_grad_()\ny = " << c.torch << "\n(y * " << py_tensor(r)
+         << ").sum().backward()\nout += [y, x.grad]\n";
   }
   std::vector<Tensor> ref = torch_tensors(code.str());
   ASSERT_EQ(ref.size(), 2 * cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_LE(relative_error(ours[i].first, ref[2 * i]), 1e-5) << cases[i].torch << ": output";
-    EXPECT_LE(relative_error(ours[i].second, ref[2 * i + 1]), 1e-5)
-        << cases[i].torch << ": grad input";
+    EXPECT_LE(relative_error(ours[i].second, ref[2 * i + 1]), 1e-5) << cases[i].torch << ": grad input";
   }
 }
 
@@ -371,8 +355,8 @@ TEST(NnOps, BatchNormRunningStatsMatchTorch) {
     Tensor w = randn_of({3}, DType::Float32, 1), b = randn_of({3}, DType::Float32, 2);
     std::optional<double> momentum = cumulative ? std::nullopt : std::optional<double>(0.1);
     std::ostringstream code;
-    code << "import torch.nn.functional as F\nrm = torch.zeros(3)\nrv = torch.ones(3)\nw = "
-         << py_tensor(w) << "\nb = " << py_tensor(b) << "\n";
+    code << "import torch.nn.functional as F\nrm = torch.zeros(3)\nrv = torch.ones(3)\nw = " << py_tensor(w)
+         << "\nb = " << py_tensor(b) << "\n";
     std::vector<Tensor> ours;
     for (int step = 0; step < 4; ++step) {
       bool training = step < 3;
@@ -382,8 +366,7 @@ TEST(NnOps, BatchNormRunningStatsMatchTorch) {
       ours.push_back(rm.clone());
       ours.push_back(rv.clone());
       std::string factor = cumulative ? "1.0 / " + std::to_string(step + 1) : "0.1";
-      code << "out.append(F.batch_norm(" << py_tensor(x)
-           << ", rm, rv, w, b, training=" << (training ? "True" : "False")
+      code << "out.append(F.batch_norm(" << py_tensor(x) << ", rm, rv, w, b, training=" << (training ? "True" : "False")
            << ", momentum=" << factor << "))\nout += [rm.clone(), rv.clone()]\n";
     }
     EXPECT_EQ(nbt.item<int64_t>(), 3);
@@ -391,33 +374,24 @@ TEST(NnOps, BatchNormRunningStatsMatchTorch) {
     ASSERT_EQ(ref.size(), ours.size());
     for (size_t i = 0; i < ours.size(); ++i)
       EXPECT_LE(relative_error(ours[i], ref[i]), 1e-5)
-          << (cumulative ? "momentum None" : "momentum 0.1") << ", step " << i / 3 << ", tensor "
-          << i % 3;
+          << (cumulative ? "momentum None" : "momentum 0.1") << ", step " << i / 3 << ", tensor " << i % 3;
   }
 }
 
 TEST(NnOps, NormsAndSoftmaxMatchTorch) {
-  Tensor x = randn_of({2, 6, 3, 5}, DType::Float32, 1)
-                 .contiguous(MemoryFormat::ChannelsLast)
-                 .requires_grad_();
-  Tensor w = randn_of({6}, DType::Float32, 2).requires_grad_(),
-         b = randn_of({6}, DType::Float32, 3).requires_grad_();
+  Tensor x = randn_of({2, 6, 3, 5}, DType::Float32, 1).contiguous(MemoryFormat::ChannelsLast).requires_grad_();
+  Tensor w = randn_of({6}, DType::Float32, 2).requires_grad_(), b = randn_of({6}, DType::Float32, 3).requires_grad_();
   Tensor lw = randn_of({3, 5}, DType::Float32, 4).requires_grad_(),
          lb = randn_of({3, 5}, DType::Float32, 5).requires_grad_();
-  Tensor big =
-      mul(randn_of({4, 7}, DType::Float32, 6), scalar_like(200, DType::Float32)).requires_grad_();
-  std::vector<Tensor> ys = {group_norm(x, 3, w, b),
-                            layer_norm(x, {3, 5}, lw, lb),
-                            batch_norm(x, Tensor(), Tensor(), w, b, true),
-                            softmax(x, 1),
-                            log_softmax(big, -1),
-                            softmax(big, 0)};
+  Tensor big = mul(randn_of({4, 7}, DType::Float32, 6), scalar_like(200, DType::Float32)).requires_grad_();
+  std::vector<Tensor> ys = {
+      group_norm(x, 3, w, b), layer_norm(x, {3, 5}, lw, lb), batch_norm(x, Tensor(), Tensor(), w, b, true),
+      softmax(x, 1),          log_softmax(big, -1),          softmax(big, 0)};
   Tensor loss = zeros({});
   std::ostringstream code;
-  code << "import torch.nn.functional as F\nx = " << py_tensor(x)
-       << ".requires_grad_()\nw = " << py_tensor(w) << ".requires_grad_()\nb = " << py_tensor(b)
-       << ".requires_grad_()\nlw = " << py_tensor(lw) << ".requires_grad_()\nlb = " << py_tensor(lb)
-       << ".requires_grad_()\nbig = " << py_tensor(big)
+  code << "import torch.nn.functional as F\nx = " << py_tensor(x) << ".requires_grad_()\nw = " << py_tensor(w)
+       << ".requires_grad_()\nb = " << py_tensor(b) << ".requires_grad_()\nlw = " << py_tensor(lw)
+       << ".requires_grad_()\nlb = " << py_tensor(lb) << ".requires_grad_()\nbig = " << py_tensor(big)
        << ".requires_grad_()\nys = [F.group_norm(x, 3, w, b), F.layer_norm(x, (3, 5), lw, lb), "
        << "F.batch_norm(x, None, None, w, b, training=True), torch.softmax(x, 1), "
           "torch.log_softmax(big, -1), "
@@ -433,8 +407,7 @@ TEST(NnOps, NormsAndSoftmaxMatchTorch) {
   for (const Tensor& t : {x, w, b, lw, lb, big}) ours.push_back(t.grad());
   std::vector<Tensor> ref = torch_tensors(code.str());
   ASSERT_EQ(ref.size(), ours.size());
-  for (size_t i = 0; i < ours.size(); ++i)
-    EXPECT_LE(relative_error(ours[i], ref[i]), 1e-5) << "tensor " << i;
+  for (size_t i = 0; i < ours.size(); ++i) EXPECT_LE(relative_error(ours[i], ref[i]), 1e-5) << "tensor " << i;
 }
 
 }  // namespace

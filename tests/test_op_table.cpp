@@ -53,8 +53,8 @@ std::vector<Tensor> prepare(const OpRow& row, const OpSample& s, DType dtype) {
   std::vector<Tensor> in;
   for (size_t i = 0; i < s.inputs.size(); ++i) {
     Tensor t = recast(s.inputs[i], dtype);
-    bool wants_grad = std::find(row.grad_inputs.begin(), row.grad_inputs.end(), static_cast<int>(i)) !=
-                      row.grad_inputs.end();
+    bool wants_grad =
+        std::find(row.grad_inputs.begin(), row.grad_inputs.end(), static_cast<int>(i)) != row.grad_inputs.end();
     if (wants_grad) t.requires_grad_(true);
     in.push_back(t);
   }
@@ -159,8 +159,8 @@ TEST(OpTable, GradcheckFloat64) {
             ana.push_back(a_all[e]);
           }
           double err = relative_error(tensor<double>(ana), tensor<double>(num));
-          EXPECT_LE(err, 1e-5) << case_name(row, s) << isa_suffix() << ": gradient of input "
-                               << row.grad_inputs[k] << " differs from finite differences";
+          EXPECT_LE(err, 1e-5) << case_name(row, s) << isa_suffix() << ": gradient of input " << row.grad_inputs[k]
+                               << " differs from finite differences";
         }
       }
     }
@@ -250,8 +250,8 @@ nlohmann::json run_oracle(const nlohmann::json& manifest) {
   std::filesystem::path in = dir / (std::string(name) + ".in.json"), out = dir / (std::string(name) + ".out.json");
   if (!std::filesystem::exists(out)) {
     std::ofstream(in) << text;
-    std::string cmd = std::string("/usr/bin/python3 ") + TVC_SOURCE_ROOT + "/tools/torch_oracle.py " +
-                      in.string() + " " + out.string();
+    std::string cmd = std::string("/usr/bin/python3 ") + TVC_SOURCE_ROOT + "/tools/torch_oracle.py " + in.string() +
+                      " " + out.string();
     int rc = std::system(cmd.c_str());
     if (rc != 0) {
       ADD_FAILURE() << "tools/torch_oracle.py failed (needs python3-torch): " << cmd;

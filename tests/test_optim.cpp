@@ -106,24 +106,21 @@ std::vector<OptCase> optimizer_cases() {
   return {
       {"SGD", "torch.optim.SGD([{'params': [W]}, {'params': [b], 'lr': 0.05}], lr=0.1)",
        [](const Tensor& W, const Tensor& b) {
-         return std::make_unique<SGD>(std::vector<ParamGroup>{{{W}, {}}, {{b}, {{"lr", 0.05}}}},
-                                      SGDOptions{.lr = 0.1});
+         return std::make_unique<SGD>(std::vector<ParamGroup>{{{W}, {}}, {{b}, {{"lr", 0.05}}}}, SGDOptions{.lr = 0.1});
        }},
       {"SGDMomentumDampening",
        "torch.optim.SGD([{'params': [W]}, {'params': [b], 'lr': 0.05, 'momentum': 0.5}], lr=0.1, "
        "momentum=0.9, dampening=0.3)",
        [](const Tensor& W, const Tensor& b) {
-         return std::make_unique<SGD>(
-             std::vector<ParamGroup>{{{W}, {}}, {{b}, {{"lr", 0.05}, {"momentum", 0.5}}}},
-             SGDOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.3});
+         return std::make_unique<SGD>(std::vector<ParamGroup>{{{W}, {}}, {{b}, {{"lr", 0.05}, {"momentum", 0.5}}}},
+                                      SGDOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.3});
        }},
       {"SGDNesterovWeightDecay",
        "torch.optim.SGD([{'params': [W]}, {'params': [b], 'lr': 0.03}], lr=0.08, momentum=0.8, "
        "nesterov=True, weight_decay=0.05)",
        [](const Tensor& W, const Tensor& b) {
          return std::make_unique<SGD>(std::vector<ParamGroup>{{{W}, {}}, {{b}, {{"lr", 0.03}}}},
-                                      SGDOptions{.lr = 0.08, .momentum = 0.8, .weight_decay = 0.05,
-                                                 .nesterov = true});
+                                      SGDOptions{.lr = 0.08, .momentum = 0.8, .weight_decay = 0.05, .nesterov = true});
        }},
       {"SGDWeightDecayMaximize",
        "torch.optim.SGD([{'params': [W]}, {'params': [b], 'lr': 0.004}], lr=0.01, "
@@ -142,10 +139,8 @@ std::vector<OptCase> optimizer_cases() {
        "lr=0.05, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1, amsgrad=True)",
        [](const Tensor& W, const Tensor& b) {
          return std::make_unique<Adam>(
-             std::vector<ParamGroup>{
-                 {{W}, {}}, {{b}, {{"lr", 0.02}, {"betas", std::vector<double>{0.7, 0.9}}}}},
-             AdamOptions{.lr = 0.05, .betas = {0.8, 0.99}, .eps = 1e-6, .weight_decay = 0.1,
-                         .amsgrad = true});
+             std::vector<ParamGroup>{{{W}, {}}, {{b}, {{"lr", 0.02}, {"betas", std::vector<double>{0.7, 0.9}}}}},
+             AdamOptions{.lr = 0.05, .betas = {0.8, 0.99}, .eps = 1e-6, .weight_decay = 0.1, .amsgrad = true});
        }},
       {"AdamW",
        "torch.optim.AdamW([{'params': [W]}, {'params': [b], 'lr': 0.02, 'weight_decay': 0.0}], "
@@ -199,8 +194,7 @@ TEST(Optim, Float32ParamsFollowTorch) {
     auto opt = c.make(p.W, p.b);
     for (int i = 0; i < 20; ++i) train_step(*opt, p);
     EXPECT_EQ(p.W.dtype(), DType::Float32);
-    EXPECT_EQ(opt->state(p.W).at(c.name[0] == 'S' ? "momentum_buffer" : "exp_avg").dtype(),
-              DType::Float32);
+    EXPECT_EQ(opt->state(p.W).at(c.name[0] == 'S' ? "momentum_buffer" : "exp_avg").dtype(), DType::Float32);
     EXPECT_LE(rel_err(p.W, tensor_from_json(golden[38])), 1e-5) << c.name;
     EXPECT_LE(rel_err(p.b, tensor_from_json(golden[39])), 1e-5) << c.name;
   }
@@ -268,8 +262,7 @@ void check_resume(const OptCase& c) {
 
 TEST(OptimStateDict, ResumeSGDAndAdam) {
   for (const OptCase& c : optimizer_cases())
-    if (c.name == "SGDMomentumDampening" || c.name == "AdamAmsgradWeightDecay" || c.name == "AdamW")
-      check_resume(c);
+    if (c.name == "SGDMomentumDampening" || c.name == "AdamAmsgradWeightDecay" || c.name == "AdamW") check_resume(c);
 }
 
 TEST(OptimStateDict, LayoutMatchesTorch) {
@@ -304,10 +297,11 @@ print(json.dumps({
     EXPECT_EQ(sd.state.at(i).at("step").dtype(), DType::Float32);
   }
   EXPECT_EQ(golden["step_dtype"], "torch.float32");
-  EXPECT_LE(rel_err(sd.state.at(0).at("exp_avg_sq").to_vector(),
-                    golden["exp_avg_sq_W"].get<std::vector<double>>()), 1e-12);
-  EXPECT_LE(rel_err(sd.state.at(1).at("max_exp_avg_sq").to_vector(),
-                    golden["max_exp_avg_sq_b"].get<std::vector<double>>()), 1e-12);
+  EXPECT_LE(rel_err(sd.state.at(0).at("exp_avg_sq").to_vector(), golden["exp_avg_sq_W"].get<std::vector<double>>()),
+            1e-12);
+  EXPECT_LE(
+      rel_err(sd.state.at(1).at("max_exp_avg_sq").to_vector(), golden["max_exp_avg_sq_b"].get<std::vector<double>>()),
+      1e-12);
   ASSERT_EQ(sd.param_groups.size(), 2u);
   for (size_t g = 0; g < 2; ++g) {
     const auto& gg = golden["groups"][g];
@@ -328,8 +322,7 @@ TEST(OptimStateDict, MismatchIsRejectedWholesale) {
 
   OptimizerStateDict one_group = good;
   one_group.param_groups.pop_back();
-  expect_error([&] { opt->load_state_dict(one_group); },
-               "the state dict has 1 parameter groups, the optimizer has 2");
+  expect_error([&] { opt->load_state_dict(one_group); }, "the state dict has 1 parameter groups, the optimizer has 2");
 
   OptimizerStateDict sizes = good;
   sizes.param_groups[1].params.push_back(7);
@@ -372,18 +365,21 @@ TEST(OptimErrors, BadHyperParameters) {
   expect_error([&] { SGD({w}, {.lr = 0.1, .momentum = -1}); }, "SGD: invalid momentum -1");
   expect_error([&] { SGD({w}, {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .nesterov = true}); },
                "nesterov momentum requires momentum > 0 and dampening 0");
-  expect_error([&] { Adam({w}, {.betas = {1.0, 0.999}}); },
-               "Adam: invalid beta parameter at index 0: 1");
-  expect_error([&] { AdamW({w}, {.betas = {0.9, -0.1}}); },
-               "AdamW: invalid beta parameter at index 1: -0.1");
+  expect_error([&] { Adam({w}, {.betas = {1.0, 0.999}}); }, "Adam: invalid beta parameter at index 0: 1");
+  expect_error([&] { AdamW({w}, {.betas = {0.9, -0.1}}); }, "AdamW: invalid beta parameter at index 1: -0.1");
   expect_error([&] { Adam({w}, {.eps = -1e-8}); }, "Adam: invalid eps");
   expect_error([&] { AdamW({w}, {.weight_decay = -0.01}); }, "AdamW: invalid weight_decay -0.01");
-  expect_error([&] { SGD(std::vector<ParamGroup>{{{w}, {{"lr", -2.0}}}}); },
-               "SGD: invalid learning rate -2");
-  expect_error([&] { SGD(std::vector<ParamGroup>{{{w}, {{"lr", true}}}}); },
-               "hyper-parameter 'lr' of group 0 must be a number, got a flag");
-  expect_error([&] { Adam(std::vector<ParamGroup>{{{w}, {{"betas", std::vector<double>{0.9}}}}}); },
-               "betas must hold 2 values, got 1");
+  expect_error([&] { SGD(std::vector<ParamGroup>{{{w}, {{"lr", -2.0}}}}); }, "SGD: invalid learning rate -2");
+  expect_error(
+      [&] {
+        SGD(std::vector<ParamGroup>{{{w}, {{"lr", true}}}});
+      },
+      "hyper-parameter 'lr' of group 0 must be a number, got a flag");
+  expect_error(
+      [&] {
+        Adam(std::vector<ParamGroup>{{{w}, {{"betas", std::vector<double>{0.9}}}}});
+      },
+      "betas must hold 2 values, got 1");
 }
 
 TEST(OptimErrors, BadParameters) {
@@ -407,8 +403,7 @@ TEST(ClipGradNorm, MatchesTorch) {
   Generator gen(77);
   TensorOptions f64{.dtype = DType::Float64};
   std::vector<Tensor> params;
-  std::vector<Tensor> grads = {randn({4, 3}, f64, &gen), randn({5}, f64, &gen),
-                               randn({2, 2, 2}, f64, &gen)};
+  std::vector<Tensor> grads = {randn({4, 3}, f64, &gen), randn({5}, f64, &gen), randn({2, 2, 2}, f64, &gen)};
   for (const Tensor& g : grads) params.push_back(zeros(g.shape(), f64).requires_grad_());
   Tensor no_grad_param = zeros({3}, f64).requires_grad_();  // has no gradient: ignored
   params.push_back(no_grad_param);
@@ -429,8 +424,7 @@ TEST(ClipGradNorm, MatchesTorch) {
       for (size_t i = 0; i < grads.size(); ++i) params[i].set_grad(grads[i].clone());
       Tensor total = clip_grad_norm_(params, max_norm, norm_type);
       EXPECT_EQ(total.dim(), 0);
-      EXPECT_LE(rel_err(total, tensor_from_json(golden[0]).reshape({})), 1e-14)
-          << "norm_type " << norm_type;
+      EXPECT_LE(rel_err(total, tensor_from_json(golden[0]).reshape({})), 1e-14) << "norm_type " << norm_type;
       for (size_t i = 0; i < grads.size(); ++i)
         EXPECT_LE(rel_err(params[i].grad(), tensor_from_json(golden[i + 1])), 1e-14)
             << "norm_type " << norm_type << " max_norm " << max_norm << " grad " << i;
@@ -464,8 +458,7 @@ struct SchedCase {
 
 std::unique_ptr<Optimizer> sched_optimizer(bool adam, const Tensor& W, const Tensor& b) {
   if (adam)
-    return std::make_unique<Adam>(std::vector<ParamGroup>{{{W}, {}}, {{b}, {{"lr", 0.05}}}},
-                                  AdamOptions{.lr = 0.1});
+    return std::make_unique<Adam>(std::vector<ParamGroup>{{{W}, {}}, {{b}, {{"lr", 0.05}}}}, AdamOptions{.lr = 0.1});
   return std::make_unique<SGD>(std::vector<ParamGroup>{{{W}, {}}, {{b}, {{"lr", 0.05}}}},
                                SGDOptions{.lr = 0.1, .momentum = 0.9});
 }
@@ -479,7 +472,9 @@ std::vector<SchedCase> scheduler_cases() {
       {"StepLR", kSgdPy, "S.StepLR(opt, step_size=7, gamma=0.5)", false,
        [](Optimizer& o) -> S { return std::make_shared<StepLR>(o, 7, 0.5); }},
       {"MultiStepLR", kSgdPy, "S.MultiStepLR(opt, milestones=[12, 5, 20, 12], gamma=0.3)", false,
-       [](Optimizer& o) -> S { return std::make_shared<MultiStepLR>(o, std::vector<int64_t>{12, 5, 20, 12}, 0.3); }},
+       [](Optimizer& o) -> S {
+         return std::make_shared<MultiStepLR>(o, std::vector<int64_t>{12, 5, 20, 12}, 0.3);
+       }},
       {"LinearLR", kSgdPy, "S.LinearLR(opt, start_factor=0.25, end_factor=0.9, total_iters=10)", false,
        [](Optimizer& o) -> S { return std::make_shared<LinearLR>(o, 0.25, 0.9, 10); }},
       {"CosineAnnealingLR", kSgdPy, "S.CosineAnnealingLR(opt, T_max=10, eta_min=0.001)", false,
@@ -493,10 +488,14 @@ std::vector<SchedCase> scheduler_cases() {
        "anneal_strategy='linear', three_phase=True, base_momentum=[0.8, 0.7], div_factor=10.0)",
        true,
        [](Optimizer& o) -> S {
-         return std::make_shared<OneCycleLR>(
-             o, OneCycleLROptions{.max_lr = {0.3}, .epochs = 4, .steps_per_epoch = 8,
-                                  .pct_start = 0.25, .anneal_strategy = "linear",
-                                  .base_momentum = {0.8, 0.7}, .div_factor = 10, .three_phase = true});
+         return std::make_shared<OneCycleLR>(o, OneCycleLROptions{.max_lr = {0.3},
+                                                                  .epochs = 4,
+                                                                  .steps_per_epoch = 8,
+                                                                  .pct_start = 0.25,
+                                                                  .anneal_strategy = "linear",
+                                                                  .base_momentum = {0.8, 0.7},
+                                                                  .div_factor = 10,
+                                                                  .three_phase = true});
        }},
       {"SequentialLinearCosine", kSgdPy,
        "S.SequentialLR(opt, [S.LinearLR(opt, start_factor=0.1, total_iters=5), "
@@ -583,9 +582,7 @@ INSTANTIATE_TEST_SUITE_P(LRScheduler, SchedulerSequence, ::testing::ValuesIn(sch
 
 TEST(LRSchedulerState, ResumeContinuesIdentically) {
   for (const SchedCase& c : scheduler_cases()) {
-    if (c.name != "CosineAnnealingLR" && c.name != "SequentialLinearCosine" &&
-        c.name != "OneCycleCos")
-      continue;
+    if (c.name != "CosineAnnealingLR" && c.name != "SequentialLinearCosine" && c.name != "OneCycleCos") continue;
     Tensor W = zeros({2}, {.dtype = DType::Float64}).requires_grad_();
     Tensor b = zeros({1}, {.dtype = DType::Float64}).requires_grad_();
     auto opt = sched_optimizer(c.adam, W, b);
@@ -638,8 +635,11 @@ TEST(LRSchedulerErrors, BadArguments) {
   expect_error([&] { CosineAnnealingLR(opt, 0); }, "CosineAnnealingLR: T_max must be positive");
   expect_error([&] { OneCycleLR(opt, {.max_lr = {0.1}}); },
                "OneCycleLR: give total_steps, or epochs and steps_per_epoch");
-  expect_error([&] { OneCycleLR(opt, {.max_lr = {0.1, 0.2}, .total_steps = 10}); },
-               "OneCycleLR: expected 1 or 1 values for max_lr");
+  expect_error(
+      [&] {
+        OneCycleLR(opt, {.max_lr = {0.1, 0.2}, .total_steps = 10});
+      },
+      "OneCycleLR: expected 1 or 1 values for max_lr");
   expect_error([&] { OneCycleLR(opt, {.max_lr = {0.1}, .total_steps = 10, .anneal_strategy = "exp"}); },
                "anneal_strategy must be 'cos' or 'linear', got 'exp'");
   expect_error([&] { OneCycleLR(opt, {.max_lr = {0.1}, .total_steps = 10, .pct_start = 1.5}); },
@@ -661,8 +661,11 @@ TEST(LRSchedulerErrors, BadArguments) {
                "SequentialLR: expected 0 milestones (one fewer than the 1 schedulers), got 1");
   SGD other({zeros({1}, {.dtype = DType::Float64}).requires_grad_()});
   auto foreign = std::make_shared<StepLR>(other, 2);
-  expect_error([&] { SequentialLR(opt, {s1, foreign}, {3}); },
-               "SequentialLR: scheduler 1 does not act on the optimizer");
+  expect_error(
+      [&] {
+        SequentialLR(opt, {s1, foreign}, {3});
+      },
+      "SequentialLR: scheduler 1 does not act on the optimizer");
 }
 
 }  // namespace

@@ -18,10 +18,10 @@
 #include "test_helpers.h"
 #include "torch_golden.h"
 #include "tvc/models/models.h"
-#include "tvc/vision/preprocess.h"
 #include "tvc/models/weights.h"
 #include "tvc/ops.h"
 #include "tvc/serialize.h"
+#include "tvc/vision/preprocess.h"
 
 namespace tvc {
 namespace {
@@ -117,13 +117,13 @@ print("ok")
 // with crop = resize), bicubic enlarging every image (efficientnet_v2_l, 480, its own mean and
 // std), and bilinear at the new models' sizes (efficientnet_b1 V2 255/240, convnext_tiny 236).
 const std::vector<std::pair<std::string, std::string>> kTags = {
-    {"efficientnet_b0", "IMAGENET1K_V1"},  {"swin_s", "IMAGENET1K_V1"},
+    {"efficientnet_b0", "IMAGENET1K_V1"},      {"swin_s", "IMAGENET1K_V1"},
     {"vit_b_16", "IMAGENET1K_SWAG_LINEAR_V1"}, {"efficientnet_v2_l", "IMAGENET1K_V1"},
-    {"efficientnet_b1", "IMAGENET1K_V2"},  {"convnext_tiny", "IMAGENET1K_V1"}};
+    {"efficientnet_b1", "IMAGENET1K_V2"},      {"convnext_tiny", "IMAGENET1K_V1"}};
 
-const std::vector<std::string> kImages = {"land.jpg",       "portrait.jpg", "gray.jpg",  "tiny.jpg",
-                                          "rgb.png",        "rgba.png",     "palette.png", "gray_alpha.png",
-                                          "bits.png",       "rgb16.png",    "small.png"};
+const std::vector<std::string> kImages = {"land.jpg", "portrait.jpg", "gray.jpg",    "tiny.jpg",
+                                          "rgb.png",  "rgba.png",     "palette.png", "gray_alpha.png",
+                                          "bits.png", "rgb16.png",    "small.png"};
 
 class Preprocess : public ::testing::Test {
  protected:
@@ -265,8 +265,8 @@ TEST_F(Preprocess, TagTransformsAreTorchvisionsByteForByte) {
       Tensor got = vision::preprocess(vision::decode_image(path(name)), p);
       ASSERT_EQ(got.shape(), want.shape()) << name << " with " << model << " " << tag;
       EXPECT_TRUE(test::tensor_bytes(got) == test::tensor_bytes(want))
-          << name << " with " << model << " " << tag << " (" << models::interpolation_name(p.interpolation)
-          << "): err " << test::relative_error(got, want);
+          << name << " with " << model << " " << tag << " (" << models::interpolation_name(p.interpolation) << "): err "
+          << test::relative_error(got, want);
     }
   }
 }
@@ -286,7 +286,8 @@ TEST_F(Preprocess, MalformedFilesAreErrors) {
               HasSubstr("cannot decode image '" + path("notes.jpg") + "': not a JPEG or PNG file"));
   EXPECT_THAT(error_for("cut.jpg", jpeg.substr(0, jpeg.size() / 2)),
               HasSubstr("cannot decode JPEG '" + path("cut.jpg") + "': Premature end of JPEG file"));
-  EXPECT_THAT(error_for("header_only.jpg", jpeg.substr(0, 200)), HasSubstr("cannot decode JPEG '" + path("header_only.jpg") + "'"));
+  EXPECT_THAT(error_for("header_only.jpg", jpeg.substr(0, 200)),
+              HasSubstr("cannot decode JPEG '" + path("header_only.jpg") + "'"));
   // The frame header (SOF0: FF C0, length, precision, height, width) claiming 60000 x 60000.
   std::string huge = jpeg;
   size_t sof = huge.find("\xff\xc0");
@@ -301,10 +302,12 @@ TEST_F(Preprocess, MalformedFilesAreErrors) {
                              (size_t{uint8_t(png[idat - 2])} << 8) | size_t{uint8_t(png[idat - 1])};
   std::string bad_crc = png;
   bad_crc[idat + 4 + idat_length] = static_cast<char>(bad_crc[idat + 4 + idat_length] ^ 0x5a);
-  EXPECT_THAT(error_for("bad_crc.png", bad_crc), HasSubstr("cannot decode PNG '" + path("bad_crc.png") + "': IDAT: CRC error"));
+  EXPECT_THAT(error_for("bad_crc.png", bad_crc),
+              HasSubstr("cannot decode PNG '" + path("bad_crc.png") + "': IDAT: CRC error"));
   std::string bad_data = png;
   bad_data[idat + 10] = static_cast<char>(bad_data[idat + 10] ^ 0x5a);
-  EXPECT_THAT(error_for("bad_data.png", bad_data), HasSubstr("cannot decode PNG '" + path("bad_data.png") + "': IDAT: "));
+  EXPECT_THAT(error_for("bad_data.png", bad_data),
+              HasSubstr("cannot decode PNG '" + path("bad_data.png") + "': IDAT: "));
   EXPECT_THAT(test::error_of([] { vision::decode_image(path("cmyk.jpg")); }),
               HasSubstr("cannot decode JPEG '" + path("cmyk.jpg") + "': it has 4 color components"));
   EXPECT_THAT(test::error_of([] { vision::decode_image(path("gray16.png")); }),
@@ -320,23 +323,60 @@ chunk = lambda k, d: struct.pack(">I", len(d)) + k + d + struct.pack(">I", zlib.
 sys.stdout.write((b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 1000)) + chunk(b"IEND", b"")).hex())
 )");
   std::string liar_bytes;
-  for (size_t i = 0; i + 1 < liar.size(); i += 2) liar_bytes += static_cast<char>(std::stoi(liar.substr(i, 2), nullptr, 16));
-  EXPECT_THAT(error_for("liar.png", liar_bytes),
-              HasSubstr("cannot decode PNG '" + path("liar.png") + "': its header gives 15000x15000 pixels, more than its"));
+  for (size_t i = 0; i + 1 < liar.size(); i += 2)
+    liar_bytes += static_cast<char>(std::stoi(liar.substr(i, 2), nullptr, 16));
+  EXPECT_THAT(error_for("liar.png", liar_bytes), HasSubstr("cannot decode PNG '" + path("liar.png") +
+                                                           "': its header gives 15000x15000 pixels, more than its"));
 }
 
 // The 47 backbones of tvc (docs/models.md), registered or not yet.
-const std::vector<std::string> kAllModels = {
-    "resnet18",          "resnet34",          "resnet50",         "resnet101",         "resnet152",
-    "wide_resnet50_2",   "wide_resnet101_2",  "resnext50_32x4d",  "resnext101_32x8d",  "resnext101_64x4d",
-    "vgg11",             "vgg13",             "vgg16",            "vgg19",             "vgg11_bn",
-    "vgg13_bn",          "vgg16_bn",          "vgg19_bn",         "densenet121",       "densenet161",
-    "densenet169",       "densenet201",       "mobilenet_v2",     "mobilenet_v3_small", "mobilenet_v3_large",
-    "efficientnet_b0",   "efficientnet_b1",   "efficientnet_b2",  "efficientnet_b3",   "efficientnet_b4",
-    "efficientnet_b5",   "efficientnet_b6",   "efficientnet_b7",  "efficientnet_v2_s", "efficientnet_v2_m",
-    "efficientnet_v2_l", "convnext_tiny",     "convnext_small",   "convnext_base",     "convnext_large",
-    "vit_b_16",          "vit_b_32",          "vit_l_16",         "vit_l_32",          "swin_t",
-    "swin_s",            "swin_b"};
+const std::vector<std::string> kAllModels = {"resnet18",
+                                             "resnet34",
+                                             "resnet50",
+                                             "resnet101",
+                                             "resnet152",
+                                             "wide_resnet50_2",
+                                             "wide_resnet101_2",
+                                             "resnext50_32x4d",
+                                             "resnext101_32x8d",
+                                             "resnext101_64x4d",
+                                             "vgg11",
+                                             "vgg13",
+                                             "vgg16",
+                                             "vgg19",
+                                             "vgg11_bn",
+                                             "vgg13_bn",
+                                             "vgg16_bn",
+                                             "vgg19_bn",
+                                             "densenet121",
+                                             "densenet161",
+                                             "densenet169",
+                                             "densenet201",
+                                             "mobilenet_v2",
+                                             "mobilenet_v3_small",
+                                             "mobilenet_v3_large",
+                                             "efficientnet_b0",
+                                             "efficientnet_b1",
+                                             "efficientnet_b2",
+                                             "efficientnet_b3",
+                                             "efficientnet_b4",
+                                             "efficientnet_b5",
+                                             "efficientnet_b6",
+                                             "efficientnet_b7",
+                                             "efficientnet_v2_s",
+                                             "efficientnet_v2_m",
+                                             "efficientnet_v2_l",
+                                             "convnext_tiny",
+                                             "convnext_small",
+                                             "convnext_base",
+                                             "convnext_large",
+                                             "vit_b_16",
+                                             "vit_b_32",
+                                             "vit_l_16",
+                                             "vit_l_32",
+                                             "swin_t",
+                                             "swin_s",
+                                             "swin_b"};
 
 // Every model's tags, in torchvision's order, with torchvision's default, file, sizes, mean, std
 // and interpolation; tags need no registered model, and every registered model is one of the 47.
@@ -385,7 +425,8 @@ print(json.dumps(out))
   for (const auto& model : models::list())
     EXPECT_NE(std::find(kAllModels.begin(), kAllModels.end(), model), kAllModels.end()) << model;
   // A name neither tagged nor registered is still an unknown model.
-  EXPECT_THAT(test::error_of([] { models::weights_tags("efficientnet_b9"); }), HasSubstr("unknown model 'efficientnet_b9'"));
+  EXPECT_THAT(test::error_of([] { models::weights_tags("efficientnet_b9"); }),
+              HasSubstr("unknown model 'efficientnet_b9'"));
   EXPECT_THAT(test::error_of([] { models::weights_tag("swin_t", "IMAGENET1K_V2"); }),
               HasSubstr("swin_t has no weights tagged 'IMAGENET1K_V2' (its tags: DEFAULT, IMAGENET1K_V1)"));
 }
@@ -410,10 +451,12 @@ import json, torchvision
 from PIL import Image
 from torchvision.models import ResNet18_Weights
 model = torchvision.models.resnet18()
-model.load_state_dict(torch.load(')", weights, R"('))
+model.load_state_dict(torch.load(')",
+                                                        weights, R"('))
 model.eval()
 t = ResNet18_Weights.DEFAULT.transforms()
-x = torch.stack([t(Image.open(p).convert("RGB")) for p in )", nlohmann::json(images).dump(), R"(])
+x = torch.stack([t(Image.open(p).convert("RGB")) for p in )",
+                                                        nlohmann::json(images).dump(), R"(])
 with torch.no_grad():
     print(json.dumps((torch.softmax(model(x), 1) * 100).tolist()))
 )"));

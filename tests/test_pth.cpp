@@ -77,8 +77,8 @@ const fs::path& fixtures() {
 }
 
 json describe(const fs::path& file, bool weights_only) {
-  std::string out = run("/usr/bin/python3 " + script().string() + (weights_only ? " describe " : " describe_full ") +
-                        file.string());
+  std::string out =
+      run("/usr/bin/python3 " + script().string() + (weights_only ? " describe " : " describe_full ") + file.string());
   return out.empty() ? json() : json::parse(out);
 }
 
@@ -143,7 +143,9 @@ struct Matcher {
 
 std::string u32(uint32_t v) { return std::string{char(v), char(v >> 8), char(v >> 16), char(v >> 24)}; }
 std::string pint(int32_t v) { return std::string("J").append(u32(static_cast<uint32_t>(v))); }
-std::string pstr(const std::string& s) { return std::string("X").append(u32(static_cast<uint32_t>(s.size()))).append(s); }
+std::string pstr(const std::string& s) {
+  return std::string("X").append(u32(static_cast<uint32_t>(s.size()))).append(s);
+}
 std::string ptuple(const Shape& dims) {
   std::string s = "(";
   for (int64_t d : dims) s += pint(static_cast<int32_t>(d));
@@ -246,15 +248,16 @@ TEST(PthRead, WidensFloat8AndChecksUInt64) {
   ReadOptions widen;
   widen.widen = true;
   // float8 e4m3fn: 0x38 = 1.0, 0xc0 = -2.0, 0x01 = 2^-9 (subnormal)
-  fs::path p = write_pth("f8.pth", state_pickle(tensor_pickle("Float8_e4m3fnStorage", 3, 0, {3}, {1})),
-                         "\x38\xc0\x01");
+  fs::path p = write_pth("f8.pth", state_pickle(tensor_pickle("Float8_e4m3fnStorage", 3, 0, {3}, {1})), "\x38\xc0\x01");
   Tensor w = load_pth(p.string(), widen).find("w")->to_tensor();
   EXPECT_EQ(w.dtype(), DType::Float32);
   EXPECT_EQ(w.to_vector(), (std::vector<double>{1.0, -2.0, 1.0 / 512}));
   p = write_pth("u64.pth", state_pickle(tensor_pickle("UInt64Storage", 1, 0, {1}, {1})), std::string(8, '\xff'));
-  EXPECT_THAT(error_of([&] { load_pth(p.string(), widen); }), HasSubstr("tensor 'w' holds the unsigned value 18446744073709551615, beyond int64"));
+  EXPECT_THAT(error_of([&] { load_pth(p.string(), widen); }),
+              HasSubstr("tensor 'w' holds the unsigned value 18446744073709551615, beyond int64"));
   p = write_pth("c64.pth", state_pickle(tensor_pickle("ComplexFloatStorage", 1, 0, {1}, {1})), std::string(8, 0));
-  EXPECT_THAT(error_of([&] { load_pth(p.string(), widen); }), HasSubstr("tensor 'w' has element type ComplexFloatStorage, which tvc lacks"));
+  EXPECT_THAT(error_of([&] { load_pth(p.string(), widen); }),
+              HasSubstr("tensor 'w' has element type ComplexFloatStorage, which tvc lacks"));
 }
 
 // ---------------------------------------------------------------- writing for torch
@@ -325,20 +328,20 @@ TEST(PthWrite, SavesTheElementsInUse) {
 
 TEST(PthWrite, EveryValueKindRoundTrips) {
   Tensor t = tensor<double>({1.5, -2.25});
-  Value v = Value::dict(
-      {{Value("none"), Value()},
-       {Value("bools"), Value::list({Value(true), Value(false)})},
-       {Value("ints"), Value::list({Value(0), Value(255), Value(256), Value(65535), Value(65536), Value(-1),
-                                    Value(int64_t{INT32_MIN}), Value(int64_t{INT32_MAX} + 1),
-                                    Value(std::numeric_limits<int64_t>::min()),
-                                    Value(std::numeric_limits<int64_t>::max())})},
-       {Value("floats"), Value::tuple({Value(0.1), Value(-0.0), Value(1e300)})},
-       {Value("text"), Value("héllo")},
-       {Value("bytes"), Value::bytes("\x00\x7f\x80\xff"s)},
-       {Value("set"), Value::set({Value(1), Value(300)})},
-       {Value(7), Value::tuple({Value(1), Value(2), Value(3), Value(4), Value(5)})},
-       {Value("t"), Value(t)},
-       {Value("long"), Value::list(std::vector<Value>(2500, Value(3)))}});
+  Value v =
+      Value::dict({{Value("none"), Value()},
+                   {Value("bools"), Value::list({Value(true), Value(false)})},
+                   {Value("ints"), Value::list({Value(0), Value(255), Value(256), Value(65535), Value(65536), Value(-1),
+                                                Value(int64_t{INT32_MIN}), Value(int64_t{INT32_MAX} + 1),
+                                                Value(std::numeric_limits<int64_t>::min()),
+                                                Value(std::numeric_limits<int64_t>::max())})},
+                   {Value("floats"), Value::tuple({Value(0.1), Value(-0.0), Value(1e300)})},
+                   {Value("text"), Value("héllo")},
+                   {Value("bytes"), Value::bytes("\x00\x7f\x80\xff"s)},
+                   {Value("set"), Value::set({Value(1), Value(300)})},
+                   {Value(7), Value::tuple({Value(1), Value(2), Value(3), Value(4), Value(5)})},
+                   {Value("t"), Value(t)},
+                   {Value("long"), Value::list(std::vector<Value>(2500, Value(3)))}});
   fs::path out = temp_dir() / "kinds.pt";
   save_pth(out.string(), v);
   EXPECT_EQ(load_pth(out.string()), v);
@@ -498,7 +501,9 @@ TEST(PickleUnpickler, DisallowedOpcodeNamed) {
 TEST(PickleUnpickler, ContainerOperationsTypeChecked) {
   EXPECT_THAT(unpickle_error(kProto + "]K\x01K\x02s."), HasSubstr("SETITEM on a list (only a dict takes it)"));
   EXPECT_THAT(unpickle_error(kProto + "](K\x01K\x02u."), HasSubstr("SETITEMS on a list"));
-  EXPECT_THAT(unpickle_error(kProto + "}K\x01" "a."), HasSubstr("APPEND on a dict (only a list takes it)"));
+  EXPECT_THAT(unpickle_error(kProto + "}K\x01"
+                                      "a."),
+              HasSubstr("APPEND on a dict (only a list takes it)"));
   EXPECT_THAT(unpickle_error(kProto + "](K\x01\x90."), HasSubstr("ADDITEMS on a list (only a set takes it)"));
   EXPECT_THAT(unpickle_error(kProto + "}]K\x01s."), HasSubstr("a dict key is a list"));
   // Keys Python finds equal are one key (the last value wins); distinct tuples stay distinct.
@@ -506,24 +511,31 @@ TEST(PickleUnpickler, ContainerOperationsTypeChecked) {
   EXPECT_EQ(d, Value::dict({{Value(1), Value(4)}}));
   d = unpickle(kProto + "}(" + pstr("a,s1:b") + "\x85K\x01" + pstr("a") + pstr("b") + "\x86K\x02u.");
   EXPECT_EQ(d.items().size(), 2u);
-  EXPECT_THAT(unpickle_error(kProto + "]q\x00h\x00"s "a."), HasSubstr("into itself"));
+  EXPECT_THAT(unpickle_error(kProto + "]q\x00h\x00"s
+                                      "a."),
+              HasSubstr("into itself"));
   // A list changed after it went into another one (the way to build a cycle) is refused.
-  EXPECT_THAT(unpickle_error(kProto + "]q\x00]h\x00"s "a0h\x00K\x01"s "a."), HasSubstr("already inside another object"));
+  EXPECT_THAT(unpickle_error(kProto + "]q\x00]h\x00"s
+                                      "a0h\x00K\x01"s
+                                      "a."),
+              HasSubstr("already inside another object"));
 }
 
 TEST(PickleUnpickler, TensorRebuildForms) {
   // Old files: _rebuild_tensor(storage, offset, size, stride); parameters wrap a tensor.
   std::string storage = "(" + pstr("storage") + "ctorch\nDoubleStorage\n" + pstr("0") + pstr("cpu") + pint(4) + "tQ";
-  Value v = unpickle(kProto + "ctorch._utils\n_rebuild_tensor\n(" + storage + pint(1) + ptuple({3}) + ptuple({1}) + "tR.");
+  Value v =
+      unpickle(kProto + "ctorch._utils\n_rebuild_tensor\n(" + storage + pint(1) + ptuple({3}) + ptuple({1}) + "tR.");
   EXPECT_EQ(v.to_tensor().shape(), (Shape{3}));
   EXPECT_EQ(v.to_tensor().storage_offset(), 1);
-  v = unpickle(kProto + "ctorch._utils\n_rebuild_parameter\n(" +
-               tensor_pickle("FloatStorage", 2, 0, {2}, {1}) + "\x88}tR.");
+  v = unpickle(kProto + "ctorch._utils\n_rebuild_parameter\n(" + tensor_pickle("FloatStorage", 2, 0, {2}, {1}) +
+               "\x88}tR.");
   EXPECT_TRUE(v.to_tensor().requires_grad());
   // Legacy persistent ids carry view_metadata, which must be None.
-  std::string view = "(" + pstr("storage") + "ctorch\nFloatStorage\n" + pstr("0") + pstr("cpu") + pint(4) +
-                     "(" + pstr("1") + pint(0) + pint(2) + "ttQ.";
-  EXPECT_THAT(unpickle_error(kProto + view), HasSubstr("storage views (persistent id view_metadata) are not supported"));
+  std::string view = "(" + pstr("storage") + "ctorch\nFloatStorage\n" + pstr("0") + pstr("cpu") + pint(4) + "(" +
+                     pstr("1") + pint(0) + pint(2) + "ttQ.";
+  EXPECT_THAT(unpickle_error(kProto + view),
+              HasSubstr("storage views (persistent id view_metadata) are not supported"));
   EXPECT_THAT(unpickle_error(kProto + "(" + pstr("storage") + "ccollections\nOrderedDict\n" + pstr("0") + pstr("cpu") +
                              pint(4) + "tQ."),
               HasSubstr("the storage type collections.OrderedDict is not a torch storage"));
@@ -551,18 +563,29 @@ TEST(PickleUnpickler, DeepNestingRefusedWithoutStackOverflow) {
 
 TEST(PickleUnpickler, SharedSubtreesCannotExplode) {
   // l0 = [1]; l_{i+1} = [l_i, l_i]: 2^60 nodes when expanded.
-  std::string p = kProto + "]K\x01" "aq\x00"s "0";
-  for (int i = 0; i < 60; ++i) p += "](h\x00h\x00"s "eq\x00"s "0";
-  p += "h\x00"s ".";
+  std::string p = kProto +
+                  "]K\x01"
+                  "aq\x00"s
+                  "0";
+  for (int i = 0; i < 60; ++i)
+    p += "](h\x00h\x00"s
+         "eq\x00"s
+         "0";
+  p += "h\x00"s
+       ".";
   EXPECT_THAT(unpickle_error(p), HasSubstr("more than 67108864 nodes"));
   // One memoized 1 MiB string used 2000 times would be copied 2000 times.
-  std::string big = kProto + "X" + u32(1 << 20) + std::string(1 << 20, 'x') + "q\x00" "0]("s;
+  std::string big = kProto + "X" + u32(1 << 20) + std::string(1 << 20, 'x') +
+                    "q\x00"
+                    "0]("s;
   for (int i = 0; i < 2000; ++i) big += "h\x00"s;
   EXPECT_THAT(unpickle_error(big + "e."), HasSubstr("more than 1073741824 bytes of strings"));
 }
 
 TEST(PickleUnpickler, LengthsCheckedBeforeAllocating) {
-  EXPECT_THAT(unpickle_error(kProto + "X\xff\xff\xff\x7f" "ab"), HasSubstr("needs 2147483647 more bytes but the pickle has 2 left"));
+  EXPECT_THAT(unpickle_error(kProto + "X\xff\xff\xff\x7f"
+                                      "ab"),
+              HasSubstr("needs 2147483647 more bytes but the pickle has 2 left"));
   EXPECT_THAT(unpickle_error(kProto + "\x8e\xff\xff\xff\xff\xff\xff\xff\x7f"), HasSubstr("more bytes"));
   EXPECT_THAT(unpickle_error(kProto + "\x8a\x09" + std::string(9, 1) + "."), HasSubstr("beyond 64 bits"));
   EXPECT_THAT(unpickle_error(kProto + "T\xff\xff\xff\xff."), HasSubstr("negative string length"));
@@ -577,10 +600,10 @@ TEST(PickleUnpickler, ReadsWhatPythonWrites) {
       "for p in (2, 3, 4, 5): sys.stdout.write(pickle.dumps(v, protocol=p).hex() + '\\n')\n";
   spit(temp_dir() / "py_pickles.py", code);
   std::string out = run("/usr/bin/python3 " + (temp_dir() / "py_pickles.py").string());
-  Value expected = Value::list({Value(1), Value(-2), Value(int64_t{1} << 40), Value(std::numeric_limits<int64_t>::min()),
-                                Value(1.5), Value("é"), Value::bytes("\x00\xff"s),
-                                Value::tuple({Value(1)}), Value::dict({{Value(3), Value()}}),
-                                Value::set({Value(true), Value("x")}), Value::set({Value(2)})});
+  Value expected =
+      Value::list({Value(1), Value(-2), Value(int64_t{1} << 40), Value(std::numeric_limits<int64_t>::min()), Value(1.5),
+                   Value("é"), Value::bytes("\x00\xff"s), Value::tuple({Value(1)}), Value::dict({{Value(3), Value()}}),
+                   Value::set({Value(true), Value("x")}), Value::set({Value(2)})});
   std::istringstream lines(out);
   std::string hex;
   int n = 0;
@@ -596,10 +619,11 @@ TEST(PickleUnpickler, ReadsWhatPythonWrites) {
 TEST(PickleUnpickler, RandomCorruptionsOnlyRaiseErrors) {
   // A checkpoint pickle with tensors, dicts, lists and tuples, damaged at random: every result
   // is a value or a tvc::Error (run under the sanitizers to catch worse).
-  Value ckpt = Value::dict({{Value("w"), Value(arange(12, {.dtype = DType::Float32}).view({3, 4}).t())},
-                            {Value("opt"), Value::dict({{Value(0), Value::list({Value(1.5), Value::tuple({Value(2), Value("x")})})}})},
-                            {Value("b"), Value::bytes("\x01\xff")}},
-                           true);
+  Value ckpt = Value::dict(
+      {{Value("w"), Value(arange(12, {.dtype = DType::Float32}).view({3, 4}).t())},
+       {Value("opt"), Value::dict({{Value(0), Value::list({Value(1.5), Value::tuple({Value(2), Value("x")})})}})},
+       {Value("b"), Value::bytes("\x01\xff")}},
+      true);
   std::vector<PickledStorage> storages;
   const std::string good = pickle_value(ckpt, storages);
   EXPECT_EQ(*unpickle(good).find("opt"), *ckpt.find("opt"));  // (the test storages are zeros)
@@ -644,8 +668,9 @@ TEST(ZipArchive, WriterAndReaderAgree) {
     EXPECT_THAT(error_of([&] { r.read("a", got.data(), 6); }), HasSubstr("zip entry 'a' holds 5 bytes, expected 6"));
     EXPECT_THAT(error_of([&] { r.size("nope"); }), HasSubstr("has no entry 'nope'"));
     // Python's zipfile reads it too.
-    std::string py = run("/usr/bin/python3 -c \"import zipfile; z = zipfile.ZipFile('" + p.string() +
-                         "'); print(z.testzip(), [(i.filename, i.file_size, i.header_offset) for i in z.infolist()])\"");
+    std::string py =
+        run("/usr/bin/python3 -c \"import zipfile; z = zipfile.ZipFile('" + p.string() +
+            "'); print(z.testzip(), [(i.filename, i.file_size, i.header_offset) for i in z.infolist()])\"");
     EXPECT_THAT(py, HasSubstr("None [('a', 5, 0), ('dir/empty', 0, "));
   }
 }
@@ -666,7 +691,8 @@ TEST(ZipArchive, LyingDeflatedSizeRefusedBeforeAllocating) {
 
 TEST(ZipArchive, NotAZip) {
   spit(temp_dir() / "junk.zip", "not a zip at all");
-  EXPECT_THAT(error_of([&] { ZipReader((temp_dir() / "junk.zip").string()); }), HasSubstr("not a readable zip archive"));
+  EXPECT_THAT(error_of([&] { ZipReader((temp_dir() / "junk.zip").string()); }),
+              HasSubstr("not a readable zip archive"));
 }
 
 }  // namespace

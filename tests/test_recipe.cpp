@@ -96,17 +96,22 @@ TEST_F(RecipeFile, AMisspeltKeyIsAnErrorNamingItAndTheNearestKey) {
 }
 
 TEST_F(RecipeFile, BadValuesAreErrorsNamingTheKeyAndTheAllowedValues) {
-  EXPECT_NE(error_of([&] { load_recipe(write("optimizer: rmsprop\n")); }).find("'optimizer' must be one of sgd, adamw, adam; got 'rmsprop'"),
+  EXPECT_NE(error_of([&] {
+              load_recipe(write("optimizer: rmsprop\n"));
+            }).find("'optimizer' must be one of sgd, adamw, adam; got 'rmsprop'"),
             std::string::npos);
   EXPECT_NE(error_of([&] { load_recipe(write("epochs: 0\n")); }).find("'epochs' must be in [1, 1000000], got 0"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { load_recipe(write("lr: fast\n")); }).find("'lr' must be a number, got 'fast'"), std::string::npos);
-  EXPECT_NE(error_of([&] { load_recipe(write("backbone: resnet19\n")); }).find("did you mean 'resnet18'"), std::string::npos);
+  EXPECT_NE(error_of([&] { load_recipe(write("lr: fast\n")); }).find("'lr' must be a number, got 'fast'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_recipe(write("backbone: resnet19\n")); }).find("did you mean 'resnet18'"),
+            std::string::npos);
   // (A patch's target path is checked when the model is built, before training starts.)
   EXPECT_NE(error_of([&] { load_recipe(write("patches: {layer3: {wrap: se, replace: se}}\n")); }).find("'patches'"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { load_recipe(write("ema: {decay: 0.9}\nswa: {start_epoch: 1}\n")); }).find("exclude each other"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { load_recipe(write("ema: {decay: 0.9}\nswa: {start_epoch: 1}\n")); }).find("exclude each other"),
+      std::string::npos);
   EXPECT_NE(error_of([&] { load_recipe(write("unfreeze_stages: [3]\n")); }).find("needs 'freeze_backbone: true'"),
             std::string::npos);
   EXPECT_NE(error_of([&] { load_recipe(write("- a list\n")); }).find("a recipe is a map"), std::string::npos);
@@ -129,14 +134,17 @@ TEST(Recipe, FlagsSetKeysWithDashesDotsAndTheFirstTrainsSpellings) {
   EXPECT_DOUBLE_EQ(r.ema->decay, 0.99);
   set_recipe_key(r, "ema.every", "4");
   EXPECT_EQ(r.ema->every, 4);
-  EXPECT_DOUBLE_EQ(r.ema->decay, 0.99);  // a field keeps the others
+  EXPECT_DOUBLE_EQ(r.ema->decay, 0.99);                           // a field keeps the others
   set_recipe_key(r, "patches", R"({"layer3": {"wrap": "se"}})");  // JSON text on the command line
   EXPECT_EQ(r.patches, R"({"layer3":{"wrap":"se"}})");
   set_recipe_key(r, "unfreeze_stages", "[1, 2]");
   EXPECT_EQ(r.unfreeze_stages, (std::vector<int64_t>{1, 2}));
-  EXPECT_NE(error_of([&] { set_recipe_key(r, "batch-szie", "3"); }).find("--batch-szie: unknown key 'batch_szie'; did you mean 'batch_size'"),
+  EXPECT_NE(error_of([&] {
+              set_recipe_key(r, "batch-szie", "3");
+            }).find("--batch-szie: unknown key 'batch_szie'; did you mean 'batch_size'"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { set_recipe_key(r, "ema", "1.5"); }).find("'ema.decay' must be in [0, 1]"), std::string::npos);
+  EXPECT_NE(error_of([&] { set_recipe_key(r, "ema", "1.5"); }).find("'ema.decay' must be in [0, 1]"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { set_recipe_key(r, "lr.x", "1"); }).find("only ema and swa have fields"), std::string::npos);
 }
 

@@ -1,9 +1,8 @@
 // safetensors: round trips with the reference Python package (every dtype, bit-exact), the
 // float8 decoding table, crash-safe writes, files shrinking under us, lazy memory mapping.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,8 +29,8 @@ namespace fs = std::filesystem;
 using test::error_of;
 using test::hex;
 using test::read_file;
-using test::tensor_bytes;
 using test::TempDir;
+using test::tensor_bytes;
 using test::write_file;
 
 bool same(const Tensor& a, const Tensor& b) {
@@ -66,10 +65,12 @@ for dtype, shape in specs:
     add("t." + dtype, dtype, shape, n * size.get(dtype, 1))
 add("empty", "float32", [0, 3], 0)
 add("scalar", "float64", [], 8)
-serialize_file(tensors, ")PY" + path + R"PY(", metadata={"format": "pt", "note": "caf\u00e9"})
+serialize_file(tensors, ")PY" +
+         path + R"PY(", metadata={"format": "pt", "note": "caf\u00e9"})
 from safetensors import deserialize
 out = {name: {"dtype": v["dtype"], "shape": v["shape"], "hex": bytes(v["data"]).hex()}
-       for name, v in deserialize(open(")PY" + path + R"PY(", "rb").read())}
+       for name, v in deserialize(open(")PY" +
+         path + R"PY(", "rb").read())}
 print(json.dumps(out))
 )PY";
 }
@@ -108,8 +109,7 @@ TEST(Safetensors, ReadsEveryDtypeWrittenByThePythonPackageBitExact) {
   std::vector<uint8_t> u16 = file.bytes("t.uint16");
   Tensor w16 = file.tensor("t.uint16", {.widen = true});
   ASSERT_EQ(w16.dtype(), DType::Int32);
-  for (int64_t i = 0; i < w16.numel(); ++i)
-    EXPECT_EQ(w16.data_ptr<int32_t>()[i], u16[2 * i] | (u16[2 * i + 1] << 8));
+  for (int64_t i = 0; i < w16.numel(); ++i) EXPECT_EQ(w16.data_ptr<int32_t>()[i], u16[2 * i] | (u16[2 * i + 1] << 8));
   std::vector<uint8_t> u32 = file.bytes("t.uint32");
   Tensor w32 = file.tensor("t.uint32", {.widen = true});
   ASSERT_EQ(w32.dtype(), DType::Int64);
@@ -136,12 +136,15 @@ TEST(Safetensors, RawCopyIsReadBackEqualByThePythonPackage) {
   EXPECT_EQ((8 + n) % 8, 0u);
   EXPECT_EQ(bytes.compare(8, 16, "{\"__metadata__\":"), 0) << bytes.substr(8, 40);
   io::SafetensorsFile copy = io::SafetensorsFile::open(dst);
-  for (const auto& e : copy.entries()) EXPECT_EQ(e.begin % (io::bit_size(e.dtype) >= 8 ? io::bit_size(e.dtype) / 8 : 1), 0u) << e.name;
+  for (const auto& e : copy.entries())
+    EXPECT_EQ(e.begin % (io::bit_size(e.dtype) >= 8 ? io::bit_size(e.dtype) / 8 : 1), 0u) << e.name;
 
   std::string check = test::torch_run_uncached(R"PY(
 from safetensors import deserialize, safe_open
-a = {k: (v["dtype"], v["shape"], bytes(v["data"])) for k, v in deserialize(open(")PY" + src + R"PY(", "rb").read())}
-b = {k: (v["dtype"], v["shape"], bytes(v["data"])) for k, v in deserialize(open(")PY" + dst + R"PY(", "rb").read())}
+a = {k: (v["dtype"], v["shape"], bytes(v["data"])) for k, v in deserialize(open(")PY" +
+                                               src + R"PY(", "rb").read())}
+b = {k: (v["dtype"], v["shape"], bytes(v["data"])) for k, v in deserialize(open(")PY" +
+                                               dst + R"PY(", "rb").read())}
 with safe_open(")PY" + dst + R"PY(", framework="np") as f:
     meta = f.metadata()
 print("equal" if a == b and meta == {"format": "pt", "note": "caf\u00e9"} else "DIFFERENT", len(b))
@@ -157,7 +160,8 @@ TEST(Safetensors, TensorsSavedByTvcLoadEqualInTorch) {
   Tensor b = randn({4, 5}, {.dtype = DType::Float64}).transpose(0, 1);  // non-contiguous
   Tensor h = randn({6}).to(DType::Float16), bf = randn({2, 3}).to(DType::BFloat16);
   Tensor i = randint(-1000, 1000, {7}), k = randint(0, 2, {4}).to(DType::Bool);
-  std::vector<std::pair<std::string, Tensor>> tensors = {{"a", a}, {"b.t", b}, {"h", h}, {"bf", bf}, {"i", i}, {"k", k}};
+  std::vector<std::pair<std::string, Tensor>> tensors = {{"a", a},   {"b.t", b}, {"h", h},
+                                                         {"bf", bf}, {"i", i},   {"k", k}};
   io::save_safetensors(path, tensors, {{"format", "pt"}});
   std::string code = "from safetensors.torch import load_file\nd = load_file('" + path + "')\nok = True\n";
   for (const auto& [name, t] : tensors)
@@ -178,16 +182,36 @@ TEST(Safetensors, Float8BitPatternsWidenToTheirValues) {
   };
   std::vector<Case> cases = {
       {io::FileDType::Float8E4M3,
-       {{0x00, 0.0f}, {0x80, -0.0f}, {0x01, 0.001953125f}, {0x07, 0.013671875f}, {0x08, 0.015625f},
-        {0x38, 1.0f}, {0x39, 1.125f}, {0xb8, -1.0f}, {0x7e, 448.0f}, {0xfe, -448.0f}, {0x7f, nan}, {0xff, nan}}},
+       {{0x00, 0.0f},
+        {0x80, -0.0f},
+        {0x01, 0.001953125f},
+        {0x07, 0.013671875f},
+        {0x08, 0.015625f},
+        {0x38, 1.0f},
+        {0x39, 1.125f},
+        {0xb8, -1.0f},
+        {0x7e, 448.0f},
+        {0xfe, -448.0f},
+        {0x7f, nan},
+        {0xff, nan}}},
       {io::FileDType::Float8E5M2,
-       {{0x00, 0.0f}, {0x01, 1.52587890625e-05f}, {0x04, 6.103515625e-05f}, {0x3c, 1.0f}, {0x3d, 1.25f},
-        {0xc0, -2.0f}, {0x7b, 57344.0f}, {0x7c, inf}, {0xfc, -inf}, {0x7d, nan}, {0xff, nan}}},
+       {{0x00, 0.0f},
+        {0x01, 1.52587890625e-05f},
+        {0x04, 6.103515625e-05f},
+        {0x3c, 1.0f},
+        {0x3d, 1.25f},
+        {0xc0, -2.0f},
+        {0x7b, 57344.0f},
+        {0x7c, inf},
+        {0xfc, -inf},
+        {0x7d, nan},
+        {0xff, nan}}},
       {io::FileDType::Float8E4M3Fnuz,
        {{0x00, 0.0f}, {0x40, 1.0f}, {0x01, 0.0009765625f}, {0x7f, 240.0f}, {0xff, -240.0f}, {0x80, nan}}},
       {io::FileDType::Float8E5M2Fnuz,
        {{0x00, 0.0f}, {0x40, 1.0f}, {0x01, 7.62939453125e-06f}, {0x7f, 57344.0f}, {0xc0, -1.0f}, {0x80, nan}}},
-      {io::FileDType::Float8E8M0, {{0x7f, 1.0f}, {0x80, 2.0f}, {0x00, 5.877471754111438e-39f}, {0xfe, 1.7014118346046923e38f}, {0xff, nan}}},
+      {io::FileDType::Float8E8M0,
+       {{0x7f, 1.0f}, {0x80, 2.0f}, {0x00, 5.877471754111438e-39f}, {0xfe, 1.7014118346046923e38f}, {0xff, nan}}},
   };
   TempDir dir;
   std::string path = dir / "f8.safetensors";
@@ -321,8 +345,8 @@ TEST(Safetensors, MappedFileStaysOffResidentMemoryUntilTouched) {
   constexpr int64_t kElems = 25 << 20;  // 100 MB of float32 each
   std::string header = "{";
   for (int i = 0; i < kTensors; ++i)
-    header += cat_str(i ? "," : "", "\"t", i, "\":{\"dtype\":\"F32\",\"shape\":[", kElems,
-                      "],\"data_offsets\":[", i * kElems * 4, ",", (i + 1) * kElems * 4, "]}");
+    header += cat_str(i ? "," : "", "\"t", i, "\":{\"dtype\":\"F32\",\"shape\":[", kElems, "],\"data_offsets\":[",
+                      i * kElems * 4, ",", (i + 1) * kElems * 4, "]}");
   header += "}";
   header.append((8 - header.size() % 8) % 8, ' ');
   {
@@ -367,7 +391,8 @@ TEST(Safetensors, LoadIntoModuleConvertsDtypeAndAssignMaps) {
   EXPECT_TRUE(mapped.weight().requires_grad());
 
   std::string half = dir / "half.safetensors";
-  io::save_safetensors(half, {{"weight", source.weight().to(DType::Float16)}, {"bias", source.bias().to(DType::Float16)}});
+  io::save_safetensors(half,
+                       {{"weight", source.weight().to(DType::Float16)}, {"bias", source.bias().to(DType::Float16)}});
   nn::Linear from_half(4, 3);
   io::load_into(from_half, half, {}, true, true);
   EXPECT_EQ(from_half.weight().dtype(), DType::Float32);

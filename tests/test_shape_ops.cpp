@@ -18,10 +18,10 @@ namespace {
 
 struct Case {
   std::string name;
-  Shape x_shape;                                      // the differentiated input x
+  Shape x_shape;  // the differentiated input x
   std::function<Tensor(const Tensor& x, const Tensor& t)> fn;
-  std::string torch;                                  // Python expression over x (and t)
-  Tensor t = Tensor();                                // optional second input (targets), passed as is
+  std::string torch;    // Python expression over x (and t)
+  Tensor t = Tensor();  // optional second input (targets), passed as is
 };
 
 std::string fmt_double(double v) {
@@ -85,21 +85,21 @@ std::vector<Case> interpolate_cases() {
     std::optional<std::array<double, 2>> scale;
   };
   std::vector<Target> targets = {
-      {std::array<int64_t, 2>{13, 20}, std::nullopt},   // up
-      {std::array<int64_t, 2>{3, 4}, std::nullopt},     // down
-      {std::array<int64_t, 2>{7, 5}, std::nullopt},     // one axis unchanged
-      {std::array<int64_t, 2>{1, 1}, std::nullopt},     // to one pixel
-      {std::nullopt, std::array<double, 2>{1.7, 2.0}},  // scale_factor up (scale != in/out)
-      {std::nullopt, std::array<double, 2>{0.6, 0.45}}, // scale_factor down
-      {std::nullopt, std::array<double, 2>{1.1, 0.5}},  // floor(7 * 1.1) = 7: same size, other scale
+      {std::array<int64_t, 2>{13, 20}, std::nullopt},    // up
+      {std::array<int64_t, 2>{3, 4}, std::nullopt},      // down
+      {std::array<int64_t, 2>{7, 5}, std::nullopt},      // one axis unchanged
+      {std::array<int64_t, 2>{1, 1}, std::nullopt},      // to one pixel
+      {std::nullopt, std::array<double, 2>{1.7, 2.0}},   // scale_factor up (scale != in/out)
+      {std::nullopt, std::array<double, 2>{0.6, 0.45}},  // scale_factor down
+      {std::nullopt, std::array<double, 2>{1.1, 0.5}},   // floor(7 * 1.1) = 7: same size, other scale
   };
   struct Mode {
     std::string mode;
     bool align_corners, antialias;
   };
-  std::vector<Mode> modes = {{"nearest", false, false},  {"bilinear", false, false}, {"bilinear", true, false},
-                             {"bicubic", false, false},  {"bicubic", true, false},   {"bilinear", false, true},
-                             {"bicubic", false, true},   {"bilinear", true, true},   {"bicubic", true, true}};
+  std::vector<Mode> modes = {{"nearest", false, false}, {"bilinear", false, false}, {"bilinear", true, false},
+                             {"bicubic", false, false}, {"bicubic", true, false},   {"bilinear", false, true},
+                             {"bicubic", false, true},  {"bilinear", true, true},   {"bicubic", true, true}};
   for (const Mode& m : modes) {
     for (const Target& tg : targets) {
       // PyTorch 1.13's NCHW nearest forward maps an unchanged axis with the given scale
@@ -122,7 +122,8 @@ std::vector<Case> interpolate_cases() {
       expr << ")";
       cases.push_back({name.str(), in,
                        [m, tg](const Tensor& x, const Tensor&) {
-                         return interpolate(x, tg.size, tg.scale, parse_mode<InterpolateMode>(m.mode), m.align_corners, m.antialias);
+                         return interpolate(x, tg.size, tg.scale, parse_mode<InterpolateMode>(m.mode), m.align_corners,
+                                            m.antialias);
                        },
                        expr.str()});
     }
@@ -163,12 +164,17 @@ TEST(ShapeOps, PadMatchesPyTorch) {
     Shape shape;
   };
   std::vector<P> ps = {
-      {{2, 3, 1, 2}, "reflect", {2, 3, 5, 6}},    {{-1, 2, 3, -2}, "reflect", {2, 3, 5, 6}},
-      {{4, 0}, "reflect", {3, 5}},                {{2, 3, 1, 2}, "circular", {2, 3, 5, 6}},
-      {{-1, 2, 2, -1}, "circular", {2, 3, 5, 6}}, {{5, 5}, "circular", {2, 3, 5}},
-      {{2, 3, 1, 2}, "replicate", {2, 3, 5, 6}},  {{-2, 1, 4, -1}, "replicate", {1, 5, 6}},
+      {{2, 3, 1, 2}, "reflect", {2, 3, 5, 6}},
+      {{-1, 2, 3, -2}, "reflect", {2, 3, 5, 6}},
+      {{4, 0}, "reflect", {3, 5}},
+      {{2, 3, 1, 2}, "circular", {2, 3, 5, 6}},
+      {{-1, 2, 2, -1}, "circular", {2, 3, 5, 6}},
+      {{5, 5}, "circular", {2, 3, 5}},
+      {{2, 3, 1, 2}, "replicate", {2, 3, 5, 6}},
+      {{-2, 1, 4, -1}, "replicate", {1, 5, 6}},
       {{1, 2, 0, 1, 2, 0}, "reflect", {1, 2, 3, 4, 5}},
-      {{1, 2, 3, 4}, "constant", {2, 3, 5, 6}},   {{-1, 2, 0, -3, 1, 1}, "constant", {2, 3, 5, 6}},
+      {{1, 2, 3, 4}, "constant", {2, 3, 5, 6}},
+      {{-1, 2, 0, -3, 1, 1}, "constant", {2, 3, 5, 6}},
       {{-3, -2}, "constant", {4, 6}},
   };
   for (const P& p : ps) {
@@ -178,17 +184,25 @@ TEST(ShapeOps, PadMatchesPyTorch) {
     for (size_t i = 0; i < p.pads.size(); ++i) expr << (i ? ", " : "") << p.pads[i];
     expr << "], mode='" << p.mode << "'" << (p.mode == "constant" ? ", value=0.75" : "") << ")";
     double value = p.mode == "constant" ? 0.75 : 0.0;
-    cases.push_back({name.str(), p.shape,
-                     [p, value](const Tensor& x, const Tensor&) { return pad(x, p.pads, parse_mode<PadMode>(p.mode), value); },
-                     expr.str()});
+    cases.push_back(
+        {name.str(), p.shape,
+         [p, value](const Tensor& x, const Tensor&) { return pad(x, p.pads, parse_mode<PadMode>(p.mode), value); },
+         expr.str()});
   }
-  cases.push_back({"pad reflect non-contiguous", {3, 4, 5},
-                   [](const Tensor& x, const Tensor&) { return pad(x.transpose(1, 2), {2, 1}, PadMode::Reflect); },
+  cases.push_back({"pad reflect non-contiguous",
+                   {3, 4, 5},
+                   [](const Tensor& x, const Tensor&) {
+                     return pad(x.transpose(1, 2), {2, 1}, PadMode::Reflect);
+                   },
                    "F.pad(x.transpose(1, 2), [2, 1], mode='reflect')"});
-  cases.push_back({"roll two dims", {3, 4, 5},
-                   [](const Tensor& x, const Tensor&) { return roll(x, {2, -7}, {0, 2}); },
+  cases.push_back({"roll two dims",
+                   {3, 4, 5},
+                   [](const Tensor& x, const Tensor&) {
+                     return roll(x, {2, -7}, {0, 2});
+                   },
                    "torch.roll(x, [2, -7], [0, 2])"});
-  cases.push_back({"roll flattened", {3, 4, 5},
+  cases.push_back({"roll flattened",
+                   {3, 4, 5},
                    [](const Tensor& x, const Tensor&) { return roll(x.transpose(0, 2), {13}, {}); },
                    "torch.roll(x.transpose(0, 2), 13)"});
   check_both(cases);
@@ -196,12 +210,12 @@ TEST(ShapeOps, PadMatchesPyTorch) {
 
 TEST(ShapeOps, PadRejectsBadArguments) {
   Tensor x = randn({1, 2, 3, 4});
-  EXPECT_THROW(pad(x, {1, 2, 3}), Error);                      // odd length
-  EXPECT_THROW(pad(x, {4, 0}, PadMode::Reflect), Error);              // reflect pad >= size
-  EXPECT_THROW(pad(x, {5, 0}, PadMode::Circular), Error);             // wraps more than once
-  EXPECT_THROW(pad(x, {1, 1}, PadMode::Reflect), Error);              // 4-d input needs 2 or 3 pairs
-  EXPECT_THROW(pad(x, {1, 1, 1, 1}, PadMode::Reflect, 1.0), Error);   // value with a non-constant mode
-  EXPECT_THROW(pad(x, {-3, -2}), Error);                       // negative size
+  EXPECT_THROW(pad(x, {1, 2, 3}), Error);                            // odd length
+  EXPECT_THROW(pad(x, {4, 0}, PadMode::Reflect), Error);             // reflect pad >= size
+  EXPECT_THROW(pad(x, {5, 0}, PadMode::Circular), Error);            // wraps more than once
+  EXPECT_THROW(pad(x, {1, 1}, PadMode::Reflect), Error);             // 4-d input needs 2 or 3 pairs
+  EXPECT_THROW(pad(x, {1, 1, 1, 1}, PadMode::Reflect, 1.0), Error);  // value with a non-constant mode
+  EXPECT_THROW(pad(x, {-3, -2}), Error);                             // negative size
   EXPECT_THROW(parse_mode<PadMode>("wrap"), Error);
 }
 
@@ -240,59 +254,78 @@ TEST(ShapeOps, LossesMatchPyTorch) {
   for (std::string red : {"mean", "sum", "none"}) {
     for (double ls : {0.0, 0.2}) {
       std::string sls = fmt_double(ls);
-      cases.push_back({"cross_entropy weight ignore " + red + " ls " + sls, {6, 5},
+      cases.push_back({"cross_entropy weight ignore " + red + " ls " + sls,
+                       {6, 5},
                        [=](const Tensor& x, const Tensor& t) {
                          return cross_entropy(x, t, weight5.to(x.dtype()), -100, parse_mode<Reduction>(red), ls);
                        },
                        "F.cross_entropy(x, t, weight=" + pw5 + ", ignore_index=-100, reduction='" + red +
                            "', label_smoothing=" + sls + ")",
                        t2});
-      cases.push_back({"cross_entropy (N,K,d) weight ignore 7 " + red + " ls " + sls, {3, 4, 5},
+      cases.push_back({"cross_entropy (N,K,d) weight ignore 7 " + red + " ls " + sls,
+                       {3, 4, 5},
                        [=](const Tensor& x, const Tensor& t) {
                          return cross_entropy(x, t, weight4.to(x.dtype()), 7, parse_mode<Reduction>(red), ls);
                        },
                        "F.cross_entropy(x, t, weight=" + pw4 + ", ignore_index=7, reduction='" + red +
                            "', label_smoothing=" + sls + ")",
                        t3});
-      cases.push_back({"cross_entropy no weight " + red + " ls " + sls, {6, 5},
-                       [=](const Tensor& x, const Tensor& t) { return cross_entropy(x, t, Tensor(), -100, parse_mode<Reduction>(red), ls); },
-                       "F.cross_entropy(x, t, reduction='" + red + "', label_smoothing=" + sls + ")", t2});
-      cases.push_back({"cross_entropy probabilities " + red + " ls " + sls, {6, 5},
-                       [=](const Tensor& x, const Tensor&) {
-                         Tensor p = softmax(mul(arange(30, {.dtype = x.dtype()}).reshape({6, 5}), scalar_like(0.1, x.dtype())), 1);
-                         return cross_entropy(x, p, weight5.to(x.dtype()), -100, parse_mode<Reduction>(red), ls);
+      cases.push_back({"cross_entropy no weight " + red + " ls " + sls,
+                       {6, 5},
+                       [=](const Tensor& x, const Tensor& t) {
+                         return cross_entropy(x, t, Tensor(), -100, parse_mode<Reduction>(red), ls);
                        },
-                       "F.cross_entropy(x, torch.softmax(torch.arange(30, dtype=x.dtype).reshape(6, 5) * 0.1, 1), "
-                       "weight=" + pw5 + ", reduction='" + red + "', label_smoothing=" + sls + ")"});
+                       "F.cross_entropy(x, t, reduction='" + red + "', label_smoothing=" + sls + ")",
+                       t2});
+      cases.push_back(
+          {"cross_entropy probabilities " + red + " ls " + sls,
+           {6, 5},
+           [=](const Tensor& x, const Tensor&) {
+             Tensor p = softmax(mul(arange(30, {.dtype = x.dtype()}).reshape({6, 5}), scalar_like(0.1, x.dtype())), 1);
+             return cross_entropy(x, p, weight5.to(x.dtype()), -100, parse_mode<Reduction>(red), ls);
+           },
+           "F.cross_entropy(x, torch.softmax(torch.arange(30, dtype=x.dtype).reshape(6, 5) * 0.1, 1), "
+           "weight=" +
+               pw5 + ", reduction='" + red + "', label_smoothing=" + sls + ")"});
     }
-    cases.push_back({"nll_loss weight ignore " + red, {6, 5},
-                     [=](const Tensor& x, const Tensor& t) { return nll_loss(x, t, weight5.to(x.dtype()), -100, parse_mode<Reduction>(red)); },
-                     "F.nll_loss(x, t, weight=" + pw5 + ", reduction='" + red + "')", t2});
-    cases.push_back({"mse_loss " + red, {4, 7},
+    cases.push_back({"nll_loss weight ignore " + red,
+                     {6, 5},
+                     [=](const Tensor& x, const Tensor& t) {
+                       return nll_loss(x, t, weight5.to(x.dtype()), -100, parse_mode<Reduction>(red));
+                     },
+                     "F.nll_loss(x, t, weight=" + pw5 + ", reduction='" + red + "')",
+                     t2});
+    cases.push_back({"mse_loss " + red,
+                     {4, 7},
                      [=](const Tensor& x, const Tensor&) {
-                       return mse_loss(x, mul(arange(28, {.dtype = x.dtype()}).reshape({4, 7}), scalar_like(0.1, x.dtype())), parse_mode<Reduction>(red));
+                       return mse_loss(
+                           x, mul(arange(28, {.dtype = x.dtype()}).reshape({4, 7}), scalar_like(0.1, x.dtype())),
+                           parse_mode<Reduction>(red));
                      },
                      "F.mse_loss(x, torch.arange(28, dtype=x.dtype).reshape(4, 7) * 0.1, reduction='" + red + "')"});
-    cases.push_back({"bce_with_logits weight pos_weight " + red, {4, 5},
-                     [=](const Tensor& x, const Tensor&) {
-                       Tensor xs = mul(x, scalar_like(30, x.dtype()));  // large logits: checks stability
-                       Tensor target = div(arange(20, {.dtype = x.dtype()}).reshape({4, 5}), scalar_like(19, x.dtype()));
-                       Tensor weight = tensor<double>({0.5, 1.0, 1.5, 2.0}, Shape{4, 1}).to(x.dtype());
-                       return binary_cross_entropy_with_logits(xs, target, weight, parse_mode<Reduction>(red), weight5.to(x.dtype()));
-                     },
-                     "F.binary_cross_entropy_with_logits(x * 30, torch.arange(20, dtype=x.dtype).reshape(4, 5) / 19, "
-                     "weight=torch.tensor([[0.5], [1.0], [1.5], [2.0]], dtype=x.dtype), reduction='" + red +
-                         "', pos_weight=" + pw5 + ")"});
+    cases.push_back(
+        {"bce_with_logits weight pos_weight " + red,
+         {4, 5},
+         [=](const Tensor& x, const Tensor&) {
+           Tensor xs = mul(x, scalar_like(30, x.dtype()));  // large logits: checks stability
+           Tensor target = div(arange(20, {.dtype = x.dtype()}).reshape({4, 5}), scalar_like(19, x.dtype()));
+           Tensor weight = tensor<double>({0.5, 1.0, 1.5, 2.0}, Shape{4, 1}).to(x.dtype());
+           return binary_cross_entropy_with_logits(xs, target, weight, parse_mode<Reduction>(red),
+                                                   weight5.to(x.dtype()));
+         },
+         "F.binary_cross_entropy_with_logits(x * 30, torch.arange(20, dtype=x.dtype).reshape(4, 5) / 19, "
+         "weight=torch.tensor([[0.5], [1.0], [1.5], [2.0]], dtype=x.dtype), reduction='" +
+             red + "', pos_weight=" + pw5 + ")"});
   }
   check_both(cases);
 }
 
 TEST(ShapeOps, LossesRejectBadTargets) {
   Tensor x = randn({4, 3});
-  EXPECT_THROW(cross_entropy(x, int64_tensor({0, 1, 3, 2}, {4})), Error);    // class 3 of 3
-  EXPECT_THROW(cross_entropy(x, int64_tensor({0, 1, -1, 2}, {4})), Error);   // negative, not ignored
-  EXPECT_THROW(cross_entropy(x, tensor<int32_t>({0, 1, 1, 2})), Error);      // not int64
-  EXPECT_THROW(cross_entropy(x, int64_tensor({0, 1, 1}, {3})), Error);       // shape
+  EXPECT_THROW(cross_entropy(x, int64_tensor({0, 1, 3, 2}, {4})), Error);             // class 3 of 3
+  EXPECT_THROW(cross_entropy(x, int64_tensor({0, 1, -1, 2}, {4})), Error);            // negative, not ignored
+  EXPECT_THROW(cross_entropy(x, tensor<int32_t>({0, 1, 1, 2})), Error);               // not int64
+  EXPECT_THROW(cross_entropy(x, int64_tensor({0, 1, 1}, {3})), Error);                // shape
   EXPECT_THROW(cross_entropy(x, int64_tensor({0, 1, 1, 2}, {4}), ones({4})), Error);  // weight (K)
   EXPECT_THROW(parse_mode<Reduction>("avg"), Error);
   EXPECT_THROW(cross_entropy(x, softmax(randn({4, 3}), 1), Tensor(), 2), Error);  // ignore_index, probabilities

@@ -70,8 +70,7 @@ std::vector<std::string> sorted_keys(const nn::StateDict& sd) {
 
 // Every entry of expected (an AveragedModel state_dict file) against actual, by name (the order
 // of a dict made from a safetensors file is the file's sorted one).
-void expect_state(const nn::StateDict& actual, const std::string& expected_path, double tol,
-                  const std::string& what) {
+void expect_state(const nn::StateDict& actual, const std::string& expected_path, double tol, const std::string& what) {
   nn::StateDict expected = io::load_state_dict(expected_path);
   ASSERT_EQ(sorted_keys(actual), sorted_keys(expected)) << what;
   for (const auto& [name, e] : expected) {
@@ -139,19 +138,20 @@ TEST(AveragedModel, UserFunctionsOfEitherKind) {
   };
   check_case("custom", {.avg_fn = custom});
   // The same rule as a multi-tensor function, writing in place.
-  check_case("custom", {.multi_avg_fn = [custom](const std::vector<Tensor>& avg, const std::vector<Tensor>& cur, int64_t n) {
-                for (size_t i = 0; i < avg.size(); ++i) Tensor(avg[i]).copy_(custom(avg[i], cur[i], n));
-              }});
+  check_case("custom",
+             {.multi_avg_fn = [custom](const std::vector<Tensor>& avg, const std::vector<Tensor>& cur, int64_t n) {
+               for (size_t i = 0; i < avg.size(); ++i) Tensor(avg[i]).copy_(custom(avg[i], cur[i], n));
+             }});
 }
 
 TEST(AveragedModel, MultiFunctionGetsEveryTensorOfADtypeInOneCall) {
   auto model = make_model();
   model->get_submodule("4")->to(DType::Float32);  // a second dtype: Linear's weight and bias
   std::vector<std::pair<std::string, size_t>> calls;
-  AveragedModel averaged(*model, {.multi_avg_fn = [&](const std::vector<Tensor>& avg, const std::vector<Tensor>&, int64_t) {
-                                    calls.emplace_back(dtype_name(avg[0].dtype()), avg.size());
-                                  },
-                                  .use_buffers = true});
+  AveragedModel averaged(*model,
+                         {.multi_avg_fn = [&](const std::vector<Tensor>& avg, const std::vector<Tensor>&,
+                                              int64_t) { calls.emplace_back(dtype_name(avg[0].dtype()), avg.size()); },
+                          .use_buffers = true});
   averaged.update_parameters(*model);  // the first call copies
   EXPECT_TRUE(calls.empty());
   averaged.update_parameters(*model);
@@ -168,7 +168,8 @@ TEST(AveragedModel, EmaWarmupsFollowTimmAndTensorFlow) {
   const auto& timm_table = g["timm_warmup"]["table"];
   // t = 0 is the first update, which copies; timm's table starts its warm-up at t = 1.
   for (size_t t = 1; t < timm_table.size(); ++t)
-    EXPECT_NEAR(ema_decay(g["timm_warmup"]["decay"], timm, static_cast<int64_t>(t)), timm_table[t].get<double>(), 1e-15) << t;
+    EXPECT_NEAR(ema_decay(g["timm_warmup"]["decay"], timm, static_cast<int64_t>(t)), timm_table[t].get<double>(), 1e-15)
+        << t;
   const auto& tf_table = g["tf_warmup"]["table"];
   for (size_t t = 0; t < tf_table.size(); ++t)
     EXPECT_NEAR(ema_decay(g["tf_warmup"]["decay"], {.kind = EmaWarmup::Kind::tensorflow}, static_cast<int64_t>(t)),
@@ -198,7 +199,8 @@ TEST(AveragedModel, UpdateEveryKUpdatesExactlyOnTheKthCalls) {
 
 TEST(AveragedModel, Bfloat16ModelIsAveragedInFloat32OrOnRequestInFloat64) {
   if (goldens().empty()) return;
-  for (auto [dtype, tol] : {std::pair{std::optional<DType>(), 1e-6}, std::pair{std::optional<DType>(DType::Float64), 1e-12}}) {
+  for (auto [dtype, tol] :
+       {std::pair{std::optional<DType>(), 1e-6}, std::pair{std::optional<DType>(DType::Float64), 1e-12}}) {
     auto model = make_model(DType::BFloat16);
     AveragedModel averaged(*model, {.dtype = dtype});
     EXPECT_EQ(averaged.module().get_parameter("0.weight").dtype(), dtype.value_or(DType::Float32));
@@ -301,12 +303,15 @@ from swa_goldens import make_model
 torch.set_default_dtype(torch.float64)
 model = make_model()
 averaged = AveragedModel(model)
-averaged.load_state_dict(torch.load(")" + (dir / "tvc.pth") + R"(", weights_only=True))
+averaged.load_state_dict(torch.load(")" + (dir / "tvc.pth") +
+                                             R"(", weights_only=True))
 expected = torch.load(")" + expected("swa") + R"(")
 err = max(float((averaged.state_dict()[k].double() - v.double()).norm() / v.double().norm().clamp_min(1e-300)) for k, v in expected.items())
-model.load_state_dict(torch.load(")" + state_path(0) + R"("))
+model.load_state_dict(torch.load(")" + state_path(0) +
+                                             R"("))
 averaged.update_parameters(model)
-torch.save(averaged.state_dict(), ")" + (dir / "torch.pth") + R"(")
+torch.save(averaged.state_dict(), ")" + (dir / "torch.pth") +
+                                             R"(")
 print(err, int(averaged.n_averaged))
 )");
   double err = -1;
@@ -338,8 +343,10 @@ TEST(UpdateBn, RecomputesStatisticsAsTorchFromTensorsOrPairs) {
     nn::StateDict sd = owner.state_dict();
     for (const auto& [k, t] : expected_bn) {
       if (k.find("running") == std::string::npos && k.find("num_batches") == std::string::npos) continue;
-      if (is_floating(t.dtype())) EXPECT_LE(relative_error(sd.at(prefix + k), t), 1e-12) << what << " " << k;
-      else EXPECT_EQ(sd.at(prefix + k).item<int64_t>(), t.item<int64_t>()) << what << " " << k;
+      if (is_floating(t.dtype()))
+        EXPECT_LE(relative_error(sd.at(prefix + k), t), 1e-12) << what << " " << k;
+      else
+        EXPECT_EQ(sd.at(prefix + k).item<int64_t>(), t.item<int64_t>()) << what << " " << k;
     }
   };
 
@@ -378,7 +385,8 @@ struct TwoGroups {
   optim::SGD opt{std::vector<optim::ParamGroup>{{{a}, {{"lr", 0.5}}}, {{b}, {{"lr", 0.1}}}}, {.lr = 0.3}};
 };
 
-void expect_lrs(const nlohmann::json& expected, const std::vector<std::vector<double>>& actual, const std::string& what) {
+void expect_lrs(const nlohmann::json& expected, const std::vector<std::vector<double>>& actual,
+                const std::string& what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;
   for (size_t s = 0; s < actual.size(); ++s)
     for (size_t g = 0; g < actual[s].size(); ++g)
@@ -422,7 +430,9 @@ TEST(SWALR, ComposesInSequentialLR) {
 
 TEST(SWALR, RejectsBadArguments) {
   TwoGroups p;
-  EXPECT_NE(error_of([&] { SWALR(p.opt, std::vector<double>{0.1, 0.2, 0.3}); }).find("3 swa_lr values for 2 parameter groups"),
+  EXPECT_NE(error_of([&] {
+              SWALR(p.opt, std::vector<double>{0.1, 0.2, 0.3});
+            }).find("3 swa_lr values for 2 parameter groups"),
             std::string::npos);
   EXPECT_NE(error_of([&] { SWALR(p.opt, 0.1, -1); }).find("anneal_epochs must be >= 0"), std::string::npos);
 }
@@ -450,7 +460,8 @@ TEST(AverageFiles, MatchesAveragedModelOverTheSameTorchFiles) {
   EXPECT_EQ(plain.size() + 1, want.size());
   for (const auto& [k, t] : plain) EXPECT_LE(relative_error(t, want.at("module." + k)), 1e-12) << k;
 
-  average_weight_files(pth, dir / "ema.pth", {.method = AverageFilesOptions::Method::ema, .ema_decay = 0.9, .use_buffers = true});
+  average_weight_files(pth, dir / "ema.pth",
+                       {.method = AverageFilesOptions::Method::ema, .ema_decay = 0.9, .use_buffers = true});
   expect_state(io::load_state_dict(dir / "ema.pth"), expected("ema09_buffers"), 1e-12, "tvc average --ema");
 }
 
@@ -465,7 +476,9 @@ TEST(AverageFiles, FilesThatDifferAreNamedAndNothingIsWritten) {
   sd = io::load_state_dict(state_path(1));
   sd.erase("5.running_var");
   io::save_safetensors(dir / "missing.safetensors", sd);
-  e = error_of([&] { average_weight_files({state_path(0), state_path(2), dir / "missing.safetensors"}, dir / "out.pth"); });
+  e = error_of([&] {
+    average_weight_files({state_path(0), state_path(2), dir / "missing.safetensors"}, dir / "out.pth");
+  });
   EXPECT_NE(e.find("missing.safetensors': lacks '5.running_var'"), std::string::npos) << e;
   sd = io::load_state_dict(state_path(1));
   sd.insert("extra.weight", randn({2}));
@@ -482,9 +495,11 @@ TEST(AverageFiles, TheCommandLine) {
   TempDir dir;
   std::string files;
   for (int k = 0; k < kStates; ++k) files.append(" ").append(state_path(k, k % 3 ? "pth" : "safetensors"));
-  test::TvcRun run = test::run_tvc(dir, "average --out " + (dir / "ema.safetensors") + " --ema 0.9 --use-buffers" + files);
+  test::TvcRun run =
+      test::run_tvc(dir, "average --out " + (dir / "ema.safetensors") + " --ema 0.9 --use-buffers" + files);
   EXPECT_EQ(run.status, 0) << run.err;
-  EXPECT_NE(run.out.find("EMA (decay 0.9) of 10 files, 12 tensors averaged, 2 buffers from the last file"), std::string::npos)
+  EXPECT_NE(run.out.find("EMA (decay 0.9) of 10 files, 12 tensors averaged, 2 buffers from the last file"),
+            std::string::npos)
       << run.out;
   expect_state(io::load_state_dict(dir / "ema.safetensors"), expected("ema09_buffers"), 1e-12, "tvc average --ema");
 

@@ -112,7 +112,7 @@ TEST(Tensor, CreationOps) {
   EXPECT_THROW(arange(0, 10, -1), Error);
   EXPECT_THROW(empty({2, -3}), Error);
   EXPECT_THROW(empty({int64_t{1} << 40, int64_t{1} << 40}), Error);  // no giant allocation
-  int64_t big = (int64_t{1} << 60) + 1;  // not representable in double
+  int64_t big = (int64_t{1} << 60) + 1;                              // not representable in double
   EXPECT_EQ(full({}, big, {.dtype = DType::Int64}).item<int64_t>() - (int64_t{1} << 60), 1);
   EXPECT_EQ(scalar_tensor(-2.7).item<int>(), -2);
   EXPECT_TRUE(scalar_tensor(0.5).item<bool>());
@@ -121,7 +121,7 @@ TEST(Tensor, CreationOps) {
 TEST(Tensor, TypePromotionMatchesPyTorch) {
   std::vector<DType> types = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Int64,
                               DType::Int32,   DType::Int16,   DType::Int8,    DType::UInt8,    DType::Bool};
-  std::string code = "import itertools\nts = [" ;
+  std::string code = "import itertools\nts = [";
   for (DType t : types) code += std::string("torch.") + dtype_name(t) + ",";
   code += "]\nprint(json.dumps([[str(torch.promote_types(a, b)).replace('torch.', '') for b in ts] for a in ts]))\n";
   auto j = tvc::test::torch_json(code);
@@ -254,13 +254,18 @@ TEST(Tensor, LayoutSizesAreOverflowChecked) {
   m = message([&] { from_blob(buffer, {2, 2}, DType::Float32, {}, Shape{2, -1}); });
   EXPECT_TRUE(has(m, "from_blob: negative stride")) << m;
   Tensor t = from_blob(buffer, {4}, DType::Float32);
-  m = message([&] { NoGradGuard no_grad; t.as_strided({2}, {INT64_MAX}, 0); });
+  m = message([&] {
+    NoGradGuard no_grad;
+    t.as_strided({2}, {INT64_MAX}, 0);
+  });
   EXPECT_TRUE(has(m, "as_strided: shape [2] with strides [9223372036854775807]")) << m;
-  m = message([&] { NoGradGuard no_grad; t.as_strided({2}, {1}, INT64_MAX); });
+  m = message([&] {
+    NoGradGuard no_grad;
+    t.as_strided({2}, {1}, INT64_MAX);
+  });
   EXPECT_TRUE(has(m, "reach past the storage of 16 bytes")) << m;
   m = message([&] { t.view({-1, big, big}); });
-  EXPECT_TRUE(has(m, "view: shape [-1, 4611686018427387904, 4611686018427387904] is invalid for input of size 4"))
-      << m;
+  EXPECT_TRUE(has(m, "view: shape [-1, 4611686018427387904, 4611686018427387904] is invalid for input of size 4")) << m;
   EXPECT_EQ(t.slice(0, 1, 4, INT64_MAX).shape(), Shape{1});  // a step past int64 when multiplied
   m = message([&] { t.narrow(0, 3, INT64_MAX); });
   EXPECT_TRUE(has(m, "narrow: start 3 + length 9223372036854775807 exceeds dimension 0")) << m;
@@ -281,10 +286,14 @@ TEST(Errors, PrintableEscapesControlCharactersAndInvalidUtf8) {
       {"", ""},
       {"layer1.0.conv1.weight", "layer1.0.conv1.weight"},
       {"café 层 😀 \xc2\xa0", "café 层 😀 \xc2\xa0"},  // 2-, 3- and 4-byte characters, U+00A0 is no control
-      {"\x1b]0;pwned\x07", "\\x1b]0;pwned\\x07"},           // sets the terminal's title (ESC, BEL)
-      {"\x1b[2J\x1b[31m", "\\x1b[2J\\x1b[31m"},             // clears the screen, turns red (CSI)
-      {"a\x9b" "2J", "a\\x9b2J"},                           // the 8-bit CSI byte alone: not UTF-8
-      {"a\xc2\x9b" "2J", "a\\xc2\\x9b2J"},                   // U+009B (CSI) in UTF-8: a C1 control
+      {"\x1b]0;pwned\x07", "\\x1b]0;pwned\\x07"},    // sets the terminal's title (ESC, BEL)
+      {"\x1b[2J\x1b[31m", "\\x1b[2J\\x1b[31m"},      // clears the screen, turns red (CSI)
+      {"a\x9b"
+       "2J",
+       "a\\x9b2J"},  // the 8-bit CSI byte alone: not UTF-8
+      {"a\xc2\x9b"
+       "2J",
+       "a\\xc2\\x9b2J"},                                    // U+009B (CSI) in UTF-8: a C1 control
       {"\xc2\x80 \xc2\x9f", "\\xc2\\x80 \\xc2\\x9f"},       // the ends of the C1 range
       {std::string("a\0b", 3), "a\\x00b"},                  // NUL inside the text
       {"\x7f\x01\x1f", "\\x7f\\x01\\x1f"},                  // DEL, the ends of C0

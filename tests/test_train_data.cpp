@@ -45,8 +45,8 @@ TEST(FashionMnistSource, SizesLabelsClassesAndPixels) {
   EXPECT_EQ(train->size(), 60000);
   EXPECT_EQ(test->size(), 10000);
   EXPECT_EQ(train->description(), "fashion-mnist train");
-  EXPECT_EQ(test->classes(), (std::vector<std::string>{"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                                                       "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"}));
+  EXPECT_EQ(test->classes(), (std::vector<std::string>{"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
+                                                       "Shirt", "Sneaker", "Bag", "Ankle boot"}));
 
   // The test split has 1000 images of each class.
   const tools::ImageSet raw = tools::load_fashion_mnist(tools::kDefaultFashionMnistDir, "t10k");
@@ -171,14 +171,13 @@ std::vector<double> flipped(const Tensor& t) {
 
 TEST(Transform, EvalIsResizeShorterSideThenCenterCrop) {
   const Transform t{.size = 24, .resize_size = 28, .augment = false};
-  for (const auto& [h, w] :
-       std::vector<std::pair<int64_t, int64_t>>{{37, 50}, {61, 30}, {28, 28}, {20, 16}}) {
+  for (const auto& [h, w] : std::vector<std::pair<int64_t, int64_t>>{{37, 50}, {61, 30}, {28, 28}, {20, 16}}) {
     const vision::Image image = pattern_image(h, w);
     SampleRng rng(1, 2, 3), untouched(1, 2, 3);
     const Tensor got = tools::apply_transform(image, t, rng);
     const Tensor want = vision::to_normalized_tensor(
-        vision::center_crop(vision::resize_shorter_side(image, 28, models::Interpolation::Bilinear), 24),
-        t.mean, t.std);
+        vision::center_crop(vision::resize_shorter_side(image, 28, models::Interpolation::Bilinear), 24), t.mean,
+        t.std);
     ASSERT_EQ(got.shape(), (Shape{3, 24, 24}));
     EXPECT_EQ(got.dtype(), DType::Float32);
     EXPECT_EQ(tensor_bytes(got), tensor_bytes(want)) << h << "x" << w;
@@ -199,7 +198,9 @@ TEST(Transform, AugmentShapeAndDeterminism) {
   }
   EXPECT_EQ(outputs.size(), 20u) << "different samples got the same crop";
   SampleRng rng(0, 0, 0);
-  EXPECT_THAT(error_of([&] { tools::apply_transform(image, {.augment = true, .scale = {0.5, 0.1}}, rng); }),
+  EXPECT_THAT(error_of([&] {
+                tools::apply_transform(image, {.augment = true, .scale = {0.5, 0.1}}, rng);
+              }),
               HasSubstr("crop scale (0.5, 0.1)"));
 }
 
@@ -223,8 +224,7 @@ TEST(Transform, AugmentWithFullScaleOnASquareImageIsTheResizedImage) {
     }
     SampleRng rng(4, 1, sample);
     const std::vector<double> x =
-        tools::apply_transform(image, {.size = 24, .augment = true, .scale = {1, 1}, .hflip = 0.5}, rng)
-            .to_vector();
+        tools::apply_transform(image, {.size = 24, .augment = true, .scale = {1, 1}, .hflip = 0.5}, rng).to_vector();
     ASSERT_TRUE(x == plain || x == mirrored) << "sample " << sample;
     flips += x == mirrored;
   }
@@ -242,13 +242,12 @@ TEST(Transform, AugmentFallbackIsTheCentralCropWithClampedRatio) {
   for (const Case& c : {Case{20, 40, 0, 6, 20, 27}, Case{40, 20, 6, 0, 27, 20}}) {
     const vision::Image image = pattern_image(c.height, c.width, 3);
     const Tensor want =
-        vision::to_normalized_tensor(vision::resize(crop(image, c.top, c.left, c.crop_height, c.crop_width),
-                                                    16, 16, models::Interpolation::Bilinear),
+        vision::to_normalized_tensor(vision::resize(crop(image, c.top, c.left, c.crop_height, c.crop_width), 16, 16,
+                                                    models::Interpolation::Bilinear),
                                      {0.485, 0.456, 0.406}, {0.229, 0.224, 0.225});
     for (int64_t sample = 0; sample < 20; ++sample) {
       SampleRng rng(0, 0, sample);
-      const Tensor x =
-          tools::apply_transform(image, {.size = 16, .augment = true, .scale = {1, 1}, .hflip = 0}, rng);
+      const Tensor x = tools::apply_transform(image, {.size = 16, .augment = true, .scale = {1, 1}, .hflip = 0}, rng);
       ASSERT_EQ(tensor_bytes(x), tensor_bytes(want)) << c.height << "x" << c.width << " sample " << sample;
     }
   }
@@ -276,8 +275,7 @@ TEST(Transform, AugmentFollowsRandomResizedCropGetParams) {
     ASSERT_GE(top, 0) << "the fallback is tested elsewhere; pick other samples";
     const bool flip = draws.uniform() < 0.5;
     const Tensor resized = vision::to_normalized_tensor(
-        vision::resize(crop(image, top, left, h, w), 16, 16, models::Interpolation::Bilinear), {0, 0, 0},
-        {1, 1, 1});
+        vision::resize(crop(image, top, left, h, w), 16, 16, models::Interpolation::Bilinear), {0, 0, 0}, {1, 1, 1});
 
     SampleRng rng(11, 3, sample);
     const Tensor x = tools::apply_transform(
@@ -479,8 +477,7 @@ TEST(BatchLoader, StopsMidEpochAndChecksItsArguments) {
     ASSERT_TRUE(loader.next().has_value());
   }  // and the destructor those of epoch 1
   const std::vector<int64_t> out_of_range = {0, 50};
-  EXPECT_THAT(error_of([&] { BatchLoader loader(source, out_of_range, loader_options(1)); }),
-              HasSubstr("index 50"));
+  EXPECT_THAT(error_of([&] { BatchLoader loader(source, out_of_range, loader_options(1)); }), HasSubstr("index 50"));
   LoaderOptions zero_batch = loader_options(1);
   zero_batch.batch_size = 0;
   EXPECT_THAT(error_of([&] { BatchLoader loader(source, {0}, zero_batch); }), HasSubstr("batch size"));
@@ -524,8 +521,8 @@ class ImageFolder : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new TempDir;
     test::write_file(*dir_ / "make_folder.py", kMakeFolder);
-    const std::string command = "/usr/bin/python3 " + (*dir_ / "make_folder.py") + " " + root() + " >" +
-                                (*dir_ / "make_folder.out") + " 2>&1";
+    const std::string command =
+        "/usr/bin/python3 " + (*dir_ / "make_folder.py") + " " + root() + " >" + (*dir_ / "make_folder.out") + " 2>&1";
     ok_ = std::system(command.c_str()) == 0 && test::read_file(*dir_ / "make_folder.out") == "ok\n";
   }
   static void TearDownTestSuite() {
@@ -533,8 +530,7 @@ class ImageFolder : public ::testing::Test {
     dir_ = nullptr;
   }
   void SetUp() override {
-    ASSERT_TRUE(ok_) << "the Python script making the images failed: "
-                     << test::read_file(*dir_ / "make_folder.out");
+    ASSERT_TRUE(ok_) << "the Python script making the images failed: " << test::read_file(*dir_ / "make_folder.out");
   }
 
   static std::string root() { return *dir_ / "root"; }
@@ -568,10 +564,9 @@ TEST_F(ImageFolder, SortedClassesAndFilesSkippedOnesReported) {
   EXPECT_EQ(source->load(0).width, 20);
   EXPECT_EQ(source->load(0).height, 16);
 
+  EXPECT_THAT(err, HasSubstr("warning: skipping " + path("cat/notes.txt") + ": not an image file (extension)\n"));
   EXPECT_THAT(err,
-              HasSubstr("warning: skipping " + path("cat/notes.txt") + ": not an image file (extension)\n"));
-  EXPECT_THAT(err, HasSubstr("warning: skipping " + path("dog/empty.jpg") +
-                             ": cannot decode image: the file is empty\n"));
+              HasSubstr("warning: skipping " + path("dog/empty.jpg") + ": cannot decode image: the file is empty\n"));
   EXPECT_THAT(err, HasSubstr("warning: skipping " + path("dog/broken.jpg") + ": cannot decode JPEG: "));
   EXPECT_THAT(err, HasSubstr("warning: skipped 3 of 7 files in " + root() + "\n"));
   EXPECT_THAT(err, Not(HasSubstr("hidden")));
@@ -603,8 +598,7 @@ TEST_F(ImageFolder, GivenClassList) {
 TEST_F(ImageFolder, MissingEmptyOrImagelessRootIsAnError) {
   TempDir dir;
   const std::string missing = dir / "missing";
-  EXPECT_THAT(error_of([&] { tools::image_folder_source(missing); }),
-              HasSubstr("'" + missing + "' does not exist"));
+  EXPECT_THAT(error_of([&] { tools::image_folder_source(missing); }), HasSubstr("'" + missing + "' does not exist"));
   fs::create_directories(dir / "empty/.hidden");
   EXPECT_THAT(error_of([&] { tools::image_folder_source(dir / "empty"); }),
               HasSubstr("'" + (dir / "empty") + "' has no class folder"));

@@ -7,7 +7,6 @@
 // formats.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -123,45 +122,57 @@ std::vector<Malformed> safetensors_cases() {
       {"header-not-json", safetensors(R"({"a": {"dtype": )", ""), "not valid JSON"},
       {"header-json-array", safetensors("[1, 2]", ""), "not a weight file tvc reads"},
       {"entry-not-object", safetensors(R"({"t": 5})", ""), "entry 't' is a number, not an object"},
-      {"duplicate-tensor", safetensors(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-                                       R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-                                       std::string(8, '\0')),
+      {"duplicate-tensor",
+       safetensors(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                   R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                   std::string(8, '\0')),
        "duplicate tensor name 'a'"},
-      {"duplicate-metadata", safetensors(R"({"__metadata__":{},"__metadata__":{}})", ""), "\"__metadata__\" appears twice"},
+      {"duplicate-metadata", safetensors(R"({"__metadata__":{},"__metadata__":{}})", ""),
+       "\"__metadata__\" appears twice"},
       {"duplicate-field", one_tensor(R"({"dtype":"F32","dtype":"F32","shape":[1],"data_offsets":[0,4]})", 4),
        "has \"dtype\" twice"},
       {"unknown-dtype", one_tensor(R"({"dtype":"F33","shape":[1],"data_offsets":[0,4]})", 4), "unknown dtype 'F33'"},
-      {"unknown-field", one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1})", 4), "unknown field \"x\""},
+      {"unknown-field", one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1})", 4),
+       "unknown field \"x\""},
       {"missing-dtype", one_tensor(R"({"shape":[1],"data_offsets":[0,4]})", 4), "has no \"dtype\""},
       {"metadata-not-string", safetensors(R"({"__metadata__":{"k":1}})", ""), "value of 'k' is a number, not a string"},
       {"negative-offset", one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[-4,0]})", 4), "a negative number"},
-      {"negative-dimension", one_tensor(R"({"dtype":"F32","shape":[-1],"data_offsets":[0,4]})", 4), "a negative number"},
+      {"negative-dimension", one_tensor(R"({"dtype":"F32","shape":[-1],"data_offsets":[0,4]})", 4),
+       "a negative number"},
       {"float-offset", one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[0,4.5]})", 4), "non-integer number"},
       {"offset-beyond-u64", one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[0,99999999999999999999999]})", 4),
        "non-integer number"},
       {"dimension-beyond-i64", one_tensor(R"({"dtype":"U8","shape":[9223372036854775808],"data_offsets":[0,4]})", 4),
        "beyond int64"},
-      {"shape-product-overflow", one_tensor(R"({"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,4]})", 4),
+      {"shape-product-overflow",
+       one_tensor(R"({"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,4]})", 4),
        "element count overflows"},
-      {"shape-product-wraps-to-zero", one_tensor(R"({"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]})", 0),
+      {"shape-product-wraps-to-zero",
+       one_tensor(R"({"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,0]})", 0),
        "element count overflows"},
       {"byte-size-overflow", one_tensor(R"({"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,4]})", 4),
        "byte size that overflows"},
       {"size-mismatch", one_tensor(R"({"dtype":"F32","shape":[3],"data_offsets":[0,8]})", 8),
        "needs 12 bytes but its data_offsets span 8"},
-      {"offsets-reversed", one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[8,4]})", 8), "end before they begin"},
-      {"three-offsets", one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[0,4,8]})", 8), "3 data_offsets instead of 2"},
-      {"offsets-out-of-range", one_tensor(R"({"dtype":"F32","shape":[274877906944],"data_offsets":[0,1099511627776]})", 16),
+      {"offsets-reversed", one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[8,4]})", 8),
+       "end before they begin"},
+      {"three-offsets", one_tensor(R"({"dtype":"F32","shape":[1],"data_offsets":[0,4,8]})", 8),
+       "3 data_offsets instead of 2"},
+      {"offsets-out-of-range",
+       one_tensor(R"({"dtype":"F32","shape":[274877906944],"data_offsets":[0,1099511627776]})", 16),
        "runs past the end of the file"},
-      {"offsets-overlap", safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                                      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                                      std::string(12, '\0')),
+      {"offsets-overlap",
+       safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                   R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                   std::string(12, '\0')),
        "(overlapping)"},
-      {"offsets-hole", safetensors(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-                                   R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
-                                   std::string(12, '\0')),
+      {"offsets-hole",
+       safetensors(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                   R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                   std::string(12, '\0')),
        "(a hole)"},
-      {"partial-byte-f4", one_tensor(R"({"dtype":"F4","shape":[3],"data_offsets":[0,2]})", 2), "does not fill whole bytes"},
+      {"partial-byte-f4", one_tensor(R"({"dtype":"F4","shape":[3],"data_offsets":[0,2]})", 2),
+       "does not fill whole bytes"},
       {"nested-arrays", safetensors(nested, std::string(4, '\0')), "an array where"},
       // Control characters in names, keys and the JSON itself reach the message escaped.
       {"tensor-name-with-controls",
@@ -206,7 +217,8 @@ TEST(Malformed, TheValidBaseInspects) {
 std::string write_broken_pth_py(const std::string& dir) {
   return R"PY(
 import collections, io, pickle, struct, zipfile
-D = ")PY" + dir + R"PY("
+D = ")PY" +
+         dir + R"PY("
 def save(name, data): open(f"{D}/{name}", "wb").write(data)
 def saved(obj, **kw):
     b = io.BytesIO(); torch.save(obj, b, **kw); return b.getvalue()
@@ -318,7 +330,9 @@ TEST(Malformed, PthFilesFailInspectWithTheirFault) {
 
 // Escape sequences that set the terminal's title, ring its bell, clear the screen and (the C1
 // CSI, U+009B) start a colour change, as crafted names and strings in weight files may hold.
-const std::string kEscapes = "\x1b]0;pwned\x07\x1b[2J\xc2\x9b" "31m";
+const std::string kEscapes =
+    "\x1b]0;pwned\x07\x1b[2J\xc2\x9b"
+    "31m";
 const std::string kEscapesPrinted = "\\x1b]0;pwned\\x07\\x1b[2J\\xc2\\x9b31m";
 
 // Names and metadata of a safetensors file (JSON's \u escapes, NUL included) print escaped;
@@ -377,7 +391,8 @@ TEST(HostileText, LoadStateDictErrorsEscapeTheFilesKeys) {
 std::string write_checkpoints_py(const std::string& dir) {
   return R"PY(
 import collections
-D = ")PY" + dir + R"PY("
+D = ")PY" +
+         dir + R"PY("
 torch.manual_seed(1)
 net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.Linear(4, 2))
 for p in net.parameters(): p.data.normal_()
@@ -408,7 +423,8 @@ torch.save(sd, f"{D}/resnet18.pth")
 torch.save(sd, f"{D}/resnet18_legacy.pth", _use_new_zipfile_serialization=False)
 save_file(sd, f"{D}/resnet18.safetensors")
 print(len(sd))
-)PY"), "122\n");
+)PY"),
+            "122\n");
   nn::StateDict zip = io::load_state_dict(dir / "resnet18.pth");
   nn::StateDict legacy = io::load_state_dict(dir / "resnet18_legacy.pth");
   nn::StateDict st = io::load_state_dict(dir / "resnet18.safetensors");
@@ -442,11 +458,13 @@ TEST(Weights, UnwrapsTrainingCheckpoints) {
   nn::StateDict legacy = io::load_state_dict(dir / "plain_legacy.pth");
   nn::StateDict ckpt = io::load_state_dict(dir / "ckpt.pth", {.unwrap = true});
   nn::StateDict wrapped = io::load_state_dict(dir / "wrapped.pth", {.unwrap = true});
-  std::vector<std::string> keys = {"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean",
-                                   "1.running_var", "1.num_batches_tracked", "3.weight", "3.bias"};
+  std::vector<std::string> keys = {
+      "0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var", "1.num_batches_tracked",
+      "3.weight", "3.bias"};
   for (const nn::StateDict* sd : {&plain, &legacy, &ckpt, &wrapped}) {
     EXPECT_EQ(sd->keys(), keys);
-    for (const auto& k : keys) EXPECT_TRUE(allclose(sd->at(k).to(DType::Float64), plain.at(k).to(DType::Float64), 0, 0)) << k;
+    for (const auto& k : keys)
+      EXPECT_TRUE(allclose(sd->at(k).to(DType::Float64), plain.at(k).to(DType::Float64), 0, 0)) << k;
   }
   std::string msg = test::error_of([&] { io::load_state_dict(dir / "ckpt.pth"); });
   EXPECT_THAT(msg, HasSubstr("'epoch' (int) is not a tensor"));
@@ -459,8 +477,10 @@ TEST(Weights, InspectShowsCheckpointTensorsUnderDottedPaths) {
   TvcRun r = run_tvc_capped(dir, "inspect " + (dir / "ckpt.pth"));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("format: pth (zip)"));
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("\nmodel\\.module\\.0\\.weight +float32 +\\[4, 3, 3, 3\\]\n"))) << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("\noptimizer\\.state\\.0\\.exp_avg +float32 +\\[4, 3, 3, 3\\]\n"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("\nmodel\\.module\\.0\\.weight +float32 +\\[4, 3, 3, 3\\]\n")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("\noptimizer\\.state\\.0\\.exp_avg +float32 +\\[4, 3, 3, 3\\]\n")))
+      << r.out;
   EXPECT_THAT(r.out, HasSubstr("  epoch: 3\n"));
   EXPECT_THAT(r.out, HasSubstr("  best: 0.75\n"));
   EXPECT_THAT(r.out, HasSubstr("  optimizer.param_groups.0.lr: 0.001\n"));

@@ -1,14 +1,13 @@
 #include "torch_golden.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "tvc/ops.h"
 
@@ -53,7 +52,9 @@ bool run_python(const std::filesystem::path& script, const std::filesystem::path
   std::filesystem::remove(out.string() + ".err");
   if (rc == 0) return true;
   ADD_FAILURE() << "PyTorch golden failed (install python3-torch python3-torchvision "
-                   "libopenblas0-pthread): " << script << "\n" << msg;
+                   "libopenblas0-pthread): "
+                << script << "\n"
+                << msg;
   return false;
 }
 
@@ -110,7 +111,9 @@ std::string python_golden_folder(const std::string& script, const std::vector<st
   int rc = std::system((command + " '" + dir.string() + "' > " + log.string() + " 2>&1").c_str());
   if (rc != 0 || !std::filesystem::exists(dir / "complete")) {
     ADD_FAILURE() << "golden script failed (install python3-torch python3-torchvision and the safetensors "
-                     "package): " << command << "\n" << read_file(log);
+                     "package): "
+                  << command << "\n"
+                  << read_file(log);
     return "";
   }
   return dir.string();
@@ -138,8 +141,10 @@ Tensor tensor_from_json(const nlohmann::json& j) {
   Shape shape = j.at("shape").get<Shape>();
   std::vector<double> data;
   for (const auto& v : j.at("data")) {
-    if (v.is_number()) data.push_back(v.get<double>());
-    else data.push_back(std::stod(v.get<std::string>()));  // "nan", "inf", "-inf"
+    if (v.is_number())
+      data.push_back(v.get<double>());
+    else
+      data.push_back(std::stod(v.get<std::string>()));  // "nan", "inf", "-inf"
   }
   return tensor<double>(data, shape);
 }

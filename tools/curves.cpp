@@ -16,11 +16,16 @@ namespace {
 std::string escape(const std::string& s) {
   std::string out;
   for (char c : s) {
-    if (c == '&') out += "&amp;";
-    else if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
+    if (c == '&')
+      out += "&amp;";
+    else if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '"')
+      out += "&quot;";
+    else
+      out += c;
   }
   return out;
 }
@@ -46,8 +51,8 @@ void panel(std::ostringstream& svg, double x0, double y0, double w, double h, co
   const int64_t first = epochs.empty() ? 1 : epochs.front(), last = epochs.empty() ? 1 : epochs.back();
   auto xs = [&](double e) { return x0 + left + (last == first ? pw / 2 : pw * (e - first) / (last - first)); };
   auto ys = [&](double v) { return y0 + top + ph * (1 - (v - lo) / (hi - lo)); };
-  svg << "<text x='" << x0 + w / 2 << "' y='" << y0 + 18 << "' text-anchor='middle' font-weight='bold'>" << escape(title)
-      << "</text>\n";
+  svg << "<text x='" << x0 + w / 2 << "' y='" << y0 + 18 << "' text-anchor='middle' font-weight='bold'>"
+      << escape(title) << "</text>\n";
   svg << "<rect x='" << x0 + left << "' y='" << y0 + top << "' width='" << pw << "' height='" << ph
       << "' fill='none' stroke='#444'/>\n";
   for (int i = 0; i <= 4; ++i) {
@@ -66,8 +71,8 @@ void panel(std::ostringstream& svg, double x0, double y0, double w, double h, co
     for (size_t i = 0; i < epochs.size(); ++i) {
       if (std::isnan(s.y[i])) continue;
       points += fmt("%.1f", xs(static_cast<double>(epochs[i]))) + "," + fmt("%.1f", ys(s.y[i])) + " ";
-      svg << "<circle cx='" << xs(static_cast<double>(epochs[i])) << "' cy='" << ys(s.y[i]) << "' r='3' fill='" << s.color
-          << "'/>\n";
+      svg << "<circle cx='" << xs(static_cast<double>(epochs[i])) << "' cy='" << ys(s.y[i]) << "' r='3' fill='"
+          << s.color << "'/>\n";
     }
     if (points.empty()) continue;
     svg << "<polyline fill='none' stroke-width='2' stroke='" << s.color << "' points='" << points << "'/>\n";
@@ -115,7 +120,8 @@ void write_curves(const std::string& path, const std::vector<EpochMetrics>& hist
   io::write_file_atomic(path, svg.str());
 }
 
-std::string confusion_text(const std::vector<std::string>& classes, const std::vector<std::vector<int64_t>>& confusion) {
+std::string confusion_text(const std::vector<std::string>& classes,
+                           const std::vector<std::vector<int64_t>>& confusion) {
   std::vector<std::string> names;  // class folder names, escaped for the terminal
   size_t name_width = 10;
   for (const std::string& c : classes) {
@@ -140,8 +146,10 @@ std::string confusion_text(const std::vector<std::string>& classes, const std::v
       out << std::setw(cell) << confusion[i][j];
       total += confusion[i][j];
     }
-    if (total > 0) std::snprintf(buf, sizeof buf, "  %7.2f%%\n", 100.0 * confusion[i][i] / total);
-    else std::snprintf(buf, sizeof buf, "        -\n");
+    if (total > 0)
+      std::snprintf(buf, sizeof buf, "  %7.2f%%\n", 100.0 * confusion[i][i] / total);
+    else
+      std::snprintf(buf, sizeof buf, "        -\n");
     out << buf;
   }
   return out.str();
@@ -151,11 +159,14 @@ std::string confusion_svg(const std::vector<std::string>& classes, const std::ve
   const double cell = 44, left = 170, top = 60;
   const double n = static_cast<double>(classes.size());
   std::ostringstream svg;
-  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + n * cell + 20 << "' height='" << top + n * cell + 40
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + n * cell + 20 << "' height='"
+      << top + n * cell + 40
       << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n";
-  svg << "<text x='" << left + n * cell / 2 << "' y='20' text-anchor='middle' font-weight='bold'>predicted class</text>\n";
+  svg << "<text x='" << left + n * cell / 2
+      << "' y='20' text-anchor='middle' font-weight='bold'>predicted class</text>\n";
   for (size_t j = 0; j < classes.size(); ++j)
-    svg << "<text x='" << left + (j + 0.5) * cell << "' y='" << top - 8 << "' text-anchor='middle'>" << j << "</text>\n";
+    svg << "<text x='" << left + (j + 0.5) * cell << "' y='" << top - 8 << "' text-anchor='middle'>" << j
+        << "</text>\n";
   for (size_t i = 0; i < classes.size(); ++i) {
     int64_t total = 0;
     for (int64_t v : confusion[i]) total += v;

@@ -32,11 +32,9 @@ void read_exact(gzFile f, const std::string& path, void* dst, size_t n, const ch
   while (done < n) {
     unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - done, 1u << 30));
     int got = gzread(f, out + done, chunk);
-    if (got < 0)
-      throw Error(cat_str(printable(path), ": read error in the ", what, ": ", gz_error(f)));
+    if (got < 0) throw Error(cat_str(printable(path), ": read error in the ", what, ": ", gz_error(f)));
     if (got == 0)
-      throw Error(cat_str(printable(path), ": truncated: the ", what, " needs ", n,
-                          " bytes, the file has ", done));
+      throw Error(cat_str(printable(path), ": truncated: the ", what, " needs ", n, " bytes, the file has ", done));
     done += static_cast<size_t>(got);
   }
 }
@@ -50,22 +48,18 @@ uint32_t big_endian_u32(const unsigned char* b) {
 std::vector<uint8_t> read_idx_gz(const std::string& path, int ndim, std::vector<int64_t>& dims) {
   errno = 0;
   GzHandle f(gzopen(path.c_str(), "rb"));
-  if (!f)
-    throw Error(cat_str(printable(path), ": cannot open: ",
-                        errno ? std::strerror(errno) : "out of memory"));
+  if (!f) throw Error(cat_str(printable(path), ": cannot open: ", errno ? std::strerror(errno) : "out of memory"));
   // gzread passes plain files through; an IDX file must be gzip-compressed here.
   unsigned char header[4];
   read_exact(f.get(), path, header, 4, "IDX magic number");
   if (gzdirect(f.get()))
-    throw Error(cat_str(printable(path),
-                        ": not a gzip file (expected the .gz IDX files of the dataset)"));
+    throw Error(cat_str(printable(path), ": not a gzip file (expected the .gz IDX files of the dataset)"));
   uint32_t magic = big_endian_u32(header);
   uint32_t expected = 0x0800u | static_cast<uint32_t>(ndim);
   if (magic != expected) {
     std::ostringstream hex;
     hex << std::hex << "0x" << magic << ", expected 0x" << expected;
-    throw Error(cat_str(printable(path), ": bad IDX magic number ", hex.str(), " (unsigned bytes, ",
-                        ndim, " dims)"));
+    throw Error(cat_str(printable(path), ": bad IDX magic number ", hex.str(), " (unsigned bytes, ", ndim, " dims)"));
   }
   dims.assign(ndim, 0);
   size_t total = 1;
@@ -81,10 +75,8 @@ std::vector<uint8_t> read_idx_gz(const std::string& path, int ndim, std::vector<
   read_exact(f.get(), path, data.data(), total, "IDX data");
   unsigned char extra;
   int more = gzread(f.get(), &extra, 1);
-  if (more < 0)
-    throw Error(cat_str(printable(path), ": read error after the IDX data: ", gz_error(f.get())));
-  if (more > 0)
-    throw Error(cat_str(printable(path), ": more data than the IDX dimensions ", dims, " declare"));
+  if (more < 0) throw Error(cat_str(printable(path), ": read error after the IDX data: ", gz_error(f.get())));
+  if (more > 0) throw Error(cat_str(printable(path), ": more data than the IDX dimensions ", dims, " declare"));
   return data;
 }
 
@@ -95,12 +87,11 @@ ImageSet load_fashion_mnist(const std::string& dir, const std::string& split) {
   std::vector<int64_t> idims, ldims;
   set.pixels = read_idx_gz(images_path, 3, idims);
   if (idims[1] != 28 || idims[2] != 28)
-    throw Error(cat_str(printable(images_path), ": images are ", idims[1], "x", idims[2],
-                        ", expected 28x28"));
+    throw Error(cat_str(printable(images_path), ": images are ", idims[1], "x", idims[2], ", expected 28x28"));
   set.labels = read_idx_gz(labels_path, 1, ldims);
   if (ldims[0] != idims[0])
-    throw Error(cat_str(printable(labels_path), ": ", ldims[0], " labels for the ", idims[0],
-                        " images of ", printable(images_path)));
+    throw Error(cat_str(printable(labels_path), ": ", ldims[0], " labels for the ", idims[0], " images of ",
+                        printable(images_path)));
   for (size_t i = 0; i < set.labels.size(); ++i)
     if (set.labels[i] >= 10)
       throw Error(cat_str(printable(labels_path), ": label ", int{set.labels[i]}, " at index ", i,

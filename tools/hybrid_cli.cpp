@@ -81,9 +81,11 @@ void run_hybrid(const HybridRunOptions& options) {
   const std::vector<hybrid::Patch> patches = hybrid::parse_patches(h.patches);
   hybrid::HybridModelPtr model;
   if (models::is_weights_tag(options.weights)) {
-    model = hybrid::HybridBuilder().from_torchvision(
-        h.backbone, {.weights = options.weights, .patches = patches, .num_classes = h.num_classes,
-                     .dropout = h.dropout, .verbose = false});
+    model = hybrid::HybridBuilder().from_torchvision(h.backbone, {.weights = options.weights,
+                                                                  .patches = patches,
+                                                                  .num_classes = h.num_classes,
+                                                                  .dropout = h.dropout,
+                                                                  .verbose = false});
     std::fprintf(stderr, "%s: weights %s, new layers initialised\n", h.backbone.c_str(),
                  printable(options.weights).c_str());
   } else {
@@ -91,8 +93,8 @@ void run_hybrid(const HybridRunOptions& options) {
     model = hybrid::HybridBuilder().from_checkpoint(
         options.weights, h.backbone,
         {.patches = patches, .num_classes = h.num_classes, .dropout = h.dropout, .verbose = false, .report = &report});
-    std::fprintf(stderr, "%s: %lld tensors from %s", h.backbone.c_str(),
-                 static_cast<long long>(report.total_loaded()), printable(options.weights).c_str());
+    std::fprintf(stderr, "%s: %lld tensors from %s", h.backbone.c_str(), static_cast<long long>(report.total_loaded()),
+                 printable(options.weights).c_str());
     std::string kept;
     for (const std::string& k : report.skipped_missing) kept += cat_str(" ", printable(k));
     for (const hybrid::ShapeMismatch& m : report.skipped_shape_mismatch) kept += cat_str(" ", printable(m.name));

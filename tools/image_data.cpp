@@ -46,9 +46,8 @@ constexpr int64_t kShuffleStream = -1;
 // ---------------------------------------------------------------- sources
 
 const std::vector<std::string>& fashion_mnist_classes() {
-  static const std::vector<std::string> classes = {"T-shirt/top", "Trouser",   "Pullover", "Dress",
-                                                   "Coat",        "Sandal",    "Shirt",    "Sneaker",
-                                                   "Bag",         "Ankle boot"};
+  static const std::vector<std::string> classes = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                                   "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
   return classes;
 }
 
@@ -67,8 +66,7 @@ class FashionMnistSource : public ImageSource {
     const int64_t pixels = set_.rows * set_.cols;
     vision::Image image{.height = set_.rows, .width = set_.cols, .rgb = std::vector<uint8_t>(pixels * 3)};
     const uint8_t* grey = set_.pixels.data() + i * pixels;
-    for (int64_t p = 0; p < pixels; ++p)
-      image.rgb[p * 3] = image.rgb[p * 3 + 1] = image.rgb[p * 3 + 2] = grey[p];
+    for (int64_t p = 0; p < pixels; ++p) image.rgb[p * 3] = image.rgb[p * 3 + 1] = image.rgb[p * 3 + 2] = grey[p];
     return image;
   }
   const std::vector<std::string>& classes() const override { return fashion_mnist_classes(); }
@@ -76,8 +74,7 @@ class FashionMnistSource : public ImageSource {
 
  private:
   void check_index(int64_t i) const {
-    TVC_CHECK(i >= 0 && i < set_.count, description_, ": sample ", i, " is out of range [0, ", set_.count,
-              ")");
+    TVC_CHECK(i >= 0 && i < set_.count, description_, ": sample ", i, " is out of range [0, ", set_.count, ")");
   }
 
   ImageSet set_;  // 28x28 grey bytes: 47 MB for the training split, a third of the RGB size
@@ -90,10 +87,7 @@ class ImageFolderSource : public ImageSource {
  public:
   ImageFolderSource(std::string root, std::vector<std::string> classes, std::vector<std::string> paths,
                     std::vector<int64_t> labels)
-      : root_(std::move(root)),
-        classes_(std::move(classes)),
-        paths_(std::move(paths)),
-        labels_(std::move(labels)) {}
+      : root_(std::move(root)), classes_(std::move(classes)), paths_(std::move(paths)), labels_(std::move(labels)) {}
 
   int64_t size() const override { return static_cast<int64_t>(paths_.size()); }
   int64_t label(int64_t i) const override {
@@ -137,8 +131,7 @@ std::vector<std::string> files_below(const fs::path& folder) {
       if (it->is_directory()) it.disable_recursion_pending();
       continue;
     }
-    if (!it->is_directory())
-      files.emplace_back(it->path().parent_path().string(), it->path().filename().string());
+    if (!it->is_directory()) files.emplace_back(it->path().parent_path().string(), it->path().filename().string());
   }
   std::sort(files.begin(), files.end());
   std::vector<std::string> paths;
@@ -180,8 +173,7 @@ std::vector<std::string> check_files(const std::vector<std::string>& paths, int 
       }
     }
   };
-  unsigned count =
-      threads > 0 ? static_cast<unsigned>(threads) : std::max(1u, std::thread::hardware_concurrency());
+  unsigned count = threads > 0 ? static_cast<unsigned>(threads) : std::max(1u, std::thread::hardware_concurrency());
   count = static_cast<unsigned>(std::min<size_t>(count, std::max<size_t>(paths.size(), 1)));
   {
     std::vector<std::jthread> pool;
@@ -216,8 +208,8 @@ void flip_horizontally(vision::Image& image) {
 // torchvision 0.14's RandomResizedCrop.get_params(img, scale, ratio=(3/4, 4/3)): the crop of a
 // height x width image as (top, left, crop height, crop width). Draws per try: the area's scale,
 // the log aspect ratio, then (on success) the top row and the left column.
-std::array<int64_t, 4> random_resized_crop_box(int64_t height, int64_t width,
-                                               const std::array<double, 2>& scale, SampleRng& rng) {
+std::array<int64_t, 4> random_resized_crop_box(int64_t height, int64_t width, const std::array<double, 2>& scale,
+                                               SampleRng& rng) {
   constexpr double kMinRatio = 3.0 / 4.0, kMaxRatio = 4.0 / 3.0;
   const double area = static_cast<double>(height * width);
   for (int attempt = 0; attempt < 10; ++attempt) {
@@ -257,8 +249,7 @@ std::shared_ptr<ImageSource> image_folder_source(const std::string& root, const 
     TVC_CHECK(fs::exists(root), "image folder '", printable(root), "' does not exist");
     TVC_CHECK(fs::is_directory(root), "image folder '", printable(root), "' is not a folder");
     for (const fs::directory_entry& entry : fs::directory_iterator(root))
-      if (entry.is_directory() && !is_hidden(entry.path()))
-        found_classes.push_back(entry.path().filename().string());
+      if (entry.is_directory() && !is_hidden(entry.path())) found_classes.push_back(entry.path().filename().string());
     std::sort(found_classes.begin(), found_classes.end());
     TVC_CHECK(!found_classes.empty(), "image folder '", printable(root),
               "' has no class folder (expected root/<class>/<image files>)");
@@ -276,8 +267,8 @@ std::shared_ptr<ImageSource> image_folder_source(const std::string& root, const 
   std::vector<int64_t> label_of_class(found_classes.size());
   for (size_t c = 0; c < found_classes.size(); ++c) {
     auto it = std::find(classes.begin(), classes.end(), found_classes[c]);
-    TVC_CHECK(it != classes.end(), "image folder '", printable(root), "': class folder '",
-              printable(found_classes[c]), "' is not one of the ", classes.size(), " classes of the training data");
+    TVC_CHECK(it != classes.end(), "image folder '", printable(root), "': class folder '", printable(found_classes[c]),
+              "' is not one of the ", classes.size(), " classes of the training data");
     label_of_class[c] = it - classes.begin();
   }
 
@@ -295,15 +286,13 @@ std::shared_ptr<ImageSource> image_folder_source(const std::string& root, const 
     }
   }
   if (skipped > 0)
-    std::cerr << "warning: skipped " << skipped << " of " << paths.size() << " files in " << printable(root)
-              << "\n";
+    std::cerr << "warning: skipped " << skipped << " of " << paths.size() << " files in " << printable(root) << "\n";
   TVC_CHECK(!usable_paths.empty(), "image folder '", printable(root), "' has no usable image (", paths.size(),
             " files in its class folders; images are .jpg, .jpeg or .png)");
   return std::make_shared<ImageFolderSource>(root, classes, std::move(usable_paths), std::move(labels));
 }
 
-std::pair<std::vector<int64_t>, std::vector<int64_t>> split_indices(int64_t n, double fraction,
-                                                                    uint64_t seed) {
+std::pair<std::vector<int64_t>, std::vector<int64_t>> split_indices(int64_t n, double fraction, uint64_t seed) {
   TVC_CHECK(n >= 0, "split_indices: n must be >= 0, got ", n);
   TVC_CHECK(fraction >= 0 && fraction < 1, "split_indices: the fraction must be in [0, 1), got ", fraction);
   // A Fisher-Yates shuffle driven by SampleRng(seed, -1, -1), a stream no epoch or sample uses.
@@ -338,18 +327,17 @@ double SampleRng::uniform(double lo, double hi) { return lo + (hi - lo) * unifor
 
 Tensor apply_transform(const vision::Image& image, const Transform& t, SampleRng& rng) {
   TVC_CHECK(t.size > 0, "transform: the size must be positive, got ", t.size);
-  TVC_CHECK(image.height > 0 && image.width > 0 &&
-                image.rgb.size() == static_cast<size_t>(image.height * image.width * 3),
-            "transform: the image is ", image.width, "x", image.height, " with ", image.rgb.size(),
-            " bytes (expected a non-empty RGB image)");
+  TVC_CHECK(
+      image.height > 0 && image.width > 0 && image.rgb.size() == static_cast<size_t>(image.height * image.width * 3),
+      "transform: the image is ", image.width, "x", image.height, " with ", image.rgb.size(),
+      " bytes (expected a non-empty RGB image)");
   if (!t.augment)
-    return vision::to_normalized_tensor(
-        vision::center_crop(vision::resize_shorter_side(image, t.resize_size), t.size), t.mean, t.std);
-  TVC_CHECK(0 <= t.scale[0] && t.scale[0] <= t.scale[1], "transform: the crop scale (", t.scale[0], ", ",
-            t.scale[1], ") must be 0 <= min <= max");
+    return vision::to_normalized_tensor(vision::center_crop(vision::resize_shorter_side(image, t.resize_size), t.size),
+                                        t.mean, t.std);
+  TVC_CHECK(0 <= t.scale[0] && t.scale[0] <= t.scale[1], "transform: the crop scale (", t.scale[0], ", ", t.scale[1],
+            ") must be 0 <= min <= max");
   const auto [top, left, h, w] = random_resized_crop_box(image.height, image.width, t.scale, rng);
-  vision::Image out =
-      vision::resize(crop(image, top, left, h, w), t.size, t.size, models::Interpolation::Bilinear);
+  vision::Image out = vision::resize(crop(image, top, left, h, w), t.size, t.size, models::Interpolation::Bilinear);
   // RandomHorizontalFlip: torch.rand(1) < p. Drawn whatever p is, so the stream stays aligned.
   if (rng.uniform() < t.hflip) flip_horizontally(out);
   return vision::to_normalized_tensor(out, t.mean, t.std);
@@ -357,20 +345,17 @@ Tensor apply_transform(const vision::Image& image, const Transform& t, SampleRng
 
 // ---------------------------------------------------------------- loader
 
-BatchLoader::BatchLoader(std::shared_ptr<ImageSource> source, std::vector<int64_t> indices,
-                         LoaderOptions options)
+BatchLoader::BatchLoader(std::shared_ptr<ImageSource> source, std::vector<int64_t> indices, LoaderOptions options)
     : source_(std::move(source)), indices_(std::move(indices)), options_(std::move(options)) {
   TVC_CHECK(source_ != nullptr, "BatchLoader: no image source");
-  TVC_CHECK(options_.batch_size > 0, "BatchLoader: the batch size must be positive, got ",
-            options_.batch_size);
+  TVC_CHECK(options_.batch_size > 0, "BatchLoader: the batch size must be positive, got ", options_.batch_size);
   TVC_CHECK(options_.workers >= 0, "BatchLoader: the worker count must be >= 0, got ", options_.workers);
   TVC_CHECK(options_.prefetch > 0, "BatchLoader: prefetch must be positive, got ", options_.prefetch);
-  TVC_CHECK(options_.transform.size > 0, "BatchLoader: the image size must be positive, got ",
-            options_.transform.size);
+  TVC_CHECK(options_.transform.size > 0, "BatchLoader: the image size must be positive, got ", options_.transform.size);
   const int64_t n = source_->size();
   for (int64_t index : indices_)
-    TVC_CHECK(index >= 0 && index < n, "BatchLoader: index ", index, " is not a sample of ",
-              source_->description(), " (", n, " images)");
+    TVC_CHECK(index >= 0 && index < n, "BatchLoader: index ", index, " is not a sample of ", source_->description(),
+              " (", n, " images)");
   // No batches until start_epoch: end_batch_ stays 0.
 }
 
@@ -419,8 +404,7 @@ void BatchLoader::start_epoch(int64_t epoch, int64_t first_batch) {
         } catch (...) {
           error = std::current_exception();
         }
-        const double seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         lock.lock();
         busy_seconds_ += seconds;
         if (batch) {
@@ -473,9 +457,7 @@ Batch BatchLoader::make_batch(int64_t batch) const {
   const int64_t begin = batch * options_.batch_size;
   const int64_t count = std::min(options_.batch_size, static_cast<int64_t>(order_.size()) - begin);
   const int64_t sample_floats = 3 * size * size;
-  Batch out{.images = empty({count, 3, size, size}),
-            .labels = empty({count}, {.dtype = DType::Int64}),
-            .index = batch};
+  Batch out{.images = empty({count, 3, size, size}), .labels = empty({count}, {.dtype = DType::Int64}), .index = batch};
   float* images = out.images.data_ptr<float>();
   int64_t* labels = out.labels.data_ptr<int64_t>();
   for (int64_t k = 0; k < count; ++k) {

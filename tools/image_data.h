@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include "tvc/vision/preprocess.h"
 #include "tvc/tensor.h"
+#include "tvc/vision/preprocess.h"
 
 namespace tvc::tools {
 
@@ -106,8 +106,8 @@ Tensor apply_transform(const vision::Image& image, const Transform& t, SampleRng
 // ---------------------------------------------------------------- loader
 
 struct Batch {
-  Tensor images;  // float32 (B, 3, size, size)
-  Tensor labels;  // int64 (B)
+  Tensor images;      // float32 (B, 3, size, size)
+  Tensor labels;      // int64 (B)
   int64_t index = 0;  // the batch's position in the epoch
 };
 
@@ -117,8 +117,8 @@ struct LoaderOptions {
   bool shuffle = true;     // a new seeded order each epoch (else indices in order)
   bool drop_last = false;  // leave out a last, smaller batch
   uint64_t seed = 0;
-  int workers = 2;         // threads preparing batches (0: on the calling thread)
-  int prefetch = 2;        // batches prepared ahead per worker
+  int workers = 2;   // threads preparing batches (0: on the calling thread)
+  int prefetch = 2;  // batches prepared ahead per worker
 };
 
 // Batches of source's samples at `indices`. Each epoch's order is a seeded shuffle of indices

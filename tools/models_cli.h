@@ -15,12 +15,12 @@ void list_models();
 
 struct RunOptions {
   std::string model;
-  std::string weights;  // a tag or a .pth/.safetensors path
-  std::string input;    // safetensors file holding float32 `input` (N, 3, H, W)
-  std::string output;   // safetensors file to write: `output` (N, num_classes), stage tensors
+  std::string weights;                 // a tag or a .pth/.safetensors path
+  std::string input;                   // safetensors file holding float32 `input` (N, 3, H, W)
+  std::string output;                  // safetensors file to write: `output` (N, num_classes), stage tensors
   std::optional<int64_t> num_classes;  // unset: the weights' class count
-  bool train_mode = false;  // batch statistics, dropout off
-  bool features = false;    // also write forward_stages under their node names
+  bool train_mode = false;             // batch statistics, dropout off
+  bool features = false;               // also write forward_stages under their node names
 };
 
 // Runs the model on the input file and writes the output file (crash-safe); a line on stdout
@@ -29,9 +29,9 @@ void run_model(const RunOptions& options);
 
 struct PredictOptions {
   std::string model;
-  std::string weights;                // a tag or a .pth/.safetensors path
-  std::string preprocess_tag;         // whose preprocessing; "": the weights' tag, or DEFAULT for a file
-  std::vector<std::string> images;    // JPEG or PNG files
+  std::string weights;              // a tag or a .pth/.safetensors path
+  std::string preprocess_tag;       // whose preprocessing; "": the weights' tag, or DEFAULT for a file
+  std::vector<std::string> images;  // JPEG or PNG files
 };
 
 // Classifies the images (one batch, eval mode) with the preprocessing of the weights' tag and

@@ -51,9 +51,9 @@ void Progress::draw(bool newline) {
   // The time left at this epoch's pace so far.
   int64_t done = step_ - std::max<int64_t>(first_step_, 0);
   double eta = done > 0 ? seconds * static_cast<double>(total_ - step_) / static_cast<double>(done) : 0.0;
-  std::fprintf(stream_, "%s%s [%s] %lld/%lld batches  loss %.4f%s  %.0f images/s  %.1fs  ETA %.0fs%s",
-               tty_ ? "\r" : "", label_.c_str(), bar.c_str(), static_cast<long long>(step_),
-               static_cast<long long>(total_), loss_, accuracy.c_str(), rate, seconds, eta, newline ? "\n" : "");
+  std::fprintf(stream_, "%s%s [%s] %lld/%lld batches  loss %.4f%s  %.0f images/s  %.1fs  ETA %.0fs%s", tty_ ? "\r" : "",
+               label_.c_str(), bar.c_str(), static_cast<long long>(step_), static_cast<long long>(total_), loss_,
+               accuracy.c_str(), rate, seconds, eta, newline ? "\n" : "");
   std::fflush(stream_);
 }
 

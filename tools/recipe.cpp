@@ -52,8 +52,8 @@ double number_in(const YAML::Node& n, const std::string& key, double lo, double 
 }
 int64_t integer(const YAML::Node& n, const std::string& key, int64_t lo, int64_t hi = INT64_MAX) {
   int64_t v = scalar<int64_t>(n, key, "an integer");
-  TVC_CHECK(v >= lo && v <= hi, "'", key, "' must be ", hi == INT64_MAX ? cat_str("at least ", lo) : cat_str("in [", lo, ", ", hi, "]"),
-            ", got ", v);
+  TVC_CHECK(v >= lo && v <= hi, "'", key, "' must be ",
+            hi == INT64_MAX ? cat_str("at least ", lo) : cat_str("in [", lo, ", ", hi, "]"), ", got ", v);
   return v;
 }
 bool boolean(const YAML::Node& n, const std::string& key) { return scalar<bool>(n, key, "true or false"); }
@@ -102,34 +102,48 @@ struct Key {
 
 const std::vector<std::pair<const char*, std::function<void(EmaRecipe&, const YAML::Node&, const std::string&)>>>&
 ema_fields() {
-  static const std::vector<std::pair<const char*, std::function<void(EmaRecipe&, const YAML::Node&, const std::string&)>>> f = {
-      {"decay", [](EmaRecipe& e, const YAML::Node& n, const std::string& k) { e.decay = number_in(n, k, 0, 1, "[0, 1]"); }},
-      {"warmup",
-       [](EmaRecipe& e, const YAML::Node& n, const std::string& k) {
-         bool b;
-         if (n.IsScalar() && YAML::convert<bool>::decode(n, b)) e.warmup = b ? "timm" : "none";
-         else e.warmup = choice(n, k, {"none", "timm", "tensorflow"});
-       }},
-      {"every", [](EmaRecipe& e, const YAML::Node& n, const std::string& k) { e.every = integer(n, k, 1); }},
-  };
+  static const std::vector<
+      std::pair<const char*, std::function<void(EmaRecipe&, const YAML::Node&, const std::string&)>>>
+      f = {
+          {"decay",
+           [](EmaRecipe& e, const YAML::Node& n, const std::string& k) { e.decay = number_in(n, k, 0, 1, "[0, 1]"); }},
+          {"warmup",
+           [](EmaRecipe& e, const YAML::Node& n, const std::string& k) {
+             bool b;
+             if (n.IsScalar() && YAML::convert<bool>::decode(n, b))
+               e.warmup = b ? "timm" : "none";
+             else
+               e.warmup = choice(n, k, {"none", "timm", "tensorflow"});
+           }},
+          {"every", [](EmaRecipe& e, const YAML::Node& n, const std::string& k) { e.every = integer(n, k, 1); }},
+      };
   return f;
 }
 
 const std::vector<std::pair<const char*, std::function<void(SwaRecipe&, const YAML::Node&, const std::string&)>>>&
 swa_fields() {
-  static const std::vector<std::pair<const char*, std::function<void(SwaRecipe&, const YAML::Node&, const std::string&)>>> f = {
-      {"start_epoch", [](SwaRecipe& s, const YAML::Node& n, const std::string& k) { s.start_epoch = integer(n, k, 1); }},
-      {"swa_lr", [](SwaRecipe& s, const YAML::Node& n, const std::string& k) { s.swa_lr = number_in(n, k, 0, 1e6, "(0, 1e6]"); }},
-      {"anneal_epochs", [](SwaRecipe& s, const YAML::Node& n, const std::string& k) { s.anneal_epochs = integer(n, k, 0); }},
-      {"anneal_strategy",
-       [](SwaRecipe& s, const YAML::Node& n, const std::string& k) { s.anneal_strategy = choice(n, k, {"cos", "linear"}); }},
-  };
+  static const std::vector<
+      std::pair<const char*, std::function<void(SwaRecipe&, const YAML::Node&, const std::string&)>>>
+      f = {
+          {"start_epoch",
+           [](SwaRecipe& s, const YAML::Node& n, const std::string& k) { s.start_epoch = integer(n, k, 1); }},
+          {"swa_lr", [](SwaRecipe& s, const YAML::Node& n,
+                        const std::string& k) { s.swa_lr = number_in(n, k, 0, 1e6, "(0, 1e6]"); }},
+          {"anneal_epochs",
+           [](SwaRecipe& s, const YAML::Node& n, const std::string& k) { s.anneal_epochs = integer(n, k, 0); }},
+          {"anneal_strategy",
+           [](SwaRecipe& s, const YAML::Node& n, const std::string& k) {
+             s.anneal_strategy = choice(n, k, {"cos", "linear"});
+           }},
+      };
   return f;
 }
 
 template <typename Sub>
-void set_map(const YAML::Node& n, const std::string& key, Sub& sub,
-             const std::vector<std::pair<const char*, std::function<void(Sub&, const YAML::Node&, const std::string&)>>>& fields) {
+void set_map(
+    const YAML::Node& n, const std::string& key, Sub& sub,
+    const std::vector<std::pair<const char*, std::function<void(Sub&, const YAML::Node&, const std::string&)>>>&
+        fields) {
   TVC_CHECK(n.IsMap(), "'", key, "' must be a map, got ", describe(n));
   std::vector<std::string> names;
   for (const auto& f : fields) names.push_back(f.first);

@@ -42,48 +42,48 @@ struct SwaRecipe {
 struct Recipe {
   // The model.
   std::string backbone = "small_cnn";
-  std::string weights;                  // a torchvision tag or a weight file; "": random init
-  std::string patches = "{}";           // the patches as JSON (hybrid::parse_patches)
-  int64_t num_classes = 0;              // 0: the data's class count
+  std::string weights;         // a torchvision tag or a weight file; "": random init
+  std::string patches = "{}";  // the patches as JSON (hybrid::parse_patches)
+  int64_t num_classes = 0;     // 0: the data's class count
   double dropout = 0;
   bool freeze_backbone = false;
   std::vector<int64_t> unfreeze_stages;
   // The data.
-  std::string data;                     // an image folder; "": Fashion-MNIST (fashion_mnist_dir)
-  std::string val_data;                 // a validation image folder; "": val_split of data
-  double val_split = 0.1;               // share of the training images held out for validation
-  int64_t train_subset = 0;             // > 0: train on this many images (a seeded subset)
+  std::string data;          // an image folder; "": Fashion-MNIST (fashion_mnist_dir)
+  std::string val_data;      // a validation image folder; "": val_split of data
+  double val_split = 0.1;    // share of the training images held out for validation
+  int64_t train_subset = 0;  // > 0: train on this many images (a seeded subset)
   std::string fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
   int64_t image_size = 224;
-  bool augment = true;                  // random resized crop and horizontal flip
+  bool augment = true;  // random resized crop and horizontal flip
   std::array<double, 2> crop_scale = {0.08, 1.0};
   double hflip = 0.5;
-  int64_t workers = 2;                  // loader threads
+  int64_t workers = 2;  // loader threads
   // The optimisation.
   int64_t batch_size = 64;
   int64_t epochs = 1;
-  std::string optimizer = "sgd";        // sgd | adamw | adam
+  std::string optimizer = "sgd";  // sgd | adamw | adam
   double lr = 0.1;
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 5e-5;
-  bool no_decay_norm_bias = true;       // no weight decay on norm weights and biases (1-d tensors)
-  std::string scheduler = "cosine";     // cosine | step | onecycle | constant
-  double warmup_epochs = 0;             // cosine: linear warm-up from lr/100
-  int64_t step_size = 1;                // step: epochs between decays
-  double gamma = 0.1;                   // step: decay factor
-  double min_lr = 0;                    // cosine: the final lr
+  bool no_decay_norm_bias = true;    // no weight decay on norm weights and biases (1-d tensors)
+  std::string scheduler = "cosine";  // cosine | step | onecycle | constant
+  double warmup_epochs = 0;          // cosine: linear warm-up from lr/100
+  int64_t step_size = 1;             // step: epochs between decays
+  double gamma = 0.1;                // step: decay factor
+  double min_lr = 0;                 // cosine: the final lr
   double label_smoothing = 0;
-  double clip_grad_norm = 0;            // > 0: clip the gradients' joint 2-norm to this
+  double clip_grad_norm = 0;  // > 0: clip the gradients' joint 2-norm to this
   std::optional<EmaRecipe> ema;
   std::optional<SwaRecipe> swa;
   // The run.
   uint64_t seed = 0;
-  int64_t threads = 0;                  // 0: all cores
-  int64_t max_batches = 0;              // > 0: stop each epoch after this many batches
-  int64_t checkpoint_every = 0;         // > 0: also checkpoint every this many steps
+  int64_t threads = 0;           // 0: all cores
+  int64_t max_batches = 0;       // > 0: stop each epoch after this many batches
+  int64_t checkpoint_every = 0;  // > 0: also checkpoint every this many steps
   std::string out = "runs/train";
-  std::string dump_batches;             // a folder: write every training batch (for the PyTorch replay)
+  std::string dump_batches;  // a folder: write every training batch (for the PyTorch replay)
 };
 
 // The recipe of the built-in name "small_cnn" or of a YAML/JSON file.

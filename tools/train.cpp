@@ -16,10 +16,10 @@
 #include "fashion_mnist.h"
 #include "progress.h"
 #include "tvc/autograd.h"
+#include "tvc/lr_scheduler.h"
 #include "tvc/nn/containers.h"
 #include "tvc/nn/layers.h"
 #include "tvc/ops.h"
-#include "tvc/lr_scheduler.h"
 #include "tvc/optim.h"
 #include "tvc/swa/averaged_model.h"
 

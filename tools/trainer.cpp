@@ -131,8 +131,13 @@ std::array<std::array<double, 3>, 2> mean_std(const Recipe& r) {
 
 Transform train_transform(const Recipe& r) {
   auto [mean, std] = mean_std(r);
-  return {.size = r.image_size, .resize_size = r.image_size, .augment = r.augment,
-          .scale = r.crop_scale, .hflip = r.hflip, .mean = mean, .std = std};
+  return {.size = r.image_size,
+          .resize_size = r.image_size,
+          .augment = r.augment,
+          .scale = r.crop_scale,
+          .hflip = r.hflip,
+          .mean = mean,
+          .std = std};
 }
 
 Transform eval_transform(const Recipe& r) {
@@ -145,14 +150,15 @@ Transform eval_transform(const Recipe& r) {
 
 hybrid::HybridModelPtr build_model(const Recipe& r, int64_t num_classes, const std::string& weights, bool verbose) {
   return hybrid::HybridBuilder().from_torchvision(
-      r.backbone, {.weights = weights,
-                   .patches = hybrid::parse_patches(r.patches),
-                   .num_classes = num_classes,
-                   .dropout = r.dropout,
-                   .freeze_backbone = r.freeze_backbone,
-                   .unfreeze_stages = r.unfreeze_stages,
-                   .verbose = verbose,
-                   .image_size = r.backbone.rfind("vit", 0) == 0 ? std::optional<int64_t>(r.image_size) : std::nullopt});
+      r.backbone,
+      {.weights = weights,
+       .patches = hybrid::parse_patches(r.patches),
+       .num_classes = num_classes,
+       .dropout = r.dropout,
+       .freeze_backbone = r.freeze_backbone,
+       .unfreeze_stages = r.unfreeze_stages,
+       .verbose = verbose,
+       .image_size = r.backbone.rfind("vit", 0) == 0 ? std::optional<int64_t>(r.image_size) : std::nullopt});
 }
 
 // The weights to export: torchvision's names for a hybrid without patches (they load into
@@ -174,8 +180,10 @@ io::Value options_value(const optim::Options& options) {
   io::Value::Items items;
   for (const auto& [name, v] : options.items()) {
     io::Value value;
-    if (const double* d = std::get_if<double>(&v)) value = io::Value(*d);
-    else if (const bool* b = std::get_if<bool>(&v)) value = io::Value(*b);
+    if (const double* d = std::get_if<double>(&v))
+      value = io::Value(*d);
+    else if (const bool* b = std::get_if<bool>(&v))
+      value = io::Value(*b);
     else {
       std::vector<io::Value> list;
       for (double x : std::get<std::vector<double>>(v)) list.emplace_back(x);
@@ -189,12 +197,14 @@ io::Value options_value(const optim::Options& options) {
 optim::Options options_from(const io::Value& v) {
   optim::Options options;
   for (const auto& [k, x] : v.items()) {
-    if (x.kind() == io::Value::Kind::Bool) options.set(k.to_string(), x.to_bool());
+    if (x.kind() == io::Value::Kind::Bool)
+      options.set(k.to_string(), x.to_bool());
     else if (x.kind() == io::Value::Kind::List) {
       std::vector<double> list;
       for (const io::Value& e : x.elements()) list.push_back(e.to_float());
       options.set(k.to_string(), list);
-    } else options.set(k.to_string(), x.to_float());
+    } else
+      options.set(k.to_string(), x.to_float());
   }
   return options;
 }
@@ -210,8 +220,8 @@ io::Value optimizer_value(const optim::OptimizerStateDict& sd) {
   for (const auto& g : sd.param_groups) {
     std::vector<io::Value> params;
     for (int64_t p : g.params) params.emplace_back(p);
-    groups.push_back(io::Value::dict({{io::Value("options"), options_value(g.options)},
-                                      {io::Value("params"), io::Value::list(std::move(params))}}));
+    groups.push_back(io::Value::dict(
+        {{io::Value("options"), options_value(g.options)}, {io::Value("params"), io::Value::list(std::move(params))}}));
   }
   return io::Value::dict({{io::Value("state"), io::Value::dict(std::move(state))},
                           {io::Value("param_groups"), io::Value::list(std::move(groups))}});
@@ -291,9 +301,8 @@ void write_metrics(const fs::path& out, const std::vector<EpochMetrics>& history
     if (!std::isnan(m.val_accuracy_average)) std::snprintf(average, sizeof average, "%.6f", m.val_accuracy_average);
     char line[512];
     std::snprintf(line, sizeof line, "%lld,%lld,%.8g,%.6f,%.6f,%.6f,%s,%.3f,%.1f,%.1f\n",
-                  static_cast<long long>(m.epoch), static_cast<long long>(m.step), m.lr, m.train_loss,
-                  m.train_accuracy, m.val_accuracy, average, m.epoch_seconds, m.model_images_per_s,
-                  m.loader_images_per_s);
+                  static_cast<long long>(m.epoch), static_cast<long long>(m.step), m.lr, m.train_loss, m.train_accuracy,
+                  m.val_accuracy, average, m.epoch_seconds, m.model_images_per_s, m.loader_images_per_s);
     csv << line;
   }
   io::write_file_atomic((out / "metrics.csv").string(), csv.str());
@@ -313,7 +322,8 @@ std::vector<EpochMetrics> history_from(const io::Value& v) {
   for (const io::Value& row : v.elements()) {
     std::vector<double> x = doubles_from(row);
     TVC_CHECK(x.size() == 10, "checkpoint: a metrics row has ", x.size(), " values, expected 10");
-    history.push_back({static_cast<int64_t>(x[0]), static_cast<int64_t>(x[1]), x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9]});
+    history.push_back(
+        {static_cast<int64_t>(x[0]), static_cast<int64_t>(x[1]), x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9]});
   }
   return history;
 }
@@ -346,7 +356,10 @@ double accuracy(nn::Module& model, BatchLoader& loader) {
 }
 
 LoaderOptions eval_loader_options(const Recipe& r, int64_t batch_size) {
-  return {.batch_size = batch_size, .transform = eval_transform(r), .shuffle = false, .seed = r.seed,
+  return {.batch_size = batch_size,
+          .transform = eval_transform(r),
+          .shuffle = false,
+          .seed = r.seed,
           .workers = static_cast<int>(r.workers)};
 }
 
@@ -386,7 +399,8 @@ class Run {
   int stop_status_ = 0;
 };
 
-Run::Run(const Recipe& recipe, const std::string& resume_dir) : r_(recipe), out_(resume_dir.empty() ? recipe.out : resume_dir) {
+Run::Run(const Recipe& recipe, const std::string& resume_dir)
+    : r_(recipe), out_(resume_dir.empty() ? recipe.out : resume_dir) {
   if (r_.threads > 0) set_num_threads(static_cast<int>(r_.threads));
   data_ = load_data(r_, /*need_train=*/true);
   num_classes_ = r_.num_classes > 0 ? r_.num_classes : static_cast<int64_t>(data_.classes.size());
@@ -410,8 +424,11 @@ Run::Run(const Recipe& recipe, const std::string& resume_dir) : r_(recipe), out_
   }
   train_loader_ = std::make_unique<BatchLoader>(
       data_.train, data_.train_indices,
-      LoaderOptions{.batch_size = r_.batch_size, .transform = train_transform(r_), .shuffle = true,
-                    .drop_last = data_.train_indices.size() > static_cast<size_t>(r_.batch_size), .seed = r_.seed,
+      LoaderOptions{.batch_size = r_.batch_size,
+                    .transform = train_transform(r_),
+                    .shuffle = true,
+                    .drop_last = data_.train_indices.size() > static_cast<size_t>(r_.batch_size),
+                    .seed = r_.seed,
                     .workers = static_cast<int>(r_.workers)});
   val_loader_ = std::make_unique<BatchLoader>(data_.val, data_.val_indices, eval_loader_options(r_, r_.batch_size));
   make_optimizer();
@@ -445,13 +462,15 @@ void Run::make_optimizer() {
   std::vector<optim::ParamGroup> groups{{decay, {}}};
   if (!no_decay.empty()) groups.push_back({no_decay, optim::Options{{"weight_decay", 0.0}}});
   if (r_.optimizer == "sgd")
-    optimizer_ = std::make_unique<optim::SGD>(groups, optim::SGDOptions{.lr = r_.lr, .momentum = r_.momentum,
-                                                                         .weight_decay = r_.weight_decay,
-                                                                         .nesterov = r_.nesterov});
+    optimizer_ = std::make_unique<optim::SGD>(
+        groups, optim::SGDOptions{
+                    .lr = r_.lr, .momentum = r_.momentum, .weight_decay = r_.weight_decay, .nesterov = r_.nesterov});
   else if (r_.optimizer == "adamw")
-    optimizer_ = std::make_unique<optim::AdamW>(groups, optim::AdamWOptions{.lr = r_.lr, .weight_decay = r_.weight_decay});
+    optimizer_ =
+        std::make_unique<optim::AdamW>(groups, optim::AdamWOptions{.lr = r_.lr, .weight_decay = r_.weight_decay});
   else
-    optimizer_ = std::make_unique<optim::Adam>(groups, optim::AdamOptions{.lr = r_.lr, .weight_decay = r_.weight_decay});
+    optimizer_ =
+        std::make_unique<optim::Adam>(groups, optim::AdamOptions{.lr = r_.lr, .weight_decay = r_.weight_decay});
 }
 
 void Run::make_schedulers(int64_t steps) {
@@ -475,7 +494,9 @@ void Run::make_schedulers(int64_t steps) {
     scheduler_ = std::make_shared<sched::StepLR>(*optimizer_, r_.step_size * steps, r_.gamma);
   } else if (r_.scheduler == "onecycle") {
     scheduler_ = std::make_shared<sched::OneCycleLR>(
-        *optimizer_, sched::OneCycleLROptions{.max_lr = {r_.lr}, .total_steps = total, .cycle_momentum = r_.optimizer != "sgd" || r_.momentum > 0});
+        *optimizer_,
+        sched::OneCycleLROptions{
+            .max_lr = {r_.lr}, .total_steps = total, .cycle_momentum = r_.optimizer != "sgd" || r_.momentum > 0});
   }
   if (r_.swa)
     swa_scheduler_ = std::make_unique<swa::SWALR>(
@@ -494,8 +515,9 @@ void Run::train_epoch(int64_t epoch, int64_t first_batch) {
     std::optional<Batch> batch = train_loader_->next();
     TVC_CHECK(batch.has_value(), "train: the loader ended at batch ", b, " of ", steps);
     if (!r_.dump_batches.empty())
-      io::save_safetensors((fs::path(r_.dump_batches) / cat_str("epoch", epoch, "_batch", b, ".safetensors")).string(),
-                           std::vector<std::pair<std::string, Tensor>>{{"images", batch->images}, {"labels", batch->labels}});
+      io::save_safetensors(
+          (fs::path(r_.dump_batches) / cat_str("epoch", epoch, "_batch", b, ".safetensors")).string(),
+          std::vector<std::pair<std::string, Tensor>>{{"images", batch->images}, {"labels", batch->labels}});
     Tensor logits = (*model_)(batch->images);
     Tensor loss = cross_entropy(logits, batch->labels, Tensor(), -100, Reduction::Mean, r_.label_smoothing);
     optimizer_->zero_grad();
@@ -521,8 +543,9 @@ void Run::train_epoch(int64_t epoch, int64_t first_batch) {
       save_checkpoint(epoch, b + 1);
       const int sig = g_stop_signal.load();
       std::printf("stopped by %s at epoch %lld, batch %lld: checkpoint %s; continue with tvc train --resume %s\n",
-                  sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(epoch + 1), static_cast<long long>(b + 1),
-                  printable((out_ / "checkpoints" / "last.pth").string()).c_str(), printable(out_.string()).c_str());
+                  sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(epoch + 1),
+                  static_cast<long long>(b + 1), printable((out_ / "checkpoints" / "last.pth").string()).c_str(),
+                  printable(out_.string()).c_str());
       stop_status_ = 128 + sig;
       return;
     }
@@ -554,8 +577,9 @@ void Run::end_epoch(int64_t epoch) {
     m.val_accuracy_average = accuracy(*average_, *val_loader_);
   }
   history_.push_back(m);
-  std::printf("epoch %lld/%lld: train loss %.4f, accuracy %.2f%%; validation accuracy %.2f%%", static_cast<long long>(m.epoch),
-              static_cast<long long>(r_.epochs), m.train_loss, 100 * m.train_accuracy, 100 * m.val_accuracy);
+  std::printf("epoch %lld/%lld: train loss %.4f, accuracy %.2f%%; validation accuracy %.2f%%",
+              static_cast<long long>(m.epoch), static_cast<long long>(r_.epochs), m.train_loss, 100 * m.train_accuracy,
+              100 * m.val_accuracy);
   if (!std::isnan(m.val_accuracy_average)) std::printf(", %s %.2f%%", average_name(), 100 * m.val_accuracy_average);
   std::printf("; lr %.3g; %.0f images/s (loader %.0f images/s)\n", m.lr, m.model_images_per_s, m.loader_images_per_s);
   std::fflush(stdout);
@@ -585,9 +609,9 @@ void Run::save_checkpoint(int64_t epoch, int64_t next_batch) {
       {io::Value("average"), average_ ? io::Value(average_->state_dict()) : io::Value()},
       // Philox counters: the seed and offset as strings (a uint64 may not fit Python's int64 pickles).
       {io::Value("rng"), io::Value::list({io::Value(std::to_string(rng.seed)), io::Value(std::to_string(rng.offset))})},
-      {io::Value("epoch_sums"), doubles_value({sums_.loss, static_cast<double>(sums_.correct),
-                                               static_cast<double>(sums_.seen), static_cast<double>(sums_.batches),
-                                               sums_.seconds})},
+      {io::Value("epoch_sums"),
+       doubles_value({sums_.loss, static_cast<double>(sums_.correct), static_cast<double>(sums_.seen),
+                      static_cast<double>(sums_.batches), sums_.seconds})},
       {io::Value("history"), history_value(history_)},
       {io::Value("best_accuracy"), io::Value(best_accuracy_)},
   };
@@ -639,21 +663,26 @@ void Run::finish() {
   if (r_.swa) {
     // The average's BatchNorm statistics, recomputed on the training images (PyTorch's update_bn).
     train_loader_->start_epoch(r_.epochs);
-    swa::update_bn([&]() -> std::optional<Tensor> {
-      std::optional<Batch> b = train_loader_->next();
-      if (!b) return std::nullopt;
-      return b->images;
-    }, *average_);
+    swa::update_bn(
+        [&]() -> std::optional<Tensor> {
+          std::optional<Batch> b = train_loader_->next();
+          if (!b) return std::nullopt;
+          return b->images;
+        },
+        *average_);
   }
   export_weights(out_, "final", export_state(*model_, *model_));
   if (average_) export_weights(out_, cat_str("final_", average_name()), export_state(*model_, average_->module()));
   BatchLoader test_loader(data_.test, data_.test_indices, eval_loader_options(r_, r_.batch_size));
   const double raw = accuracy(*model_, test_loader);
-  std::printf("test accuracy on %s (%zu images): %.2f%%", data_.test_name.c_str(), data_.test_indices.size(), 100 * raw);
+  std::printf("test accuracy on %s (%zu images): %.2f%%", data_.test_name.c_str(), data_.test_indices.size(),
+              100 * raw);
   if (average_) std::printf(", %s %.2f%%", average_name(), 100 * accuracy(*average_, test_loader));
-  std::printf("\nfiles in %s: recipe.yaml, classes.txt, metrics.csv, curves.svg, final.{safetensors,pth}, best.{safetensors,pth}%s, checkpoints/last.pth\n",
-              printable(out_.string()).c_str(),
-              average_ ? cat_str(", final_", average_name(), ".{safetensors,pth}").c_str() : "");
+  std::printf(
+      "\nfiles in %s: recipe.yaml, classes.txt, metrics.csv, curves.svg, final.{safetensors,pth}, "
+      "best.{safetensors,pth}%s, checkpoints/last.pth\n",
+      printable(out_.string()).c_str(),
+      average_ ? cat_str(", final_", average_name(), ".{safetensors,pth}").c_str() : "");
 }
 
 }  // namespace
@@ -681,7 +710,8 @@ hybrid::HybridModelPtr load_trained(const Recipe& r, int64_t num_classes, const 
 }
 
 Recipe run_recipe(const std::string& run_or_recipe) {
-  const fs::path path = fs::is_directory(run_or_recipe) ? fs::path(run_or_recipe) / "recipe.yaml" : fs::path(run_or_recipe);
+  const fs::path path =
+      fs::is_directory(run_or_recipe) ? fs::path(run_or_recipe) / "recipe.yaml" : fs::path(run_or_recipe);
   Recipe r = load_recipe(path.string());
   if (r.threads > 0) set_num_threads(static_cast<int>(r.threads));
   return r;

@@ -30,10 +30,10 @@ int train_recipe(const Recipe& recipe, const std::string& resume_dir = "");
 // folder or file, on the recipe's test data (or data when given): overall, per class, and the
 // confusion matrix as text and as an SVG file (svg_out, when not empty).
 struct EvalOptions {
-  std::string recipe;   // a run folder (its recipe.yaml) or a recipe file
-  std::string weights;  // a .safetensors/.pth of train's exports
-  std::string data;     // an image folder; "": the recipe's test data
-  std::string svg_out;  // confusion matrix as SVG
+  std::string recipe;      // a run folder (its recipe.yaml) or a recipe file
+  std::string weights;     // a .safetensors/.pth of train's exports
+  std::string data;        // an image folder; "": the recipe's test data
+  std::string svg_out;     // confusion matrix as SVG
   int64_t batch_size = 0;  // 0: the recipe's
 };
 void evaluate(const EvalOptions& options);

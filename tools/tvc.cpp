@@ -17,15 +17,14 @@
 //
 // Exit status: 0 on success, 1 on an error (printed as `error: <message>` on stderr), 2 on a
 // usage error (unknown option, bad value).
-#include <CLI/CLI.hpp>
-
 #include <malloc.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
-#include <algorithm>
 #include <optional>
 #include <stdexcept>
 
@@ -65,7 +64,8 @@ int run_train(const std::string& recipe_name, const std::string& resume, const s
   }
   tvc::tools::Recipe recipe;
   try {
-    const bool backbone_flag = std::any_of(keys.begin(), keys.end(), [](const auto& k) { return k.first == "backbone"; });
+    const bool backbone_flag =
+        std::any_of(keys.begin(), keys.end(), [](const auto& k) { return k.first == "backbone"; });
     if (!resume.empty()) {
       recipe = tvc::tools::load_recipe((std::filesystem::path(resume) / "recipe.yaml").string());
       for (const auto& [key, value] : keys)
@@ -85,10 +85,15 @@ int run_train(const std::string& recipe_name, const std::string& resume, const s
     return 2;
   }
   if (recipe.backbone == "small_cnn") {
-    tvc::tools::train_fashion_mnist({.epochs = recipe.epochs, .seed = recipe.seed, .batch_size = recipe.batch_size,
-                                     .lr = recipe.lr, .threads = static_cast<int>(recipe.threads),
-                                     .max_batches = recipe.max_batches, .data_dir = recipe.fashion_mnist_dir,
-                                     .ema_decay = recipe.ema ? std::optional<double>(recipe.ema->decay) : std::nullopt});
+    tvc::tools::train_fashion_mnist(
+        {.epochs = recipe.epochs,
+         .seed = recipe.seed,
+         .batch_size = recipe.batch_size,
+         .lr = recipe.lr,
+         .threads = static_cast<int>(recipe.threads),
+         .max_batches = recipe.max_batches,
+         .data_dir = recipe.fashion_mnist_dir,
+         .ema_decay = recipe.ema ? std::optional<double>(recipe.ema->decay) : std::nullopt});
     return 0;
   }
   return tvc::tools::train_recipe(recipe, resume);
@@ -128,7 +133,8 @@ int run(int argc, char** argv) {
   CLI::App* eval_cmd = app.add_subcommand(
       "eval", "Accuracy, per-class accuracy and confusion matrix of trained weights on a recipe's test data");
   eval_cmd->add_option("RUN", eval.recipe, "A tvc train output folder (its recipe.yaml) or a recipe file")->required();
-  eval_cmd->add_option("--weights", eval.weights, "A .safetensors/.pth of tvc train's exports (final, best, final_ema...)")
+  eval_cmd
+      ->add_option("--weights", eval.weights, "A .safetensors/.pth of tvc train's exports (final, best, final_ema...)")
       ->required();
   eval_cmd->add_option("--data", eval.data, "An image folder to evaluate on instead of the recipe's test data");
   eval_cmd->add_option("--svg", eval.svg_out, "Also write the confusion matrix as an SVG file");
@@ -137,20 +143,18 @@ int run(int argc, char** argv) {
 
   std::string inspect_path;
   tvc::tools::InspectOptions inspect;
-  CLI::App* inspect_cmd = app.add_subcommand(
-      "inspect", "Print a weight file's tensors (name, dtype, shape), totals and metadata");
-  inspect_cmd->add_option("FILE", inspect_path, "A safetensors file or a torch.save .pth (zip or legacy)")
-      ->required();
+  CLI::App* inspect_cmd =
+      app.add_subcommand("inspect", "Print a weight file's tensors (name, dtype, shape), totals and metadata");
+  inspect_cmd->add_option("FILE", inspect_path, "A safetensors file or a torch.save .pth (zip or legacy)")->required();
   inspect_cmd->add_flag("--widen", inspect.widen,
                         "Show .pth element types tvc lacks (uint16, float8...) widened instead of failing");
 
   std::string convert_in, convert_out, convert_dtype;
   tvc::tools::ConvertOptions convert;
-  CLI::App* convert_cmd = app.add_subcommand(
-      "convert", "Convert a weight file between safetensors and .pth (chosen by OUT's extension)");
+  CLI::App* convert_cmd =
+      app.add_subcommand("convert", "Convert a weight file between safetensors and .pth (chosen by OUT's extension)");
   convert_cmd->add_option("IN", convert_in, "A safetensors file or a torch.save .pth (zip or legacy)")->required();
-  convert_cmd->add_option("OUT", convert_out, "The file to write: NAME.safetensors, NAME.pth or NAME.pt")
-      ->required();
+  convert_cmd->add_option("OUT", convert_out, "The file to write: NAME.safetensors, NAME.pth or NAME.pt")->required();
   convert_cmd->add_option("--dtype", convert_dtype, "Convert floating-point tensors to this dtype")
       ->check(CLI::IsMember({"float16", "bfloat16", "float32"}));
   convert_cmd->add_flag("--widen", convert.widen,
@@ -164,10 +168,10 @@ int run(int argc, char** argv) {
   tvc::swa::AverageFilesOptions average;
   CLI::App* average_cmd = app.add_subcommand(
       "average", "Average weight files (SWA: equal weights; or an EMA in file order) as AveragedModel would");
-  average_cmd->add_option("--out", average_out, "The file to write: NAME.safetensors, NAME.pth or NAME.pt")
-      ->required();
+  average_cmd->add_option("--out", average_out, "The file to write: NAME.safetensors, NAME.pth or NAME.pt")->required();
   bool average_swa = false;
-  CLI::Option* swa_flag = average_cmd->add_flag("--swa", average_swa, "Equal-weight average of all files (the default)");
+  CLI::Option* swa_flag =
+      average_cmd->add_flag("--swa", average_swa, "Equal-weight average of all files (the default)");
   average_cmd->add_option("--ema", average_ema, "Exponential moving average in file order with this decay")
       ->check(CLI::Range(0.0, 1.0))
       ->excludes(swa_flag);
@@ -176,20 +180,22 @@ int run(int argc, char** argv) {
   average_cmd->add_flag("--plain", average.plain,
                         "Write the averaged model's own state_dict (loads into torchvision) instead of "
                         "AveragedModel's (module.*, n_averaged)");
-  average_cmd->add_option("FILE", average_files, "Weight files (.pth or .safetensors, any mix), in order")
-      ->required();
+  average_cmd->add_option("FILE", average_files, "Weight files (.pth or .safetensors, any mix), in order")->required();
 
   CLI::App* list_cmd = app.add_subcommand("list", "Print every model name, one per line");
 
   tvc::tools::RunOptions run;
   CLI::App* run_cmd = app.add_subcommand("run", "Run a model on the float32 tensor `input` of a safetensors file");
   run_cmd->add_option("MODEL", run.model, "A model name (tvc list)")->required();
-  run_cmd->add_option("--weights", run.weights, "A torchvision tag (DEFAULT, IMAGENET1K_V1, ...) or a .pth/.safetensors file")
+  run_cmd
+      ->add_option("--weights", run.weights,
+                   "A torchvision tag (DEFAULT, IMAGENET1K_V1, ...) or a .pth/.safetensors file")
       ->required();
   run_cmd->add_option("--input", run.input, "A safetensors file with `input`, float32 (N, 3, H, W)")->required();
   run_cmd->add_option("--output", run.output, "The safetensors file to write: `output` (N, num_classes)")->required();
-  run_cmd->add_option("--num-classes", run.num_classes,
-                      "Outputs of the classifier (default: the weights' class count; --hybrid: 1000)")
+  run_cmd
+      ->add_option("--num-classes", run.num_classes,
+                   "Outputs of the classifier (default: the weights' class count; --hybrid: 1000)")
       ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
   run_cmd->add_flag("--train-mode", run.train_mode,
                     "Batch norm uses batch statistics (dropout and stochastic depth stay off)");
@@ -199,7 +205,8 @@ int run(int argc, char** argv) {
   tvc::tools::HybridOptions run_hybrid_options;
   run_cmd->add_flag("--hybrid", run_hybrid,
                     "Build MODEL as a HybridModel (weights: a tag, or a file of HybridModel or torchvision names)");
-  run_cmd->add_option("--patches", run_hybrid_options.patches, "With --hybrid: the patches as JSON")->capture_default_str();
+  run_cmd->add_option("--patches", run_hybrid_options.patches, "With --hybrid: the patches as JSON")
+      ->capture_default_str();
   run_cmd->add_option("--dropout", run_hybrid_options.dropout, "With --hybrid: dropout before the classifier")
       ->check(CLI::Range(0.0, 0.999999));
 
@@ -223,10 +230,13 @@ int run(int argc, char** argv) {
       "predict", "Classify JPEG/PNG images: the five likeliest ImageNet classes of each, with probabilities");
   std::string predict_run;
   predict_cmd->add_option("MODEL", predict.model, "A model name (tvc list); not given with --recipe")->required();
-  predict_cmd->add_option("--weights", predict.weights, "A torchvision tag (DEFAULT, IMAGENET1K_V1, ...) or a .pth/.safetensors file")
+  predict_cmd
+      ->add_option("--weights", predict.weights,
+                   "A torchvision tag (DEFAULT, IMAGENET1K_V1, ...) or a .pth/.safetensors file")
       ->required();
-  predict_cmd->add_option("--recipe", predict_run,
-                          "A tvc train output folder: its recipe's model, preprocessing and classes (weights: its exports)");
+  predict_cmd->add_option(
+      "--recipe", predict_run,
+      "A tvc train output folder: its recipe's model, preprocessing and classes (weights: its exports)");
   predict_cmd->add_option("--preprocess-tag", predict.preprocess_tag,
                           "The tag whose preprocessing (resize, crop, normalisation) to apply; default: the weights' "
                           "tag, or DEFAULT when the weights are a file");
@@ -256,8 +266,11 @@ int run(int argc, char** argv) {
     run_hybrid_options.backbone = run.model;
     run_hybrid_options.num_classes = run.num_classes.value_or(1000);
     TVC_CHECK(!run.train_mode, "run --hybrid: --train-mode is not supported (the hybrid runs in eval mode)");
-    tvc::tools::run_hybrid({.hybrid = run_hybrid_options, .weights = run.weights, .input = run.input,
-                            .output = run.output, .features = run.features});
+    tvc::tools::run_hybrid({.hybrid = run_hybrid_options,
+                            .weights = run.weights,
+                            .input = run.input,
+                            .output = run.output,
+                            .features = run.features});
   } else if (run_cmd->parsed()) {
     TVC_CHECK(run_hybrid_options.patches == "{}" && run_hybrid_options.dropout == 0,
               "run: --patches and --dropout need --hybrid");
@@ -281,8 +294,7 @@ int run(int argc, char** argv) {
     if (convert_dtype == "float32") convert.dtype = tvc::DType::Float32;
     tvc::tools::convert_weights(convert_in, convert_out, convert);
   }
-  if (std::fflush(stdout) != 0 || std::ferror(stdout))
-    throw std::runtime_error("cannot write to standard output");
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) throw std::runtime_error("cannot write to standard output");
   return 0;
 }
 

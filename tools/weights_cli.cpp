@@ -22,19 +22,26 @@ std::string grouped(uint64_t n) {
 
 std::string repr(const io::Value& v) {
   switch (v.kind()) {
-    case io::Value::Kind::None: return "None";
-    case io::Value::Kind::Bool: return v.to_bool() ? "True" : "False";
-    case io::Value::Kind::Int: return std::to_string(v.to_int());
+    case io::Value::Kind::None:
+      return "None";
+    case io::Value::Kind::Bool:
+      return v.to_bool() ? "True" : "False";
+    case io::Value::Kind::Int:
+      return std::to_string(v.to_int());
     case io::Value::Kind::Float: {
       std::ostringstream s;
       s.precision(17);
       s << v.to_float();
       return s.str();
     }
-    case io::Value::Kind::String: return cat_str("'", printable(v.to_string()), "'");
-    case io::Value::Kind::Bytes: return cat_str("<", v.to_string().size(), " bytes>");
-    case io::Value::Kind::Set: return cat_str("<set of ", v.elements().size(), ">");
-    default: return cat_str("<", v.kind_name(), ">");
+    case io::Value::Kind::String:
+      return cat_str("'", printable(v.to_string()), "'");
+    case io::Value::Kind::Bytes:
+      return cat_str("<", v.to_string().size(), " bytes>");
+    case io::Value::Kind::Set:
+      return cat_str("<set of ", v.elements().size(), ">");
+    default:
+      return cat_str("<", v.kind_name(), ">");
   }
 }
 
@@ -42,16 +49,16 @@ struct Row {
   std::string name, dtype, shape;
 };
 
-void print_table(const std::string& path, const char* format, const std::vector<Row>& rows,
-                 uint64_t elements, uint64_t bytes) {
+void print_table(const std::string& path, const char* format, const std::vector<Row>& rows, uint64_t elements,
+                 uint64_t bytes) {
   std::printf("file: %s\nformat: %s\n", printable(path).c_str(), format);
   size_t name_w = 4, dtype_w = 5;
   for (const Row& r : rows) name_w = std::max(name_w, r.name.size()), dtype_w = std::max(dtype_w, r.dtype.size());
   std::printf("%-*s  %-*s  %s\n", int(name_w), "name", int(dtype_w), "dtype", "shape");
   for (const Row& r : rows)
     std::printf("%-*s  %-*s  %s\n", int(name_w), r.name.c_str(), int(dtype_w), r.dtype.c_str(), r.shape.c_str());
-  std::printf("total: %s tensors, %s parameters, %s bytes\n", grouped(rows.size()).c_str(),
-              grouped(elements).c_str(), grouped(bytes).c_str());
+  std::printf("total: %s tensors, %s parameters, %s bytes\n", grouped(rows.size()).c_str(), grouped(elements).c_str(),
+              grouped(bytes).c_str());
 }
 
 void inspect_safetensors(const std::string& path) {
@@ -114,8 +121,10 @@ io::Value cast_floating(const io::Value& v, DType dtype) {
 
 void inspect_weights(const std::string& path, const InspectOptions& options) {
   io::WeightFormat format = io::detect_format(path);
-  if (format == io::WeightFormat::Safetensors) inspect_safetensors(path);
-  else inspect_pth(path, format, options);
+  if (format == io::WeightFormat::Safetensors)
+    inspect_safetensors(path);
+  else
+    inspect_pth(path, format, options);
 }
 
 void convert_weights(const std::string& in, const std::string& out, const ConvertOptions& options) {
@@ -124,14 +133,15 @@ void convert_weights(const std::string& in, const std::string& out, const Conver
   if (from == io::WeightFormat::Safetensors && to == io::WeightFormat::Safetensors && !options.dtype) {
     io::SafetensorsFile file = io::SafetensorsFile::open(in);
     std::vector<std::pair<std::string, io::RawTensor>> tensors;
-    for (const auto& e : file.entries()) tensors.emplace_back(e.name, io::RawTensor{e.dtype, e.shape, file.bytes(e.name)});
+    for (const auto& e : file.entries())
+      tensors.emplace_back(e.name, io::RawTensor{e.dtype, e.shape, file.bytes(e.name)});
     io::save_safetensors_raw(out, tensors, file.metadata());
     std::printf("wrote %s: %zu tensors, safetensors (bytes copied)\n", printable(out).c_str(), tensors.size());
     return;
   }
   io::ReadOptions read{.widen = options.widen};
-  io::Value value = options.unwrap ? io::Value(io::load_state_dict(in, {.read = read, .unwrap = true}))
-                                   : io::load(in, read);
+  io::Value value =
+      options.unwrap ? io::Value(io::load_state_dict(in, {.read = read, .unwrap = true})) : io::load(in, read);
   if (options.dtype) value = cast_floating(value, *options.dtype);
   std::map<std::string, std::string> metadata;
   if (from == io::WeightFormat::Safetensors) metadata = io::SafetensorsFile::open(in).metadata();

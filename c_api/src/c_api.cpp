@@ -119,8 +119,7 @@ int tvc_model_forward(tvc_model* model, const tvc_tensor* input, tvc_tensor** ou
     require(input, "input");
     require(out, "out");
     const tvc::Shape& shape = input->values.shape();
-    if (shape.size() != 4 || shape[1] != 3)
-      invalid("input has shape ", shape, "; expected (N, 3, H, W) images");
+    if (shape.size() != 4 || shape[1] != 3) invalid("input has shape ", shape, "; expected (N, 3, H, W) images");
     tvc::NoGradGuard no_grad;
     tvc::Tensor logits = (*model->module)(input->values);
     *out = new tvc_tensor{logits.to(tvc::DType::Float32).contiguous()};
@@ -151,15 +150,11 @@ int tvc_tensor_from_data(const float* data, const int64_t* shape, int ndim, tvc_
 
 int tvc_tensor_ndim(const tvc_tensor* tensor) { return tensor ? static_cast<int>(tensor->values.dim()) : 0; }
 
-const int64_t* tvc_tensor_shape(const tvc_tensor* tensor) {
-  return tensor ? tensor->values.shape().data() : nullptr;
-}
+const int64_t* tvc_tensor_shape(const tvc_tensor* tensor) { return tensor ? tensor->values.shape().data() : nullptr; }
 
 int64_t tvc_tensor_numel(const tvc_tensor* tensor) { return tensor ? tensor->values.numel() : 0; }
 
-const float* tvc_tensor_data(const tvc_tensor* tensor) {
-  return tensor ? tensor->values.data_ptr<float>() : nullptr;
-}
+const float* tvc_tensor_data(const tvc_tensor* tensor) { return tensor ? tensor->values.data_ptr<float>() : nullptr; }
 
 void tvc_tensor_free(tvc_tensor* tensor) { delete tensor; }
 

@@ -33,8 +33,9 @@ Tensor SavedTensor::unpack(const std::string& node_name) const {
   if (!tensor_.defined()) return tensor_;
   TVC_CHECK(tensor_.version() == version_,
             "one of the tensors needed for gradient computation has been modified by an in-place "
-            "operation: a tensor of shape ", tensor_.shape(), " saved by ", node_name,
-            " is at version ", tensor_.version(), "; expected version ", version_);
+            "operation: a tensor of shape ",
+            tensor_.shape(), " saved by ", node_name, " is at version ", tensor_.version(), "; expected version ",
+            version_);
   return tensor_;
 }
 
@@ -112,19 +113,16 @@ std::shared_ptr<Node> record(const std::string& name, const std::vector<Tensor>&
 
 void check_inplace(const Tensor& self, const char* op) {
   if (!is_grad_enabled()) return;
-  TVC_CHECK(!(self.is_leaf() && self.requires_grad()), op,
-            ": a leaf tensor that requires grad (shape ", self.shape(),
+  TVC_CHECK(!(self.is_leaf() && self.requires_grad()), op, ": a leaf tensor that requires grad (shape ", self.shape(),
             ") is being used in an in-place operation; use NoGradGuard or a copy");
   const auto& base = self.impl()->view_base;
   if (base) {
-    TVC_CHECK(!self.requires_grad() && !base->requires_grad, op,
-              ": in-place operation on a view (shape ", self.shape(),
+    TVC_CHECK(!self.requires_grad() && !base->requires_grad, op, ": in-place operation on a view (shape ", self.shape(),
               ") of a tensor that requires grad is not supported; apply it to a clone");
   }
 }
 
-void record_inplace(const std::string& name, Tensor& self, const std::vector<Tensor>& others,
-                    BackwardFn fn) {
+void record_inplace(const std::string& name, Tensor& self, const std::vector<Tensor>& others, BackwardFn fn) {
   self.storage()->bump_version();
   std::vector<Tensor> inputs{self};
   inputs.insert(inputs.end(), others.begin(), others.end());
@@ -215,8 +213,7 @@ void run_backward(const std::vector<Edge>& roots, const GradList& root_grads, bo
     if (!captured) {
       for (auto& h : node->pre_hooks) grads = h(grads);
       for (size_t i = 0; i < grads.size(); ++i)
-        if (!grads[i].defined())
-          grads[i] = zeros(node->outputs[i].shape, {.dtype = node->outputs[i].dtype});
+        if (!grads[i].defined()) grads[i] = zeros(node->outputs[i].shape, {.dtype = node->outputs[i].dtype});
       GradList grad_outputs = node->post_hooks.empty() ? GradList{} : grads;
       next = node->apply(std::move(grads));
       for (auto& h : node->post_hooks) next = h(next, grad_outputs);
@@ -229,9 +226,8 @@ void run_backward(const std::vector<Edge>& roots, const GradList& root_grads, bo
       if (i < next.size() && next[i].defined()) {
         nt.grads.resize(e.fn->outputs.size());
         const OutputMeta& meta = e.fn->outputs[e.input_nr];
-        TVC_CHECK(next[i].shape() == meta.shape, "backward of ", node->name(),
-                  " returned a gradient of shape ", next[i].shape(), " for input ", i,
-                  " of shape ", meta.shape);
+        TVC_CHECK(next[i].shape() == meta.shape, "backward of ", node->name(), " returned a gradient of shape ",
+                  next[i].shape(), " for input ", i, " of shape ", meta.shape);
         Tensor g = next[i].dtype() == meta.dtype ? next[i] : next[i].to(meta.dtype);
         add_into(nt.grads[e.input_nr], g);
       }
@@ -246,8 +242,10 @@ Tensor default_root_grad(const Tensor& root, const Tensor& given) {
               " does not match the output's shape ", root.shape());
     return given;
   }
-  TVC_CHECK(root.numel() == 1, "backward: grad can be implicitly created only for one-element "
-            "outputs, got shape ", root.shape());
+  TVC_CHECK(root.numel() == 1,
+            "backward: grad can be implicitly created only for one-element "
+            "outputs, got shape ",
+            root.shape());
   return ones_like(root);
 }
 
@@ -267,15 +265,13 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-                         const std::vector<Tensor>& grad_outputs, bool retain_graph,
-                         bool allow_unused) {
+                         const std::vector<Tensor>& grad_outputs, bool retain_graph, bool allow_unused) {
   std::vector<autograd::Edge> edges;
   autograd::GradList root_grads;
   for (size_t i = 0; i < outputs.size(); ++i) {
     TVC_CHECK(outputs[i].requires_grad(), "grad: output ", i, " does not require grad");
     edges.push_back(autograd::gradient_edge(outputs[i]));
-    root_grads.push_back(
-        autograd::default_root_grad(outputs[i], i < grad_outputs.size() ? grad_outputs[i] : Tensor()));
+    root_grads.push_back(autograd::default_root_grad(outputs[i], i < grad_outputs.size() ? grad_outputs[i] : Tensor()));
   }
   std::vector<Tensor> result(inputs.size());
   std::unordered_map<autograd::Node*, std::vector<std::pair<uint32_t, Tensor*>>> capture;
@@ -294,9 +290,12 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 // ---------------------------------------------------------------- Tensor autograd methods
 
 Tensor& Tensor::requires_grad_(bool value) {
-  TVC_CHECK(!value || is_floating(dtype()), "requires_grad_: only floating point tensors can "
-            "require gradients, got ", dtype_name(dtype()));
-  TVC_CHECK(value || is_leaf(), "requires_grad_: cannot turn off requires_grad of a non-leaf "
+  TVC_CHECK(!value || is_floating(dtype()),
+            "requires_grad_: only floating point tensors can "
+            "require gradients, got ",
+            dtype_name(dtype()));
+  TVC_CHECK(value || is_leaf(),
+            "requires_grad_: cannot turn off requires_grad of a non-leaf "
             "tensor; use detach()");
   impl_->requires_grad = value;
   return *this;
@@ -306,8 +305,8 @@ Tensor Tensor::grad() const { return Tensor(checked().grad); }
 
 void Tensor::set_grad(const Tensor& g) const {
   if (g.defined())
-    TVC_CHECK(g.shape() == shape(), "set_grad: gradient of shape ", g.shape(),
-              " does not match the tensor's shape ", shape());
+    TVC_CHECK(g.shape() == shape(), "set_grad: gradient of shape ", g.shape(), " does not match the tensor's shape ",
+              shape());
   checked().grad = g.impl_ptr();
 }
 
@@ -318,31 +317,30 @@ void Tensor::retain_grad() const {
   grad_fn()->retained.push_back({impl_->output_nr, impl_});
 }
 
-void Tensor::backward(const Tensor& g, bool retain_graph) const {
-  tvc::backward({*this}, {g}, retain_graph);
-}
+void Tensor::backward(const Tensor& g, bool retain_graph) const { tvc::backward({*this}, {g}, retain_graph); }
 
 namespace {
 std::atomic<int> g_next_hook_handle{1};
 }
 
 int Tensor::register_hook(TensorHook hook) const {
-  TVC_CHECK(requires_grad(), "register_hook: cannot register a hook on a tensor that does not "
+  TVC_CHECK(requires_grad(),
+            "register_hook: cannot register a hook on a tensor that does not "
             "require grad");
   int handle = g_next_hook_handle.fetch_add(1);
-  if (is_leaf()) impl_->leaf_hooks.push_back({handle, std::move(hook)});
-  else grad_fn()->tensor_pre_hooks.push_back({impl_->output_nr, handle, std::move(hook)});
+  if (is_leaf())
+    impl_->leaf_hooks.push_back({handle, std::move(hook)});
+  else
+    grad_fn()->tensor_pre_hooks.push_back({impl_->output_nr, handle, std::move(hook)});
   return handle;
 }
 
 void Tensor::remove_hook(int handle) const {
   auto& lh = impl_->leaf_hooks;
-  lh.erase(std::remove_if(lh.begin(), lh.end(), [&](const auto& p) { return p.first == handle; }),
-           lh.end());
+  lh.erase(std::remove_if(lh.begin(), lh.end(), [&](const auto& p) { return p.first == handle; }), lh.end());
   if (grad_fn()) {
     auto& th = grad_fn()->tensor_pre_hooks;
-    th.erase(std::remove_if(th.begin(), th.end(), [&](const auto& h) { return h.handle == handle; }),
-             th.end());
+    th.erase(std::remove_if(th.begin(), th.end(), [&](const auto& h) { return h.handle == handle; }), th.end());
   }
 }
 

@@ -48,10 +48,14 @@ DType promote_types(DType a, DType b) {
   }
   auto rank = [](DType d) {
     switch (d) {
-      case DType::Int8: return 0;
-      case DType::Int16: return 1;
-      case DType::Int32: return 2;
-      default: return 3;
+      case DType::Int8:
+        return 0;
+      case DType::Int16:
+        return 1;
+      case DType::Int32:
+        return 2;
+      default:
+        return 3;
     }
   };
   return rank(a) > rank(b) ? a : b;
@@ -88,12 +92,12 @@ uint16_t float_to_half_bits(float value) {
   std::memcpy(&u, &value, 4);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (absu > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (absu >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
   if (absu < 0x38800000u) {  // subnormal or zero in half: round(|x| * 2^24)
     float a;
     std::memcpy(&a, &absu, 4);
-    float scaled = a * 16777216.0f;  // exact: power of two
+    float scaled = a * 16777216.0f;                          // exact: power of two
     auto m = static_cast<uint32_t>(std::nearbyint(scaled));  // round half to even
     return static_cast<uint16_t>(sign | m);
   }
@@ -104,8 +108,10 @@ uint16_t float_to_half_bits(float value) {
 
 std::string Scalar::str() const {
   switch (kind_) {
-    case Kind::Bool: return i_ ? "True" : "False";
-    case Kind::Int: return std::to_string(i_);
+    case Kind::Bool:
+      return i_ ? "True" : "False";
+    case Kind::Int:
+      return std::to_string(i_);
     case Kind::Float: {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%g", d_);

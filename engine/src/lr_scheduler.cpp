@@ -20,8 +20,8 @@ int64_t floor_div(int64_t a, int64_t b) { return (a - floor_mod(a, b)) / b; }
 
 // One value per group from a list holding one per group or one for all.
 std::vector<double> per_group(const std::vector<double>& values, size_t groups, const char* name) {
-  TVC_CHECK(values.size() == 1 || values.size() == groups, "OneCycleLR: expected 1 or ", groups,
-            " values for ", name, " (one per parameter group), got ", values.size());
+  TVC_CHECK(values.size() == 1 || values.size() == groups, "OneCycleLR: expected 1 or ", groups, " values for ", name,
+            " (one per parameter group), got ", values.size());
   return values.size() == 1 ? std::vector<double>(groups, values[0]) : values;
 }
 
@@ -29,8 +29,7 @@ std::vector<double> per_group(const std::vector<double>& values, size_t groups, 
 
 // ---------------------------------------------------------------- LRScheduler
 
-LRScheduler::LRScheduler(Optimizer& optimizer, int64_t last_epoch)
-    : optimizer_(&optimizer), last_epoch_(last_epoch) {
+LRScheduler::LRScheduler(Optimizer& optimizer, int64_t last_epoch) : optimizer_(&optimizer), last_epoch_(last_epoch) {
   auto& groups = optimizer.param_groups();
   for (size_t i = 0; i < groups.size(); ++i) {
     Options& o = groups[i].options;
@@ -51,9 +50,9 @@ std::vector<double> LRScheduler::group_lrs() const {
 }
 
 void LRScheduler::check_group_count() const {
-  TVC_CHECK(optimizer_->param_groups().size() == base_lrs_.size(), "lr scheduler step: the ",
-            optimizer_->name(), " optimizer has ", optimizer_->param_groups().size(),
-            " parameter groups, the scheduler was made for ", base_lrs_.size());
+  TVC_CHECK(optimizer_->param_groups().size() == base_lrs_.size(), "lr scheduler step: the ", optimizer_->name(),
+            " optimizer has ", optimizer_->param_groups().size(), " parameter groups, the scheduler was made for ",
+            base_lrs_.size());
 }
 
 void LRScheduler::apply(const std::vector<double>& lrs) {
@@ -82,16 +81,13 @@ void LRScheduler::step_to(int64_t epoch) {
   apply(closed ? *closed : get_lr());
 }
 
-SchedulerStateDict LRScheduler::state_dict() const {
-  return {last_epoch_, step_count_, base_lrs_, last_lr_, {}};
-}
+SchedulerStateDict LRScheduler::state_dict() const { return {last_epoch_, step_count_, base_lrs_, last_lr_, {}}; }
 
 void LRScheduler::check_state_dict(const SchedulerStateDict& dict) const {
   const size_t groups = optimizer_->param_groups().size();
   TVC_CHECK(dict.base_lrs.size() == groups && dict.last_lr.size() == groups,
-            "lr scheduler load_state_dict: the state dict has ", dict.base_lrs.size(),
-            " base_lrs and ", dict.last_lr.size(), " last_lr values, the optimizer has ", groups,
-            " parameter groups");
+            "lr scheduler load_state_dict: the state dict has ", dict.base_lrs.size(), " base_lrs and ",
+            dict.last_lr.size(), " last_lr values, the optimizer has ", groups, " parameter groups");
 }
 
 void LRScheduler::load_state_dict(const SchedulerStateDict& dict) {
@@ -126,8 +122,7 @@ std::optional<std::vector<double>> StepLR::get_closed_form_lr() const {
 
 // ---------------------------------------------------------------- MultiStepLR
 
-MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma,
-                         int64_t last_epoch)
+MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma, int64_t last_epoch)
     : LRScheduler(optimizer, last_epoch), milestones_(std::move(milestones)), gamma_(gamma) {
   std::sort(milestones_.begin(), milestones_.end());
   initial_step();
@@ -142,8 +137,7 @@ std::vector<double> MultiStepLR::get_lr() {
 }
 
 std::optional<std::vector<double>> MultiStepLR::get_closed_form_lr() const {
-  const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) -
-                      milestones_.begin();
+  const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin();
   std::vector<double> lrs;
   for (double base : base_lrs_) lrs.push_back(base * std::pow(gamma_, static_cast<double>(passed)));
   return lrs;
@@ -151,16 +145,14 @@ std::optional<std::vector<double>> MultiStepLR::get_closed_form_lr() const {
 
 // ---------------------------------------------------------------- LinearLR
 
-LinearLR::LinearLR(Optimizer& optimizer, double start_factor, double end_factor,
-                   int64_t total_iters, int64_t last_epoch)
+LinearLR::LinearLR(Optimizer& optimizer, double start_factor, double end_factor, int64_t total_iters,
+                   int64_t last_epoch)
     : LRScheduler(optimizer, last_epoch),
       start_factor_(start_factor),
       end_factor_(end_factor),
       total_iters_(total_iters) {
-  TVC_CHECK(start_factor > 0 && start_factor <= 1,
-            "LinearLR: start_factor must be in (0, 1], got ", start_factor);
-  TVC_CHECK(end_factor >= 0 && end_factor <= 1, "LinearLR: end_factor must be in [0, 1], got ",
-            end_factor);
+  TVC_CHECK(start_factor > 0 && start_factor <= 1, "LinearLR: start_factor must be in (0, 1], got ", start_factor);
+  TVC_CHECK(end_factor >= 0 && end_factor <= 1, "LinearLR: end_factor must be in [0, 1], got ", end_factor);
   TVC_CHECK(total_iters > 0, "LinearLR: total_iters must be positive, got ", total_iters);
   initial_step();
 }
@@ -172,8 +164,7 @@ std::vector<double> LinearLR::get_lr() {
   } else if (last_epoch_ <= total_iters_) {
     const double span = end_factor_ - start_factor_;
     const double factor =
-        1.0 + span / (static_cast<double>(total_iters_) * start_factor_ +
-                      static_cast<double>(last_epoch_ - 1) * span);
+        1.0 + span / (static_cast<double>(total_iters_) * start_factor_ + static_cast<double>(last_epoch_ - 1) * span);
     for (double& lr : lrs) lr = lr * factor;
   }
   return lrs;
@@ -181,8 +172,7 @@ std::vector<double> LinearLR::get_lr() {
 
 std::optional<std::vector<double>> LinearLR::get_closed_form_lr() const {
   const double done = static_cast<double>(std::min(total_iters_, last_epoch_));
-  const double factor =
-      start_factor_ + (end_factor_ - start_factor_) * done / static_cast<double>(total_iters_);
+  const double factor = start_factor_ + (end_factor_ - start_factor_) * done / static_cast<double>(total_iters_);
   std::vector<double> lrs;
   for (double base : base_lrs_) lrs.push_back(base * factor);
   return lrs;
@@ -190,8 +180,7 @@ std::optional<std::vector<double>> LinearLR::get_closed_form_lr() const {
 
 // ---------------------------------------------------------------- CosineAnnealingLR
 
-CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double eta_min,
-                                     int64_t last_epoch)
+CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double eta_min, int64_t last_epoch)
     : LRScheduler(optimizer, last_epoch), T_max_(T_max), eta_min_(eta_min) {
   TVC_CHECK(T_max > 0, "CosineAnnealingLR: T_max must be positive, got ", T_max);
   initial_step();
@@ -208,8 +197,7 @@ std::vector<double> CosineAnnealingLR::get_lr() {
     for (size_t i = 0; i < lrs.size(); ++i)
       lrs[i] = lrs[i] + (base_lrs_[i] - eta_min_) * (1 - std::cos(kPi / t_max)) / 2;
   } else {
-    const double ratio =
-        (1 + std::cos(kPi * epoch / t_max)) / (1 + std::cos(kPi * (epoch - 1) / t_max));
+    const double ratio = (1 + std::cos(kPi * epoch / t_max)) / (1 + std::cos(kPi * (epoch - 1) / t_max));
     for (double& lr : lrs) lr = ratio * (lr - eta_min_) + eta_min_;
   }
   return lrs;
@@ -218,28 +206,25 @@ std::vector<double> CosineAnnealingLR::get_lr() {
 std::optional<std::vector<double>> CosineAnnealingLR::get_closed_form_lr() const {
   const double epoch = static_cast<double>(last_epoch_), t_max = static_cast<double>(T_max_);
   std::vector<double> lrs;
-  for (double base : base_lrs_)
-    lrs.push_back(eta_min_ + (base - eta_min_) * (1 + std::cos(kPi * epoch / t_max)) / 2);
+  for (double base : base_lrs_) lrs.push_back(eta_min_ + (base - eta_min_) * (1 + std::cos(kPi * epoch / t_max)) / 2);
   return lrs;
 }
 
 // ---------------------------------------------------------------- OneCycleLR
 
 OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions o)
-    : LRScheduler(optimizer, o.last_epoch),
-      cosine_(o.anneal_strategy == "cos"),
-      cycle_momentum_(o.cycle_momentum) {
+    : LRScheduler(optimizer, o.last_epoch), cosine_(o.anneal_strategy == "cos"), cycle_momentum_(o.cycle_momentum) {
   TVC_CHECK(o.total_steps >= 0, "OneCycleLR: total_steps must be positive, got ", o.total_steps);
   if (o.total_steps > 0) {
     total_steps_ = o.total_steps;
   } else {
     TVC_CHECK(o.epochs > 0 && o.steps_per_epoch > 0,
               "OneCycleLR: give total_steps, or epochs and steps_per_epoch (both positive); got "
-              "epochs ", o.epochs, " and steps_per_epoch ", o.steps_per_epoch);
+              "epochs ",
+              o.epochs, " and steps_per_epoch ", o.steps_per_epoch);
     total_steps_ = o.epochs * o.steps_per_epoch;
   }
-  TVC_CHECK(o.pct_start >= 0 && o.pct_start <= 1, "OneCycleLR: pct_start must be in [0, 1], got ",
-            o.pct_start);
+  TVC_CHECK(o.pct_start >= 0 && o.pct_start <= 1, "OneCycleLR: pct_start must be in [0, 1], got ", o.pct_start);
   TVC_CHECK(o.anneal_strategy == "cos" || o.anneal_strategy == "linear",
             "OneCycleLR: anneal_strategy must be 'cos' or 'linear', got '", o.anneal_strategy, "'");
   const double total = static_cast<double>(total_steps_);
@@ -263,8 +248,8 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions o)
   }
   if (cycle_momentum_) {
     const Options& defaults = optimizer.defaults();
-    TVC_CHECK(defaults.contains("momentum") || defaults.contains("betas"), "OneCycleLR: ",
-              optimizer.name(), " has neither momentum nor betas, needed by cycle_momentum");
+    TVC_CHECK(defaults.contains("momentum") || defaults.contains("betas"), "OneCycleLR: ", optimizer.name(),
+              " has neither momentum nor betas, needed by cycle_momentum");
     use_beta1_ = defaults.contains("betas");
     const std::vector<double> max_m = per_group(o.max_momentum, groups.size(), "max_momentum");
     const std::vector<double> base_m = per_group(o.base_momentum, groups.size(), "base_momentum");
@@ -307,8 +292,7 @@ std::vector<double> OneCycleLR::get_lr() {
         const double pct = (static_cast<double>(step_num) - start_step) / (phase.end_step - start_step);
         lrs.push_back(anneal(g.get_double(phase.start_lr), g.get_double(phase.end_lr), pct));
         if (cycle_momentum_) {
-          const double m =
-              anneal(g.get_double(phase.start_momentum), g.get_double(phase.end_momentum), pct);
+          const double m = anneal(g.get_double(phase.start_momentum), g.get_double(phase.end_momentum), pct);
           if (use_beta1_) {
             std::vector<double> betas = g.get_list("betas");
             betas[0] = m;
@@ -327,19 +311,15 @@ std::vector<double> OneCycleLR::get_lr() {
 
 // ---------------------------------------------------------------- SequentialLR
 
-SequentialLR::SequentialLR(Optimizer& optimizer,
-                           std::vector<std::shared_ptr<LRScheduler>> schedulers,
+SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers,
                            std::vector<int64_t> milestones, int64_t last_epoch)
-    : LRScheduler(optimizer, last_epoch),
-      schedulers_(std::move(schedulers)),
-      milestones_(std::move(milestones)) {
+    : LRScheduler(optimizer, last_epoch), schedulers_(std::move(schedulers)), milestones_(std::move(milestones)) {
   TVC_CHECK(!schedulers_.empty(), "SequentialLR: got no schedulers");
   for (size_t i = 0; i < schedulers_.size(); ++i)
-    TVC_CHECK(schedulers_[i] && &schedulers_[i]->optimizer() == &optimizer, "SequentialLR: scheduler ",
-              i, " does not act on the optimizer given to SequentialLR");
-  TVC_CHECK(milestones_.size() + 1 == schedulers_.size(), "SequentialLR: expected ",
-            schedulers_.size() - 1, " milestones (one fewer than the ", schedulers_.size(),
-            " schedulers), got ", milestones_.size());
+    TVC_CHECK(schedulers_[i] && &schedulers_[i]->optimizer() == &optimizer, "SequentialLR: scheduler ", i,
+              " does not act on the optimizer given to SequentialLR");
+  TVC_CHECK(milestones_.size() + 1 == schedulers_.size(), "SequentialLR: expected ", schedulers_.size() - 1,
+            " milestones (one fewer than the ", schedulers_.size(), " schedulers), got ", milestones_.size());
   TVC_CHECK(std::is_sorted(milestones_.begin(), milestones_.end()),
             "SequentialLR: milestones must be in increasing order");
   last_epoch_ = last_epoch + 1;
@@ -351,8 +331,7 @@ SequentialLR::SequentialLR(Optimizer& optimizer,
 }
 
 std::vector<double> SequentialLR::get_lr() {
-  const size_t idx =
-      std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin();
+  const size_t idx = std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin();
   LRScheduler& active = *schedulers_[idx];
   if (idx > 0 && milestones_[idx - 1] == last_epoch_)
     active.step_to(0);
@@ -369,9 +348,8 @@ SchedulerStateDict SequentialLR::state_dict() const {
 
 void SequentialLR::check_state_dict(const SchedulerStateDict& dict) const {
   LRScheduler::check_state_dict(dict);
-  TVC_CHECK(dict.schedulers.size() == schedulers_.size(),
-            "SequentialLR load_state_dict: the state dict has ", dict.schedulers.size(),
-            " schedulers, this SequentialLR has ", schedulers_.size());
+  TVC_CHECK(dict.schedulers.size() == schedulers_.size(), "SequentialLR load_state_dict: the state dict has ",
+            dict.schedulers.size(), " schedulers, this SequentialLR has ", schedulers_.size());
   for (size_t i = 0; i < schedulers_.size(); ++i) schedulers_[i]->check_state_dict(dict.schedulers[i]);
 }
 

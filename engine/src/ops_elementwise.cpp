@@ -18,8 +18,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   for (size_t i = 0; i < n; ++i) {
     int64_t x = i < n - a.size() ? 1 : a[i - (n - a.size())];
     int64_t y = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    TVC_CHECK(x == y || x == 1 || y == 1, op, ": shapes ", a, " and ", b,
-              " cannot be broadcast together");
+    TVC_CHECK(x == y || x == 1 || y == 1, op, ": shapes ", a, " and ", b, " cannot be broadcast together");
     out[i] = x == 1 ? y : x;
   }
   return out;
@@ -170,8 +169,8 @@ Tensor pow(const Tensor& a, const Tensor& b) {
     Tensor ga = mul(g[0], mul(bv, pow(av, sub(bv, scalar_like(1, bv.dtype())))));
     // d/db a^b = a^b log a, taken as 0 where a == 0 and b >= 0 (as PyTorch).
     Tensor lg = mul(sout.unpack("PowBackward1"), log(av));
-    Tensor zero_base = mul(eq(av, scalar_like(0, av.dtype())).to(lg.dtype()),
-                           ge(bv, scalar_like(0, bv.dtype())).to(lg.dtype()));
+    Tensor zero_base =
+        mul(eq(av, scalar_like(0, av.dtype())).to(lg.dtype()), ge(bv, scalar_like(0, bv.dtype())).to(lg.dtype()));
     lg = where(zero_base.to(DType::Bool), zeros_like(lg), lg);
     return {sum_to(ga, sha), sum_to(mul(g[0], lg), shb)};
   });
@@ -214,9 +213,9 @@ Tensor extremum(Op op, const char* name, const Tensor& a, const Tensor& b) {
 Tensor maximum(const Tensor& a, const Tensor& b) { return extremum(Op::maximum, "MaximumBackward0", a, b); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return extremum(Op::minimum, "MinimumBackward0", a, b); }
 
-#define TVC_COMPARISON(name)                                                 \
-  Tensor name(const Tensor& a, const Tensor& b) {                           \
-    return binary_forward(Op::name, a, b, result_type(a, b), DType::Bool);  \
+#define TVC_COMPARISON(name)                                               \
+  Tensor name(const Tensor& a, const Tensor& b) {                          \
+    return binary_forward(Op::name, a, b, result_type(a, b), DType::Bool); \
   }
 TVC_COMPARISON(eq)
 TVC_COMPARISON(ne)
@@ -249,8 +248,7 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
 }
 
 Tensor masked_fill(const Tensor& t, const Tensor& mask, Scalar value) {
-  TVC_CHECK(mask.dtype() == DType::Bool, "masked_fill: mask must be a bool tensor, got ",
-            dtype_name(mask.dtype()));
+  TVC_CHECK(mask.dtype() == DType::Bool, "masked_fill: mask must be a bool tensor, got ", dtype_name(mask.dtype()));
   Shape shape = broadcast_shapes(t.shape(), mask.shape(), "masked_fill");
   TVC_CHECK(shape == t.shape(), "masked_fill: mask of shape ", mask.shape(),
             " does not broadcast to the tensor's shape ", t.shape());
@@ -397,8 +395,7 @@ Tensor hardswish(const Tensor& t) {
     DType d = x.dtype();
     // 0 below -3, (2x + 3) / 6 up to 3, 1 above (as PyTorch).
     Tensor mid = add(mul(x, scalar_like(1.0 / 3.0, d)), scalar_like(0.5, d));
-    Tensor slope = where(lt(x, scalar_like(-3, d)), zeros_like(x),
-                         where(le(x, scalar_like(3, d)), mid, ones_like(x)));
+    Tensor slope = where(lt(x, scalar_like(-3, d)), zeros_like(x), where(le(x, scalar_like(3, d)), mid, ones_like(x)));
     return mul(g, slope);
   });
 }
@@ -455,9 +452,8 @@ Tensor sub_two(const Tensor& a, const Tensor& b) { return sub(a, b); }
 
 void check_writable(const Tensor& self, const char* op) {
   for (int64_t d = 0; d < self.dim(); ++d)
-    TVC_CHECK(self.strides()[d] != 0 || self.shape()[d] <= 1, op,
-              ": the written-to tensor (shape ", self.shape(), ", strides ", self.strides(),
-              ") has elements sharing one memory location; clone it first");
+    TVC_CHECK(self.strides()[d] != 0 || self.shape()[d] <= 1, op, ": the written-to tensor (shape ", self.shape(),
+              ", strides ", self.strides(), ") has elements sharing one memory location; clone it first");
 }
 
 // Makes self take over result's values and history (the path used when autograd is needed).
@@ -473,8 +469,7 @@ void adopt(Tensor& self, const Tensor& result) {
 }
 
 // An in-place binary op: self = op(self, other), computed in self's dtype.
-Tensor& binary_inplace(Tensor& self, Op op, const Tensor& other,
-                       Tensor (*out_of_place)(const Tensor&, const Tensor&)) {
+Tensor& binary_inplace(Tensor& self, Op op, const Tensor& other, Tensor (*out_of_place)(const Tensor&, const Tensor&)) {
   autograd::check_inplace(self, op_name(op));
   check_writable(self, op_name(op));
   Shape shape = broadcast_shapes(self.shape(), other.shape(), op_name(op));
@@ -516,8 +511,7 @@ Tensor& Tensor::sub_(const Tensor& other, Scalar alpha) {
 Tensor& Tensor::mul_(const Tensor& other) { return binary_inplace(*this, Op::mul, other, tvc::mul); }
 Tensor& Tensor::mul_(Scalar other) { return mul_(as_tensor(other, *this)); }
 Tensor& Tensor::div_(const Tensor& other) {
-  TVC_CHECK(is_floating(dtype()), "div_: in-place true division needs a floating tensor, got ",
-            dtype_name(dtype()));
+  TVC_CHECK(is_floating(dtype()), "div_: in-place true division needs a floating tensor, got ", dtype_name(dtype()));
   return binary_inplace(*this, Op::div, other, tvc::div);
 }
 Tensor& Tensor::div_(Scalar other) { return div_(as_tensor(other, *this)); }
@@ -587,8 +581,8 @@ Tensor lerp(const Tensor& start, const Tensor& end, double weight) {
 }
 
 void foreach_lerp_(const std::vector<Tensor>& selves, const std::vector<Tensor>& ends, double weight) {
-  TVC_CHECK(selves.size() == ends.size(), "foreach_lerp_: ", selves.size(), " tensors to update but ",
-            ends.size(), " end tensors");
+  TVC_CHECK(selves.size() == ends.size(), "foreach_lerp_: ", selves.size(), " tensors to update but ", ends.size(),
+            " end tensors");
   if (selves.empty()) return;
   const DType dt = selves[0].dtype();
   const Device dev = selves[0].device();
@@ -596,11 +590,11 @@ void foreach_lerp_(const std::vector<Tensor>& selves, const std::vector<Tensor>&
   std::vector<Tensor> in(2 * selves.size());
   for (size_t i = 0; i < selves.size(); ++i) {
     const Tensor& s = selves[i];
-    TVC_CHECK(s.dtype() == dt && s.device() == dev, "foreach_lerp_: tensor ", i, " is ", dtype_name(s.dtype()),
-              " on ", device_name(s.device()), ", tensor 0 is ", dtype_name(dt), " on ", device_name(dev),
+    TVC_CHECK(s.dtype() == dt && s.device() == dev, "foreach_lerp_: tensor ", i, " is ", dtype_name(s.dtype()), " on ",
+              device_name(s.device()), ", tensor 0 is ", dtype_name(dt), " on ", device_name(dev),
               " (one call takes tensors of one dtype and device)");
-    TVC_CHECK(ends[i].shape() == s.shape(), "foreach_lerp_: tensor ", i, " has shape ", s.shape(),
-              ", its end tensor ", ends[i].shape());
+    TVC_CHECK(ends[i].shape() == s.shape(), "foreach_lerp_: tensor ", i, " has shape ", s.shape(), ", its end tensor ",
+              ends[i].shape());
     autograd::check_inplace(s, "foreach_lerp_");
     check_writable(s, "foreach_lerp_");
     in[i] = s;

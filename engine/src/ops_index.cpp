@@ -27,7 +27,8 @@ Tensor gather(const Tensor& t, int64_t dim, const Tensor& index) {
   autograd::record("GatherBackward0", {t}, {out}, [=](const GradList& g) -> GradList {
     Tensor gi = zeros(in_shape, {.dtype = g[0].dtype()});
     IndexParams q{d};
-    detail::run(Op::scatter_add, {g[0].reshape(si.unpack("GatherBackward0").shape()), si.unpack("GatherBackward0")}, {gi}, &q);
+    detail::run(Op::scatter_add, {g[0].reshape(si.unpack("GatherBackward0").shape()), si.unpack("GatherBackward0")},
+                {gi}, &q);
     return {gi.reshape(orig_shape)};
   });
   return out;

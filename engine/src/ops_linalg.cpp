@@ -8,17 +8,17 @@ using autograd::GradList;
 using autograd::SavedTensor;
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
-  TVC_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expects 3-d tensors, got shapes ", a.shape(),
-            " and ", b.shape());
-  TVC_CHECK(a.shape()[0] == b.shape()[0] && a.shape()[2] == b.shape()[1], "bmm: shapes ",
-            a.shape(), " and ", b.shape(), " cannot be multiplied (B,M,K) @ (B,K,N)");
-  TVC_CHECK(a.dtype() == b.dtype(), "bmm: dtypes differ (", dtype_name(a.dtype()), " and ",
-            dtype_name(b.dtype()), ")");
+  TVC_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expects 3-d tensors, got shapes ", a.shape(), " and ", b.shape());
+  TVC_CHECK(a.shape()[0] == b.shape()[0] && a.shape()[2] == b.shape()[1], "bmm: shapes ", a.shape(), " and ", b.shape(),
+            " cannot be multiplied (B,M,K) @ (B,K,N)");
+  TVC_CHECK(a.dtype() == b.dtype(), "bmm: dtypes differ (", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()), ")");
   TVC_CHECK(is_floating(a.dtype()), "bmm: needs floating tensors, got ", dtype_name(a.dtype()));
   Tensor out = empty({a.shape()[0], a.shape()[1], b.shape()[2]}, {.dtype = a.dtype()});
   if (out.numel() > 0) {
-    if (a.shape()[2] == 0) out.detach().zero_();
-    else detail::run(Op::bmm, {a, b}, {out});
+    if (a.shape()[2] == 0)
+      out.detach().zero_();
+    else
+      detail::run(Op::bmm, {a, b}, {out});
   }
   if (!autograd::any_requires_grad({a, b})) return out;
   bool ga = a.requires_grad(), gb = b.requires_grad();
@@ -31,16 +31,15 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
-  TVC_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1, "matmul: both arguments need at least 1 dim, got ",
-            "shapes ", a_in.shape(), " and ", b_in.shape());
+  TVC_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1, "matmul: both arguments need at least 1 dim, got ", "shapes ",
+            a_in.shape(), " and ", b_in.shape());
   DType dt = promote_types(a_in.dtype(), b_in.dtype());
   Tensor a = a_in.to(dt), b = b_in.to(dt);
   bool a_vec = a.dim() == 1, b_vec = b.dim() == 1;
   if (a_vec) a = a.unsqueeze(0);
   if (b_vec) b = b.unsqueeze(1);
-  TVC_CHECK(a.shape().back() == b.shape()[b.dim() - 2], "matmul: shapes ", a_in.shape(), " and ",
-            b_in.shape(), " cannot be multiplied (inner dims ", a.shape().back(), " and ",
-            b.shape()[b.dim() - 2], ")");
+  TVC_CHECK(a.shape().back() == b.shape()[b.dim() - 2], "matmul: shapes ", a_in.shape(), " and ", b_in.shape(),
+            " cannot be multiplied (inner dims ", a.shape().back(), " and ", b.shape()[b.dim() - 2], ")");
   int64_t M = a.shape()[a.dim() - 2], K = a.shape().back(), N = b.shape().back();
   Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
   Tensor out;
@@ -70,15 +69,13 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  TVC_CHECK(weight.dim() == 2, "linear: weight must be 2-d (out_features, in_features), got shape ",
-            weight.shape());
-  TVC_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1], "linear: input of shape ",
-            x.shape(), " does not end in in_features = ", weight.shape()[1], " (weight shape ",
-            weight.shape(), ")");
+  TVC_CHECK(weight.dim() == 2, "linear: weight must be 2-d (out_features, in_features), got shape ", weight.shape());
+  TVC_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1], "linear: input of shape ", x.shape(),
+            " does not end in in_features = ", weight.shape()[1], " (weight shape ", weight.shape(), ")");
   Tensor y = matmul(x, weight.t());
   if (bias.defined()) {
-    TVC_CHECK(bias.dim() == 1 && bias.shape()[0] == weight.shape()[0], "linear: bias of shape ",
-              bias.shape(), " does not match out_features = ", weight.shape()[0]);
+    TVC_CHECK(bias.dim() == 1 && bias.shape()[0] == weight.shape()[0], "linear: bias of shape ", bias.shape(),
+              " does not match out_features = ", weight.shape()[0]);
     y = add(y, bias);
   }
   return y;

@@ -27,13 +27,13 @@ struct ClassTargets {
   bool unbatched = false;
 };
 
-ClassTargets class_targets(const char* op, const Tensor& input, const Tensor& target,
-                           const Tensor& weight, int64_t ignore_index) {
+ClassTargets class_targets(const char* op, const Tensor& input, const Tensor& target, const Tensor& weight,
+                           int64_t ignore_index) {
   TVC_CHECK(input.defined() && target.defined(), op, ": undefined input or target");
   TVC_CHECK(input.dim() >= 1, op, ": input must have a class dim, got shape ", input.shape());
   TVC_CHECK(is_floating(input.dtype()), op, ": input must be floating, got ", dtype_name(input.dtype()));
-  TVC_CHECK(target.dtype() == DType::Int64, op, ": class-index target must be int64, got ",
-            dtype_name(target.dtype()), " (input shape ", input.shape(), ", target shape ", target.shape(), ")");
+  TVC_CHECK(target.dtype() == DType::Int64, op, ": class-index target must be int64, got ", dtype_name(target.dtype()),
+            " (input shape ", input.shape(), ", target shape ", target.shape(), ")");
   ClassTargets ct;
   ct.unbatched = input.dim() == 1;
   ct.x = ct.unbatched ? input.unsqueeze(0) : input;
@@ -45,12 +45,12 @@ ClassTargets class_targets(const char* op, const Tensor& input, const Tensor& ta
   int64_t k = ct.x.shape()[1];
   for (double v : tg.to_vector()) {
     auto c = static_cast<int64_t>(v);
-    TVC_CHECK(c == ignore_index || (c >= 0 && c < k), op, ": target value ", c, " is out of range for ",
-              k, " classes (input shape ", input.shape(), ", target shape ", target.shape(), ")");
+    TVC_CHECK(c == ignore_index || (c >= 0 && c < k), op, ": target value ", c, " is out of range for ", k,
+              " classes (input shape ", input.shape(), ", target shape ", target.shape(), ")");
   }
   if (weight.defined())
-    TVC_CHECK(weight.dim() == 1 && weight.shape()[0] == k, op, ": weight of shape ", weight.shape(),
-              " must be (K) = [", k, "] for input of shape ", input.shape());
+    TVC_CHECK(weight.dim() == 1 && weight.shape()[0] == k, op, ": weight of shape ", weight.shape(), " must be (K) = [",
+              k, "] for input of shape ", input.shape());
   ct.ignored = eq(tg, scalar_like(ignore_index, DType::Int64));
   ct.safe = where(ct.ignored, zeros_like(tg), tg);
   Tensor w = weight.defined()
@@ -61,9 +61,7 @@ ClassTargets class_targets(const char* op, const Tensor& input, const Tensor& ta
 }
 
 // -w[target] * x[target] per element of (N,d1,...).
-Tensor picked_loss(const ClassTargets& ct) {
-  return neg(mul(gather(ct.x, 1, ct.safe.unsqueeze(1)).squeeze(1), ct.w));
-}
+Tensor picked_loss(const ClassTargets& ct) { return neg(mul(gather(ct.x, 1, ct.safe.unsqueeze(1)).squeeze(1), ct.w)); }
 
 // Reduces a per-element class loss: the mean divides by the summed weights of the non-ignored
 // targets.
@@ -75,14 +73,13 @@ Tensor reduce_class_loss(const Tensor& loss, const ClassTargets& ct, Reduction r
 
 }  // namespace
 
-Tensor nll_loss(const Tensor& input, const Tensor& target, const Tensor& weight, int64_t ignore_index,
-                Reduction r) {
+Tensor nll_loss(const Tensor& input, const Tensor& target, const Tensor& weight, int64_t ignore_index, Reduction r) {
   ClassTargets ct = class_targets("nll_loss", input, target, weight, ignore_index);
   return reduce_class_loss(picked_loss(ct), ct, r);
 }
 
-Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight, int64_t ignore_index,
-                     Reduction r, double label_smoothing) {
+Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight, int64_t ignore_index, Reduction r,
+                     double label_smoothing) {
   TVC_CHECK(label_smoothing >= 0 && label_smoothing <= 1, "cross_entropy: label_smoothing must be in [0, 1], got ",
             label_smoothing);
   TVC_CHECK(input.defined() && target.defined(), "cross_entropy: undefined input or target");
@@ -130,8 +127,8 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction r) {
   return reduce(mul(d, d), r);
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, const Tensor& weight,
-                                        Reduction r, const Tensor& pos_weight) {
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, const Tensor& weight, Reduction r,
+                                        const Tensor& pos_weight) {
   TVC_CHECK(input.defined() && target.defined(), "binary_cross_entropy_with_logits: undefined input or target");
   TVC_CHECK(target.shape() == input.shape(), "binary_cross_entropy_with_logits: target of shape ", target.shape(),
             " must have the input's shape ", input.shape());

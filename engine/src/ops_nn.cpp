@@ -39,41 +39,39 @@ Tensor batched(const Tensor& input, F&& f) {
 
 void check_floating_input(const char* op, const Tensor& input) {
   TVC_CHECK(input.defined(), op, ": input is undefined");
-  TVC_CHECK(is_floating(input.dtype()), op, ": input must be floating, got ",
-            dtype_name(input.dtype()), " (shape ", input.shape(), ")");
+  TVC_CHECK(is_floating(input.dtype()), op, ": input must be floating, got ", dtype_name(input.dtype()), " (shape ",
+            input.shape(), ")");
 }
 
 // ---------------------------------------------------------------- convolution
 
 // Checks conv arguments whose input and weight have spatial dims of the same count (1 or 2).
-void check_conv(const char* op, const Tensor& input, const Tensor& weight, const Tensor& bias,
-                int64_t groups, int64_t spatial) {
+void check_conv(const char* op, const Tensor& input, const Tensor& weight, const Tensor& bias, int64_t groups,
+                int64_t spatial) {
   check_floating_input(op, input);
   TVC_CHECK(weight.defined(), op, ": weight is undefined");
-  TVC_CHECK(input.dim() == spatial + 1 || input.dim() == spatial + 2, op, ": input must have ",
-            spatial + 2, " dims (batched) or ", spatial + 1, " (unbatched), got shape ",
-            input.shape());
+  TVC_CHECK(input.dim() == spatial + 1 || input.dim() == spatial + 2, op, ": input must have ", spatial + 2,
+            " dims (batched) or ", spatial + 1, " (unbatched), got shape ", input.shape());
   TVC_CHECK(weight.dim() == spatial + 2, op, ": weight must have ", spatial + 2,
             " dims (O, C/groups, kernel...), got shape ", weight.shape());
-  TVC_CHECK(weight.dtype() == input.dtype(), op, ": input (", dtype_name(input.dtype()),
-            ") and weight (", dtype_name(weight.dtype()), ") dtypes differ");
+  TVC_CHECK(weight.dtype() == input.dtype(), op, ": input (", dtype_name(input.dtype()), ") and weight (",
+            dtype_name(weight.dtype()), ") dtypes differ");
   TVC_CHECK(groups >= 1, op, ": groups must be positive, got ", groups);
   int64_t C = input.shape()[input.dim() - spatial - 1], O = weight.shape()[0];
-  TVC_CHECK(weight.shape()[1] * groups == C, op, ": weight of shape ", weight.shape(),
-            " with groups = ", groups, " expects ", weight.shape()[1] * groups,
-            " input channels, but input of shape ", input.shape(), " has ", C);
+  TVC_CHECK(weight.shape()[1] * groups == C, op, ": weight of shape ", weight.shape(), " with groups = ", groups,
+            " expects ", weight.shape()[1] * groups, " input channels, but input of shape ", input.shape(), " has ", C);
   TVC_CHECK(O % groups == 0, op, ": weight of shape ", weight.shape(), " has ", O,
             " output channels, not divisible by groups = ", groups);
   if (bias.defined()) {
-    TVC_CHECK(bias.dim() == 1 && bias.shape()[0] == O, op, ": bias of shape ", bias.shape(),
-              " does not match the ", O, " output channels of weight shape ", weight.shape());
+    TVC_CHECK(bias.dim() == 1 && bias.shape()[0] == O, op, ": bias of shape ", bias.shape(), " does not match the ", O,
+              " output channels of weight shape ", weight.shape());
     TVC_CHECK(bias.dtype() == input.dtype(), op, ": bias dtype ", dtype_name(bias.dtype()),
               " differs from input dtype ", dtype_name(input.dtype()));
   }
 }
 
-Tensor conv2d_batched(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride,
-                      Pair padding, Pair dilation, int64_t groups) {
+Tensor conv2d_batched(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding,
+                      Pair dilation, int64_t groups) {
   for (int i = 0; i < 2; ++i) {
     TVC_CHECK(stride[i] >= 1, "conv2d: stride must be positive, got ", shape_of(stride));
     TVC_CHECK(padding[i] >= 0, "conv2d: padding must be non-negative, got ", shape_of(padding));
@@ -85,14 +83,12 @@ Tensor conv2d_batched(const Tensor& input, const Tensor& weight, const Tensor& b
   Shape out_hw(2);
   for (int i = 0; i < 2; ++i)
     out_hw[i] = (xs[2 + i] + 2 * padding[i] - dilation[i] * (ws[2 + i] - 1) - 1) / stride[i] + 1;
-  TVC_CHECK(out_hw[0] >= 1 && out_hw[1] >= 1 &&
-                xs[2] + 2 * padding[0] >= dilation[0] * (ws[2] - 1) + 1 &&
+  TVC_CHECK(out_hw[0] >= 1 && out_hw[1] >= 1 && xs[2] + 2 * padding[0] >= dilation[0] * (ws[2] - 1) + 1 &&
                 xs[3] + 2 * padding[1] >= dilation[1] * (ws[3] - 1) + 1,
             "conv2d: input of shape ", xs, " padded by ", shape_of(padding),
             " is smaller than the kernel of weight shape ", ws, " dilated by ", shape_of(dilation));
   MemoryFormat fmt = input.suggest_memory_format();
-  Conv2dParams p{
-      {stride[0], stride[1]}, {padding[0], padding[1]}, {dilation[0], dilation[1]}, groups};
+  Conv2dParams p{{stride[0], stride[1]}, {padding[0], padding[1]}, {dilation[0], dilation[1]}, groups};
   Tensor out = detail::empty_with_format({N, O, out_hw[0], out_hw[1]}, input.dtype(), fmt);
   {
     NoGradGuard no_grad;
@@ -111,52 +107,43 @@ Tensor conv2d_batched(const Tensor& input, const Tensor& weight, const Tensor& b
   bool gx = input.requires_grad(), gw = weight.requires_grad();
   bool gb = bias.defined() && bias.requires_grad();
   SavedTensor sx(gw ? input : Tensor()), sw(gx ? weight : Tensor());
-  autograd::record("ConvolutionBackward0", {input, weight, bias}, {out},
-                   [=](const GradList& g) -> GradList {
-                     Tensor dy = dense(g[0]);
-                     Tensor dx, dw, db;
-                     if (gx) {
-                       dx = detail::empty_with_format(xs, dy.dtype(), fmt);
-                       if (dx.numel() > 0)
-                         detail::run(Op::conv2d_backward_input,
-                                     {dy, sw.unpack("ConvolutionBackward0")}, {dx}, &p);
-                     }
-                     if (gw) {
-                       dw = empty(ws, {.dtype = dy.dtype()});
-                       if (dw.numel() > 0)
-                         detail::run(Op::conv2d_backward_weight,
-                                     {dy, sx.unpack("ConvolutionBackward0")}, {dw}, &p);
-                     }
-                     if (gb) db = sum(dy, {0, 2, 3});
-                     return {dx, dw, db};
-                   });
+  autograd::record("ConvolutionBackward0", {input, weight, bias}, {out}, [=](const GradList& g) -> GradList {
+    Tensor dy = dense(g[0]);
+    Tensor dx, dw, db;
+    if (gx) {
+      dx = detail::empty_with_format(xs, dy.dtype(), fmt);
+      if (dx.numel() > 0) detail::run(Op::conv2d_backward_input, {dy, sw.unpack("ConvolutionBackward0")}, {dx}, &p);
+    }
+    if (gw) {
+      dw = empty(ws, {.dtype = dy.dtype()});
+      if (dw.numel() > 0) detail::run(Op::conv2d_backward_weight, {dy, sx.unpack("ConvolutionBackward0")}, {dw}, &p);
+    }
+    if (gb) db = sum(dy, {0, 2, 3});
+    return {dx, dw, db};
+  });
   return out;
 }
 
 }  // namespace
 
-Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride,
-              Pair padding, Pair dilation, int64_t groups) {
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
+              int64_t groups) {
   check_conv("conv2d", input, weight, bias, groups, 2);
-  return batched(input, [&](const Tensor& x) {
-    return conv2d_batched(x, weight, bias, stride, padding, dilation, groups);
-  });
+  return batched(input,
+                 [&](const Tensor& x) { return conv2d_batched(x, weight, bias, stride, padding, dilation, groups); });
 }
 
-Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int64_t stride,
-              int64_t padding, int64_t dilation, int64_t groups) {
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
+              int64_t dilation, int64_t groups) {
   check_conv("conv1d", input, weight, bias, groups, 1);
-  TVC_CHECK(stride >= 1 && padding >= 0 && dilation >= 1,
-            "conv1d: needs stride >= 1, padding >= 0, ", "dilation >= 1, got ", stride, ", ",
-            padding, ", ", dilation);
+  TVC_CHECK(stride >= 1 && padding >= 0 && dilation >= 1, "conv1d: needs stride >= 1, padding >= 0, ",
+            "dilation >= 1, got ", stride, ", ", padding, ", ", dilation);
   int64_t L = input.shape().back(), k = weight.shape()[2];
-  TVC_CHECK(L + 2 * padding >= dilation * (k - 1) + 1, "conv1d: input of shape ", input.shape(),
-            " padded by ", padding, " is shorter than the kernel of weight shape ", weight.shape(),
-            " dilated by ", dilation);
+  TVC_CHECK(L + 2 * padding >= dilation * (k - 1) + 1, "conv1d: input of shape ", input.shape(), " padded by ", padding,
+            " is shorter than the kernel of weight shape ", weight.shape(), " dilated by ", dilation);
   // (N,C,L) as (N,C,1,L).
   Tensor x = input.unsqueeze(-2);
-  return conv2d(x, weight.unsqueeze(2), bias, {1, stride}, {0, padding}, {1, dilation}, groups)
-      .squeeze(-2);
+  return conv2d(x, weight.unsqueeze(2), bias, {1, stride}, {0, padding}, {1, dilation}, groups).squeeze(-2);
 }
 
 // ---------------------------------------------------------------- pooling
@@ -177,8 +164,8 @@ struct PoolSetup {
   Shape out_shape;
 };
 
-PoolSetup pool_setup(const char* op, const Tensor& x, Pair kernel, std::optional<Pair> stride_opt,
-                     Pair padding, Pair dilation, bool ceil_mode) {
+PoolSetup pool_setup(const char* op, const Tensor& x, Pair kernel, std::optional<Pair> stride_opt, Pair padding,
+                     Pair dilation, bool ceil_mode) {
   Pair stride = stride_opt ? *stride_opt : kernel;
   PoolSetup s;
   Pool2dParams& p = s.params;
@@ -188,35 +175,32 @@ PoolSetup pool_setup(const char* op, const Tensor& x, Pair kernel, std::optional
     TVC_CHECK(dilation[i] >= 1, op, ": dilation must be positive, got ", shape_of(dilation));
     TVC_CHECK(padding[i] >= 0 && padding[i] <= kernel[i] / 2, op, ": padding ", shape_of(padding),
               " must be between 0 and half the kernel size ", shape_of(kernel));
-    p.kernel[i] = kernel[i], p.stride[i] = stride[i], p.padding[i] = padding[i],
-    p.dilation[i] = dilation[i];
+    p.kernel[i] = kernel[i], p.stride[i] = stride[i], p.padding[i] = padding[i], p.dilation[i] = dilation[i];
   }
   p.ceil_mode = ceil_mode;
   const Shape& xs = x.shape();
   int64_t ho = pool_out_size(xs[2], kernel[0], stride[0], padding[0], dilation[0], ceil_mode);
   int64_t wo = pool_out_size(xs[3], kernel[1], stride[1], padding[1], dilation[1], ceil_mode);
-  TVC_CHECK(ho >= 1 && wo >= 1, op, ": output size ", Shape{ho, wo},
-            " is too small for input of shape ", xs, " (kernel ", shape_of(kernel), ", stride ",
-            shape_of(stride), ", padding ", shape_of(padding), ", dilation ", shape_of(dilation),
-            ")");
+  TVC_CHECK(ho >= 1 && wo >= 1, op, ": output size ", Shape{ho, wo}, " is too small for input of shape ", xs,
+            " (kernel ", shape_of(kernel), ", stride ", shape_of(stride), ", padding ", shape_of(padding),
+            ", dilation ", shape_of(dilation), ")");
   s.out_shape = {xs[0], xs[1], ho, wo};
   return s;
 }
 
 void check_pool_input(const char* op, const Tensor& input) {
   check_floating_input(op, input);
-  TVC_CHECK(input.dim() == 3 || input.dim() == 4, op,
-            ": input must be (N,C,H,W) or (C,H,W), got shape ", input.shape());
+  TVC_CHECK(input.dim() == 3 || input.dim() == 4, op, ": input must be (N,C,H,W) or (C,H,W), got shape ",
+            input.shape());
 }
 
 // Runs a pooling kernel with an optional indices output and records its backward, which runs
 // backward_op on (grad_out[, indices]).
-Tensor pool_forward(Op op, Op backward_op, const char* node_name, const Tensor& x,
-                    const Shape& out_shape, const Pool2dParams& p, bool with_indices) {
+Tensor pool_forward(Op op, Op backward_op, const char* node_name, const Tensor& x, const Shape& out_shape,
+                    const Pool2dParams& p, bool with_indices) {
   MemoryFormat fmt = x.suggest_memory_format();
   Tensor out = detail::empty_with_format(out_shape, x.dtype(), fmt);
-  Tensor indices =
-      with_indices ? detail::empty_with_format(out_shape, DType::Int64, fmt) : Tensor();
+  Tensor indices = with_indices ? detail::empty_with_format(out_shape, DType::Int64, fmt) : Tensor();
   {
     NoGradGuard no_grad;
     std::vector<Tensor> outs{out};
@@ -237,34 +221,31 @@ Tensor pool_forward(Op op, Op backward_op, const char* node_name, const Tensor& 
 PoolSetup adaptive_setup(const char* op, const Tensor& x, Pair output_size) {
   TVC_CHECK(output_size[0] >= 1 && output_size[1] >= 1, op, ": output size must be positive, got ",
             shape_of(output_size));
-  TVC_CHECK(x.shape()[2] >= 1 && x.shape()[3] >= 1, op, ": input of shape ", x.shape(),
-            " has an empty spatial dim");
+  TVC_CHECK(x.shape()[2] >= 1 && x.shape()[3] >= 1, op, ": input of shape ", x.shape(), " has an empty spatial dim");
   return {Pool2dParams{}, {x.shape()[0], x.shape()[1], output_size[0], output_size[1]}};
 }
 
 }  // namespace
 
-Tensor max_pool2d(const Tensor& input, Pair kernel, std::optional<Pair> stride, Pair padding,
-                  Pair dilation, bool ceil_mode) {
+Tensor max_pool2d(const Tensor& input, Pair kernel, std::optional<Pair> stride, Pair padding, Pair dilation,
+                  bool ceil_mode) {
   check_pool_input("max_pool2d", input);
   return batched(input, [&](const Tensor& x) {
     PoolSetup s = pool_setup("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
-    return pool_forward(Op::max_pool2d, Op::max_pool2d_backward, "MaxPool2DWithIndicesBackward0", x,
-                        s.out_shape, s.params, true);
+    return pool_forward(Op::max_pool2d, Op::max_pool2d_backward, "MaxPool2DWithIndicesBackward0", x, s.out_shape,
+                        s.params, true);
   });
 }
 
-Tensor avg_pool2d(const Tensor& input, Pair kernel, std::optional<Pair> stride, Pair padding,
-                  bool ceil_mode, bool count_include_pad, std::optional<int64_t> divisor_override) {
+Tensor avg_pool2d(const Tensor& input, Pair kernel, std::optional<Pair> stride, Pair padding, bool ceil_mode,
+                  bool count_include_pad, std::optional<int64_t> divisor_override) {
   check_pool_input("avg_pool2d", input);
-  TVC_CHECK(!divisor_override || *divisor_override != 0,
-            "avg_pool2d: divisor_override must not be zero");
+  TVC_CHECK(!divisor_override || *divisor_override != 0, "avg_pool2d: divisor_override must not be zero");
   return batched(input, [&](const Tensor& x) {
     PoolSetup s = pool_setup("avg_pool2d", x, kernel, stride, padding, {1, 1}, ceil_mode);
     s.params.count_include_pad = count_include_pad;
     s.params.divisor_override = divisor_override.value_or(0);
-    return pool_forward(Op::avg_pool2d, Op::avg_pool2d_backward, "AvgPool2DBackward0", x,
-                        s.out_shape, s.params, false);
+    return pool_forward(Op::avg_pool2d, Op::avg_pool2d_backward, "AvgPool2DBackward0", x, s.out_shape, s.params, false);
   });
 }
 
@@ -272,8 +253,8 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
   check_pool_input("adaptive_avg_pool2d", input);
   return batched(input, [&](const Tensor& x) {
     PoolSetup s = adaptive_setup("adaptive_avg_pool2d", x, output_size);
-    return pool_forward(Op::adaptive_avg_pool2d, Op::adaptive_avg_pool2d_backward,
-                        "AdaptiveAvgPool2DBackward0", x, s.out_shape, s.params, false);
+    return pool_forward(Op::adaptive_avg_pool2d, Op::adaptive_avg_pool2d_backward, "AdaptiveAvgPool2DBackward0", x,
+                        s.out_shape, s.params, false);
   });
 }
 
@@ -281,8 +262,8 @@ Tensor adaptive_max_pool2d(const Tensor& input, Pair output_size) {
   check_pool_input("adaptive_max_pool2d", input);
   return batched(input, [&](const Tensor& x) {
     PoolSetup s = adaptive_setup("adaptive_max_pool2d", x, output_size);
-    return pool_forward(Op::adaptive_max_pool2d, Op::adaptive_max_pool2d_backward,
-                        "AdaptiveMaxPool2DBackward0", x, s.out_shape, s.params, true);
+    return pool_forward(Op::adaptive_max_pool2d, Op::adaptive_max_pool2d_backward, "AdaptiveMaxPool2DBackward0", x,
+                        s.out_shape, s.params, true);
   });
 }
 
@@ -300,8 +281,8 @@ Shape channel_shape(const Tensor& input) {
 void check_per_channel(const char* op, const char* name, const Tensor& t, const Tensor& input) {
   if (!t.defined()) return;
   int64_t C = input.shape()[1];
-  TVC_CHECK(t.dim() == 1 && t.shape()[0] == C, op, ": ", name, " of shape ", t.shape(),
-            " does not match the ", C, " channels of input shape ", input.shape());
+  TVC_CHECK(t.dim() == 1 && t.shape()[0] == C, op, ": ", name, " of shape ", t.shape(), " does not match the ", C,
+            " channels of input shape ", input.shape());
 }
 
 // x * weight + bias with the optional per-element affine parameters broadcast as shape.
@@ -329,12 +310,11 @@ Tensor normalize(const Tensor& x, const Shape& dims, double eps) {
 
 }  // namespace
 
-Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
-                  const Tensor& weight, const Tensor& bias, bool training,
-                  std::optional<double> momentum, double eps, const Tensor& num_batches_tracked) {
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, std::optional<double> momentum, double eps,
+                  const Tensor& num_batches_tracked) {
   check_floating_input("batch_norm", input);
-  TVC_CHECK(input.dim() >= 2, "batch_norm: input must be (N,C) or (N,C,*), got shape ",
-            input.shape());
+  TVC_CHECK(input.dim() >= 2, "batch_norm: input must be (N,C) or (N,C,*), got shape ", input.shape());
   TVC_CHECK(running_mean.defined() == running_var.defined(),
             "batch_norm: running_mean and running_var must be given together");
   check_per_channel("batch_norm", "running_mean", running_mean, input);
@@ -351,8 +331,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   if (training || !running_mean.defined()) {
     int64_t C = input.shape()[1];
     int64_t n = C == 0 ? 0 : input.numel() / C;
-    TVC_CHECK(!training || n > 1,
-              "batch_norm: expected more than 1 value per channel when training, ",
+    TVC_CHECK(!training || n > 1, "batch_norm: expected more than 1 value per channel when training, ",
               "got input of shape ", input.shape());
     Moments mo = moments(input, dims);
     centered = mo.centered;
@@ -365,8 +344,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
       double f = momentum ? *momentum : 1.0 / num_batches_tracked.item_double();
       Tensor batch_mean = mo.mean.detach().reshape({C});
       // The running variance is unbiased (Bessel's correction), as PyTorch.
-      Tensor batch_var =
-          mo.var.detach().reshape({C}) * (static_cast<double>(n) / static_cast<double>(n - 1));
+      Tensor batch_var = mo.var.detach().reshape({C}) * (static_cast<double>(n) / static_cast<double>(n - 1));
       Tensor rm = running_mean.detach(), rv = running_var.detach();
       rm.copy_(add(rm * (1 - f), batch_mean.to(rm.dtype()) * f));
       rv.copy_(add(rv * (1 - f), batch_var.to(rv.dtype()) * f));
@@ -380,35 +358,31 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   return bias.defined() ? add(y, bias.reshape(cshape)) : y;
 }
 
-Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,
-                  const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
   check_floating_input("layer_norm", input);
   int64_t k = static_cast<int64_t>(normalized_shape.size());
   bool ok = k >= 1 && input.dim() >= k;
-  for (int64_t i = 0; ok && i < k; ++i)
-    ok = input.shape()[input.dim() - k + i] == normalized_shape[i];
-  TVC_CHECK(ok, "layer_norm: normalized_shape ", normalized_shape,
-            " does not match the trailing dims of input shape ", input.shape());
+  for (int64_t i = 0; ok && i < k; ++i) ok = input.shape()[input.dim() - k + i] == normalized_shape[i];
+  TVC_CHECK(ok, "layer_norm: normalized_shape ", normalized_shape, " does not match the trailing dims of input shape ",
+            input.shape());
   for (const Tensor* t : {&weight, &bias})
-    TVC_CHECK(!t->defined() || t->shape() == normalized_shape,
-              "layer_norm: ", t == &weight ? "weight" : "bias", " of shape ", t->shape(),
-              " does not match normalized_shape ", normalized_shape);
+    TVC_CHECK(!t->defined() || t->shape() == normalized_shape, "layer_norm: ", t == &weight ? "weight" : "bias",
+              " of shape ", t->shape(), " does not match normalized_shape ", normalized_shape);
   Shape dims;
   for (int64_t i = 0; i < k; ++i) dims.push_back(input.dim() - k + i);
   return affine(normalize(input, dims, eps), weight, bias, normalized_shape);
 }
 
-Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight, const Tensor& bias,
-                  double eps) {
+Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight, const Tensor& bias, double eps) {
   check_floating_input("group_norm", input);
   TVC_CHECK(input.dim() >= 2, "group_norm: input must be (N,C,*), got shape ", input.shape());
   int64_t N = input.shape()[0], C = input.shape()[1];
-  TVC_CHECK(num_groups >= 1 && C % num_groups == 0, "group_norm: ", C, " channels of input shape ",
-            input.shape(), " are not divisible by num_groups = ", num_groups);
+  TVC_CHECK(num_groups >= 1 && C % num_groups == 0, "group_norm: ", C, " channels of input shape ", input.shape(),
+            " are not divisible by num_groups = ", num_groups);
   check_per_channel("group_norm", "weight", weight, input);
   check_per_channel("group_norm", "bias", bias, input);
-  int64_t per_group =
-      C / num_groups * shape_numel(Shape(input.shape().begin() + 2, input.shape().end()));
+  int64_t per_group = C / num_groups * shape_numel(Shape(input.shape().begin() + 2, input.shape().end()));
   Tensor x = input.reshape({N, num_groups, per_group});
   return affine(normalize(x, {2}, eps).reshape(input.shape()), weight, bias, channel_shape(input));
 }

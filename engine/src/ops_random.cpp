@@ -46,8 +46,8 @@ Tensor& Tensor::normal_(double mean, double std, Generator* gen) {
 namespace {
 
 // A new floating tensor of shape drawn by op (uniform or normal) with parameters a, b.
-Tensor random_floating(const char* name, Op op, double a, double b, const Shape& shape,
-                       TensorOptions options, Generator* gen) {
+Tensor random_floating(const char* name, Op op, double a, double b, const Shape& shape, TensorOptions options,
+                       Generator* gen) {
   TVC_CHECK(is_floating(options.dtype), name, ": needs a floating dtype, got ", dtype_name(options.dtype));
   Tensor t = empty(shape, {.dtype = options.dtype});
   random_fill(t, op, {.a = a, .b = b}, gen);

@@ -18,8 +18,7 @@ std::vector<int64_t> reduction_dims(const Shape& dims, int64_t ndim, const char*
   }
   for (int64_t d : dims) {
     int64_t w = wrap_dim(d, ndim, op);
-    TVC_CHECK(std::find(out.begin(), out.end(), w) == out.end(), op, ": dim ", w,
-              " appears more than once in ", dims);
+    TVC_CHECK(std::find(out.begin(), out.end(), w) == out.end(), op, ": dim ", w, " appears more than once in ", dims);
     out.push_back(w);
   }
   std::sort(out.begin(), out.end());
@@ -30,8 +29,10 @@ Shape reduced_shape(const Shape& shape, const std::vector<int64_t>& dims, bool k
   Shape out;
   for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
     bool reduced = std::binary_search(dims.begin(), dims.end(), d);
-    if (!reduced) out.push_back(shape[d]);
-    else if (keepdim) out.push_back(1);
+    if (!reduced)
+      out.push_back(shape[d]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
@@ -47,8 +48,7 @@ Tensor unsqueeze_dims(const Tensor& t, const std::vector<int64_t>& dims) {
 namespace {
 
 // Runs a reduction kernel: out allocated in keepdim form, then viewed without the dims.
-Tensor reduce_forward(Op op, const Tensor& t, const std::vector<int64_t>& dims, bool keepdim,
-                      DType out_dtype) {
+Tensor reduce_forward(Op op, const Tensor& t, const std::vector<int64_t>& dims, bool keepdim, DType out_dtype) {
   NoGradGuard no_grad;
   Shape keep_shape = detail::reduced_shape(t.shape(), dims, true);
   Tensor out = empty(keep_shape, {.dtype = out_dtype});
@@ -79,9 +79,8 @@ Tensor sum(const Tensor& t, const Shape& dims_in, bool keepdim, std::optional<DT
   DType out_dtype = dtype ? *dtype : (is_integral(t.dtype()) || t.dtype() == DType::Bool) ? DType::Int64 : t.dtype();
   Tensor out = reduce_forward(Op::sum, t, dims, keepdim, out_dtype);
   Shape in_shape = t.shape();
-  autograd::record("SumBackward1", {t}, {out}, [=](const GradList& g) -> GradList {
-    return {expand_back(g[0], in_shape, dims, keepdim)};
-  });
+  autograd::record("SumBackward1", {t}, {out},
+                   [=](const GradList& g) -> GradList { return {expand_back(g[0], in_shape, dims, keepdim)}; });
   return out;
 }
 
@@ -176,8 +175,8 @@ std::pair<Tensor, Tensor> min(const Tensor& t, int64_t dim, bool keepdim) {
 std::pair<Tensor, Tensor> topk(const Tensor& t, int64_t k, int64_t dim, bool largest, bool sorted) {
   Tensor x = t.dim() == 0 ? t.unsqueeze(0) : t;
   int64_t d = wrap_dim(dim, x.dim(), "topk");
-  TVC_CHECK(k >= 0 && k <= x.shape()[d], "topk: k = ", k, " is out of range for dimension ", d,
-            " of size ", x.shape()[d], " (shape ", t.shape(), ")");
+  TVC_CHECK(k >= 0 && k <= x.shape()[d], "topk: k = ", k, " is out of range for dimension ", d, " of size ",
+            x.shape()[d], " (shape ", t.shape(), ")");
   Shape out_shape = x.shape();
   out_shape[d] = k;
   Tensor values = empty(out_shape, {.dtype = x.dtype()});

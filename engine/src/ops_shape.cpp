@@ -40,8 +40,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   for (const Tensor& t : parts) {
     bool same = t.dim() == ref.dim();
     for (int64_t k = 0; same && k < t.dim(); ++k) same = k == d || t.shape()[k] == ref.shape()[k];
-    TVC_CHECK(same, "cat: tensors must have the same shape except in dim ", d, ", got ", ref.shape(),
-              " and ", t.shape());
+    TVC_CHECK(same, "cat: tensors must have the same shape except in dim ", d, ", got ", ref.shape(), " and ",
+              t.shape());
     out_shape[d] += t.shape()[d];
     if (t.suggest_memory_format() != format) format = MemoryFormat::Contiguous;
   }
@@ -78,8 +78,8 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   std::vector<Tensor> parts;
   for (size_t i = 0; i < tensors.size(); ++i) {
     TVC_CHECK(tensors[i].defined() && tensors[i].shape() == tensors[0].shape(),
-              "stack: expects each tensor to be equal size, but got ", tensors[0].shape(),
-              " at entry 0 and ", tensors[i].defined() ? tensors[i].shape() : Shape{}, " at entry ", i);
+              "stack: expects each tensor to be equal size, but got ", tensors[0].shape(), " at entry 0 and ",
+              tensors[i].defined() ? tensors[i].shape() : Shape{}, " at entry ", i);
     parts.push_back(tensors[i].unsqueeze(d));
   }
   return cat(parts, d);
@@ -93,8 +93,8 @@ std::vector<Tensor> split(const Tensor& t, const std::vector<int64_t>& sizes, in
     TVC_CHECK(s >= 0, "split: split sizes ", sizes, " must be non-negative");
     total += s;
   }
-  TVC_CHECK(total == t.shape()[d], "split: split sizes ", sizes, " must sum to the size ",
-            t.shape()[d], " of dim ", d, " (shape ", t.shape(), ")");
+  TVC_CHECK(total == t.shape()[d], "split: split sizes ", sizes, " must sum to the size ", t.shape()[d], " of dim ", d,
+            " (shape ", t.shape(), ")");
   std::vector<Tensor> out;
   int64_t start = 0;
   for (int64_t s : sizes) {
@@ -109,8 +109,8 @@ std::vector<Tensor> split(const Tensor& t, int64_t split_size, int64_t dim) {
   int64_t d = wrap_dim(dim, t.dim(), "split");
   int64_t n = t.shape()[d];
   TVC_CHECK(split_size >= 0, "split: split_size must be non-negative, got ", split_size);
-  TVC_CHECK(split_size > 0 || n == 0, "split: split_size can be 0 only when the size of dim ", d,
-            " is 0 (shape ", t.shape(), ")");
+  TVC_CHECK(split_size > 0 || n == 0, "split: split_size can be 0 only when the size of dim ", d, " is 0 (shape ",
+            t.shape(), ")");
   // As PyTorch: ceil(n / split_size) pieces, at least one; the last may be smaller.
   int64_t pieces = split_size == 0 ? 1 : std::max<int64_t>((n + split_size - 1) / split_size, 1);
   std::vector<int64_t> sizes(pieces, split_size);
@@ -143,8 +143,8 @@ Tensor constant_pad(const Tensor& t, const std::vector<int64_t>& pads, double va
   for (int64_t k = 0; k < npairs; ++k) {
     int64_t d = t.dim() - 1 - k, l = pads[2 * k], r = pads[2 * k + 1], n = t.shape()[d];
     out_shape[d] = n + l + r;
-    TVC_CHECK(out_shape[d] >= 0, "pad: the size ", n, " of dim ", d, " (shape ", t.shape(),
-              ") with padding (", l, ", ", r, ") gives a negative size");
+    TVC_CHECK(out_shape[d] >= 0, "pad: the size ", n, " of dim ", d, " (shape ", t.shape(), ") with padding (", l, ", ",
+              r, ") gives a negative size");
     int64_t len = std::max<int64_t>(n - std::max<int64_t>(-l, 0) - std::max<int64_t>(-r, 0), 0);
     src = src.narrow(d, std::min(std::max<int64_t>(-l, 0), n), len);
     dst_region.emplace_back(d, std::max<int64_t>(l, 0));
@@ -159,9 +159,8 @@ Tensor constant_pad(const Tensor& t, const std::vector<int64_t>& pads, double va
   }
   std::vector<int64_t> negated;
   for (int64_t p : pads) negated.push_back(-p);
-  autograd::record("ConstantPadNdBackward0", {t}, {out}, [negated](const GradList& g) -> GradList {
-    return {constant_pad(g[0], negated, 0)};
-  });
+  autograd::record("ConstantPadNdBackward0", {t}, {out},
+                   [negated](const GradList& g) -> GradList { return {constant_pad(g[0], negated, 0)}; });
   return out;
 }
 
@@ -171,8 +170,7 @@ Tensor pad(const Tensor& t, const std::vector<int64_t>& pads, PadMode pad_mode, 
   TVC_CHECK(pads.size() % 2 == 0, "pad: padding length must be divisible by 2, got ", pads.size(),
             " values for an input of shape ", t.shape());
   int64_t npairs = static_cast<int64_t>(pads.size()) / 2;
-  TVC_CHECK(npairs <= t.dim(), "pad: padding ", pads, " pads more dims than the input of shape ",
-            t.shape(), " has");
+  TVC_CHECK(npairs <= t.dim(), "pad: padding ", pads, " pads more dims than the input of shape ", t.shape(), " has");
   if (pad_mode == PadMode::Constant) return constant_pad(t, pads, value);
   const char* mode = to_string(pad_mode);
   TVC_CHECK(value == 0, "pad: mode '", mode, "' takes no value (got ", value, ")");
@@ -183,11 +181,10 @@ Tensor pad(const Tensor& t, const std::vector<int64_t>& pads, PadMode pad_mode, 
     TVC_CHECK(batched, "pad: mode 'circular' with padding ", pads, " expects a ", npairs + 2,
               "-d (batched) input, got shape ", t.shape());
   else
-    TVC_CHECK(batched || t.dim() == npairs + 1, "pad: mode '", mode, "' with padding ", pads, " expects a ",
-              npairs + 1, "-d or ", npairs + 2, "-d (batched) input, got shape ", t.shape());
+    TVC_CHECK(batched || t.dim() == npairs + 1, "pad: mode '", mode, "' with padding ", pads, " expects a ", npairs + 1,
+              "-d or ", npairs + 2, "-d (batched) input, got shape ", t.shape());
   for (int64_t d = batched ? 1 : 0; d < t.dim() && pad_mode != PadMode::Circular; ++d)
-    TVC_CHECK(t.shape()[d] > 0, "pad: mode '", mode, "' needs non-empty dims except the batch, got shape ",
-              t.shape());
+    TVC_CHECK(t.shape()[d] > 0, "pad: mode '", mode, "' needs non-empty dims except the batch, got shape ", t.shape());
   // Each padded dim becomes an index_select with the source index of every output position.
   // reflect and replicate map positions of the uncropped input; circular (as PyTorch) crops
   // negative pads first and wraps around what is left.
@@ -195,17 +192,19 @@ Tensor pad(const Tensor& t, const std::vector<int64_t>& pads, PadMode pad_mode, 
   for (int64_t k = 0; k < npairs; ++k) {
     int64_t d = t.dim() - 1 - k, l = pads[2 * k], rr = pads[2 * k + 1], n = t.shape()[d];
     TVC_CHECK(n > 0, "pad: mode '", mode, "' cannot pad dim ", d, " of size 0 (shape ", t.shape(), ")");
-    TVC_CHECK(n + l + rr >= 0, "pad: the size ", n, " of dim ", d, " (shape ", t.shape(),
-              ") with padding (", l, ", ", rr, ") gives a negative size");
+    TVC_CHECK(n + l + rr >= 0, "pad: the size ", n, " of dim ", d, " (shape ", t.shape(), ") with padding (", l, ", ",
+              rr, ") gives a negative size");
     if (pad_mode == PadMode::Reflect)
-      TVC_CHECK(l < n && rr < n, "pad: reflect padding (", l, ", ", rr, ") must be smaller than the size ",
-                n, " of dim ", d, " (shape ", t.shape(), ")");
+      TVC_CHECK(l < n && rr < n, "pad: reflect padding (", l, ", ", rr, ") must be smaller than the size ", n,
+                " of dim ", d, " (shape ", t.shape(), ")");
     if (pad_mode == PadMode::Circular) {
-      TVC_CHECK(l <= n && rr <= n, "pad: circular padding (", l, ", ", rr, ") wraps around more than once "
-                "the size ", n, " of dim ", d, " (shape ", t.shape(), ")");
+      TVC_CHECK(l <= n && rr <= n, "pad: circular padding (", l, ", ", rr,
+                ") wraps around more than once "
+                "the size ",
+                n, " of dim ", d, " (shape ", t.shape(), ")");
       int64_t cl = std::max<int64_t>(-l, 0), cr = std::max<int64_t>(-rr, 0);
-      TVC_CHECK(n - cl - cr > 0 || (l <= 0 && rr <= 0), "pad: circular padding (", l, ", ", rr,
-                ") crops dim ", d, " of size ", n, " to nothing and then wraps around it");
+      TVC_CHECK(n - cl - cr > 0 || (l <= 0 && rr <= 0), "pad: circular padding (", l, ", ", rr, ") crops dim ", d,
+                " of size ", n, " to nothing and then wraps around it");
       r = r.narrow(d, std::min(cl, n), std::max<int64_t>(n - cl - cr, 0));
       n = r.shape()[d];
       l = std::max<int64_t>(l, 0);
@@ -215,9 +214,12 @@ Tensor pad(const Tensor& t, const std::vector<int64_t>& pads, PadMode pad_mode, 
     std::vector<int64_t> index(out_n);
     for (int64_t j = 0; j < out_n; ++j) {
       int64_t s = j - l;
-      if (pad_mode == PadMode::Reflect) index[j] = s < 0 ? -s : s >= n ? 2 * (n - 1) - s : s;
-      else if (pad_mode == PadMode::Replicate) index[j] = std::clamp<int64_t>(s, 0, n - 1);
-      else index[j] = ((s % n) + n) % n;
+      if (pad_mode == PadMode::Reflect)
+        index[j] = s < 0 ? -s : s >= n ? 2 * (n - 1) - s : s;
+      else if (pad_mode == PadMode::Replicate)
+        index[j] = std::clamp<int64_t>(s, 0, n - 1);
+      else
+        index[j] = ((s % n) + n) % n;
     }
     r = index_select(r, d, tensor<int64_t>(index));
   }
@@ -231,8 +233,7 @@ Tensor roll(const Tensor& t, const std::vector<int64_t>& shifts, const std::vect
     TVC_CHECK(shifts.size() == 1, "roll: without dims, shifts must hold one value, got ", shifts);
     return roll(t.flatten(), shifts, {0}).view(t.shape());
   }
-  TVC_CHECK(shifts.size() == dims.size(), "roll: shifts ", shifts, " and dims ", dims,
-            " must have the same length");
+  TVC_CHECK(shifts.size() == dims.size(), "roll: shifts ", shifts, " and dims ", dims, " must have the same length");
   Tensor r = t;
   for (size_t i = 0; i < dims.size(); ++i) {
     int64_t d = wrap_dim(dims[i], t.dim(), "roll");
@@ -269,15 +270,15 @@ std::vector<int64_t> nearest_index(int64_t in, int64_t out, std::optional<double
   return index;
 }
 
-double cubic_near(double x, double a) { return ((a + 2) * x - (a + 3)) * x * x + 1; }          // |x| <= 1
-double cubic_far(double x, double a) { return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a; }      // 1 < |x| < 2
+double cubic_near(double x, double a) { return ((a + 2) * x - (a + 3)) * x * x + 1; }       // |x| <= 1
+double cubic_far(double x, double a) { return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a; }  // 1 < |x| < 2
 
 // The (out, in) matrix that interpolates one axis, row o holding the weights of output o,
 // following PyTorch's upsample kernels (bilinear, bicubic with A = -0.75 and clamped borders)
 // and, with antialias, its _upsample_*_aa kernels (PIL-style separable filters whose support
 // grows with the downscale factor, weights normalised to sum 1; bicubic there uses A = -0.5).
-std::vector<double> axis_weights(InterpolateMode mode, int64_t in, int64_t out, bool align_corners,
-                                 bool antialias, std::optional<double> scale_factor) {
+std::vector<double> axis_weights(InterpolateMode mode, int64_t in, int64_t out, bool align_corners, bool antialias,
+                                 std::optional<double> scale_factor) {
   std::vector<double> w(out * in, 0.0);
   double scale = pixel_scale(in, out, align_corners, scale_factor);
   if (antialias) {
@@ -294,7 +295,8 @@ std::vector<double> axis_weights(InterpolateMode mode, int64_t in, int64_t out, 
       int64_t lo = std::max<int64_t>(static_cast<int64_t>(center - support + 0.5), 0);
       int64_t hi = std::min<int64_t>(static_cast<int64_t>(center + support + 0.5), in);
       double total = 0;
-      for (int64_t j = lo; j < hi; ++j) total += w[o * in + j] = filter((static_cast<double>(j) - center + 0.5) * invscale);
+      for (int64_t j = lo; j < hi; ++j)
+        total += w[o * in + j] = filter((static_cast<double>(j) - center + 0.5) * invscale);
       if (total != 0)
         for (int64_t j = lo; j < hi; ++j) w[o * in + j] /= total;
     }
@@ -328,8 +330,8 @@ std::vector<double> axis_weights(InterpolateMode mode, int64_t in, int64_t out, 
 }  // namespace
 
 Tensor interpolate(const Tensor& input, std::optional<std::array<int64_t, 2>> size,
-                   std::optional<std::array<double, 2>> scale_factor, InterpolateMode mode,
-                   bool align_corners, bool antialias) {
+                   std::optional<std::array<double, 2>> scale_factor, InterpolateMode mode, bool align_corners,
+                   bool antialias) {
   TVC_CHECK(input.dim() == 4, "interpolate: expects a 4-d (N,C,H,W) input, got shape ", input.shape());
   TVC_CHECK(size.has_value() != scale_factor.has_value(),
             "interpolate: give exactly one of size and scale_factor (input shape ", input.shape(), ")");
@@ -368,7 +370,7 @@ Tensor interpolate(const Tensor& input, std::optional<std::array<int64_t, 2>> si
                           Shape{out_size[k], in})
         .to(input.dtype());
   };
-  Tensor y = matmul(input, matrix(1).t());                    // (N,C,H,Wo)
+  Tensor y = matmul(input, matrix(1).t());                       // (N,C,H,Wo)
   y = matmul(y.transpose(2, 3), matrix(0).t()).transpose(2, 3);  // (N,C,Ho,Wo)
   return y.contiguous(format);
 }

@@ -15,9 +15,12 @@ namespace {
 
 const char* kind_name(const HyperValue& v) {
   switch (v.index()) {
-    case 0: return "number";
-    case 1: return "flag";
-    default: return "list";
+    case 0:
+      return "number";
+    case 1:
+      return "flag";
+    default:
+      return "list";
   }
 }
 
@@ -43,22 +46,20 @@ const HyperValue& Options::at(const std::string& name) const {
 
 double Options::get_double(const std::string& name) const {
   const HyperValue& v = at(name);
-  TVC_CHECK(std::holds_alternative<double>(v), "optimizer options: '", name,
-            "' is a ", kind_name(v), ", not a number");
+  TVC_CHECK(std::holds_alternative<double>(v), "optimizer options: '", name, "' is a ", kind_name(v), ", not a number");
   return std::get<double>(v);
 }
 
 bool Options::get_bool(const std::string& name) const {
   const HyperValue& v = at(name);
-  TVC_CHECK(std::holds_alternative<bool>(v), "optimizer options: '", name, "' is a ",
-            kind_name(v), ", not a flag");
+  TVC_CHECK(std::holds_alternative<bool>(v), "optimizer options: '", name, "' is a ", kind_name(v), ", not a flag");
   return std::get<bool>(v);
 }
 
 const std::vector<double>& Options::get_list(const std::string& name) const {
   const HyperValue& v = at(name);
-  TVC_CHECK(std::holds_alternative<std::vector<double>>(v), "optimizer options: '", name,
-            "' is a ", kind_name(v), ", not a list");
+  TVC_CHECK(std::holds_alternative<std::vector<double>>(v), "optimizer options: '", name, "' is a ", kind_name(v),
+            ", not a list");
   return std::get<std::vector<double>>(v);
 }
 
@@ -75,8 +76,7 @@ Options& Options::set(const std::string& name, HyperValue value) {
 
 // ---------------------------------------------------------------- Optimizer
 
-Optimizer::Optimizer(std::string name, Options defaults)
-    : name_(std::move(name)), defaults_(std::move(defaults)) {}
+Optimizer::Optimizer(std::string name, Options defaults) : name_(std::move(name)), defaults_(std::move(defaults)) {}
 
 void Optimizer::init_groups(std::vector<ParamGroup> groups) {
   TVC_CHECK(!groups.empty(), name_, ": got an empty parameter list");
@@ -89,16 +89,13 @@ void Optimizer::add_param_group(ParamGroup group) {
     for (const Tensor& p : g.params) seen.insert(p.impl());
   for (size_t i = 0; i < group.params.size(); ++i) {
     const Tensor& p = group.params[i];
-    TVC_CHECK(p.defined(), name_, ": parameter ", i, " of group ", groups_.size(),
-              " is an undefined tensor");
-    TVC_CHECK(is_floating(p.dtype()), name_, ": parameter ", i, " of group ", groups_.size(),
-              " (shape ", p.shape(), ") has dtype ", dtype_name(p.dtype()),
-              "; only floating tensors can be optimized");
-    TVC_CHECK(p.is_leaf() || p.retains_grad(), name_, ": parameter ", i, " of group ",
-              groups_.size(), " (shape ", p.shape(), ") is not a leaf tensor");
-    TVC_CHECK(seen.insert(p.impl()).second, name_, ": parameter ", i, " of group ",
-              groups_.size(), " (shape ", p.shape(),
-              ") appears more than once among the parameter groups");
+    TVC_CHECK(p.defined(), name_, ": parameter ", i, " of group ", groups_.size(), " is an undefined tensor");
+    TVC_CHECK(is_floating(p.dtype()), name_, ": parameter ", i, " of group ", groups_.size(), " (shape ", p.shape(),
+              ") has dtype ", dtype_name(p.dtype()), "; only floating tensors can be optimized");
+    TVC_CHECK(p.is_leaf() || p.retains_grad(), name_, ": parameter ", i, " of group ", groups_.size(), " (shape ",
+              p.shape(), ") is not a leaf tensor");
+    TVC_CHECK(seen.insert(p.impl()).second, name_, ": parameter ", i, " of group ", groups_.size(), " (shape ",
+              p.shape(), ") appears more than once among the parameter groups");
   }
   for (const auto& [key, value] : defaults_.items()) {
     if (!group.options.contains(key)) {
@@ -106,8 +103,8 @@ void Optimizer::add_param_group(ParamGroup group) {
       continue;
     }
     const HyperValue& given = group.options.at(key);
-    TVC_CHECK(given.index() == value.index(), name_, ": hyper-parameter '", key, "' of group ",
-              groups_.size(), " must be a ", kind_name(value), ", got a ", kind_name(given));
+    TVC_CHECK(given.index() == value.index(), name_, ": hyper-parameter '", key, "' of group ", groups_.size(),
+              " must be a ", kind_name(value), ", got a ", kind_name(given));
   }
   check_options(group.options);
   groups_.push_back(std::move(group));
@@ -165,26 +162,24 @@ OptimizerStateDict Optimizer::state_dict() const {
 
 void Optimizer::load_state_dict(const OptimizerStateDict& dict) {
   const std::string op = name_ + ".load_state_dict";
-  TVC_CHECK(dict.param_groups.size() == groups_.size(), op, ": the state dict has ",
-            dict.param_groups.size(), " parameter groups, the optimizer has ", groups_.size());
+  TVC_CHECK(dict.param_groups.size() == groups_.size(), op, ": the state dict has ", dict.param_groups.size(),
+            " parameter groups, the optimizer has ", groups_.size());
   // Saved parameter index -> our parameter, pairing both flattened group lists in order.
   std::map<int64_t, const Tensor*> id_map;
   std::vector<Options> options;
   for (size_t i = 0; i < groups_.size(); ++i) {
     const OptimizerStateDict::Group& saved = dict.param_groups[i];
-    TVC_CHECK(saved.params.size() == groups_[i].params.size(), op, ": parameter group ", i,
-              " of the state dict has ", saved.params.size(), " parameters, the optimizer's has ",
-              groups_[i].params.size());
+    TVC_CHECK(saved.params.size() == groups_[i].params.size(), op, ": parameter group ", i, " of the state dict has ",
+              saved.params.size(), " parameters, the optimizer's has ", groups_[i].params.size());
     for (size_t j = 0; j < saved.params.size(); ++j)
-      TVC_CHECK(id_map.emplace(saved.params[j], &groups_[i].params[j]).second, op,
-                ": parameter index ", saved.params[j], " appears twice in the state dict");
+      TVC_CHECK(id_map.emplace(saved.params[j], &groups_[i].params[j]).second, op, ": parameter index ",
+                saved.params[j], " appears twice in the state dict");
     for (const auto& [key, value] : defaults_.items()) {
-      TVC_CHECK(saved.options.contains(key), op, ": parameter group ", i,
-                " of the state dict lacks hyper-parameter '", key, "'");
+      TVC_CHECK(saved.options.contains(key), op, ": parameter group ", i, " of the state dict lacks hyper-parameter '",
+                key, "'");
       const HyperValue& given = saved.options.at(key);
-      TVC_CHECK(given.index() == value.index(), op, ": hyper-parameter '", key,
-                "' of parameter group ", i, " must be a ", kind_name(value), ", got a ",
-                kind_name(given));
+      TVC_CHECK(given.index() == value.index(), op, ": hyper-parameter '", key, "' of parameter group ", i,
+                " must be a ", kind_name(value), ", got a ", kind_name(given));
     }
     check_options(saved.options);
     options.push_back(saved.options);
@@ -202,8 +197,8 @@ void Optimizer::load_state_dict(const OptimizerStateDict& dict) {
       } else if (key == "step") {
         loaded[key] = t.clone();
       } else {
-        TVC_CHECK(t.shape() == param.shape(), op, ": state '", key, "' of parameter ", index,
-                  " has shape ", t.shape(), ", the parameter has shape ", param.shape());
+        TVC_CHECK(t.shape() == param.shape(), op, ": state '", key, "' of parameter ", index, " has shape ", t.shape(),
+                  ", the parameter has shape ", param.shape());
         loaded[key] = t.to(param.dtype()).clone();
       }
     }
@@ -230,21 +225,18 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options)
   TVC_CHECK(!param_groups()[0].params.empty(), "SGD: got an empty parameter list");
 }
 
-SGD::SGD(std::vector<ParamGroup> groups, SGDOptions options)
-    : Optimizer("SGD", options.to_options()) {
+SGD::SGD(std::vector<ParamGroup> groups, SGDOptions options) : Optimizer("SGD", options.to_options()) {
   init_groups(std::move(groups));
 }
 
 void SGD::check_options(const Options& o) const {
-  TVC_CHECK(o.get_double("lr") >= 0, "SGD: invalid learning rate ", o.get_double("lr"),
-            " (lr must be >= 0)");
-  TVC_CHECK(o.get_double("momentum") >= 0, "SGD: invalid momentum ", o.get_double("momentum"),
+  TVC_CHECK(o.get_double("lr") >= 0, "SGD: invalid learning rate ", o.get_double("lr"), " (lr must be >= 0)");
+  TVC_CHECK(o.get_double("momentum") >= 0, "SGD: invalid momentum ", o.get_double("momentum"), " (must be >= 0)");
+  TVC_CHECK(o.get_double("weight_decay") >= 0, "SGD: invalid weight_decay ", o.get_double("weight_decay"),
             " (must be >= 0)");
-  TVC_CHECK(o.get_double("weight_decay") >= 0, "SGD: invalid weight_decay ",
-            o.get_double("weight_decay"), " (must be >= 0)");
   TVC_CHECK(!o.get_bool("nesterov") || (o.get_double("momentum") > 0 && o.get_double("dampening") == 0),
-            "SGD: nesterov momentum requires momentum > 0 and dampening 0, got momentum ",
-            o.get_double("momentum"), " and dampening ", o.get_double("dampening"));
+            "SGD: nesterov momentum requires momentum > 0 and dampening 0, got momentum ", o.get_double("momentum"),
+            " and dampening ", o.get_double("dampening"));
 }
 
 void SGD::update_group(ParamGroup& group) {
@@ -277,24 +269,17 @@ void SGD::update_group(ParamGroup& group) {
 
 namespace {
 
-Options adam_options(double lr, std::pair<double, double> betas, double eps, double weight_decay,
-                     bool amsgrad, bool maximize) {
-  return {{"lr", lr},
-          {"betas", std::vector<double>{betas.first, betas.second}},
-          {"eps", eps},
-          {"weight_decay", weight_decay},
-          {"amsgrad", amsgrad},
-          {"maximize", maximize}};
+Options adam_options(double lr, std::pair<double, double> betas, double eps, double weight_decay, bool amsgrad,
+                     bool maximize) {
+  return {{"lr", lr},           {"betas", std::vector<double>{betas.first, betas.second}},
+          {"eps", eps},         {"weight_decay", weight_decay},
+          {"amsgrad", amsgrad}, {"maximize", maximize}};
 }
 
 }  // namespace
 
-Options AdamOptions::to_options() const {
-  return adam_options(lr, betas, eps, weight_decay, amsgrad, maximize);
-}
-Options AdamWOptions::to_options() const {
-  return adam_options(lr, betas, eps, weight_decay, amsgrad, maximize);
-}
+Options AdamOptions::to_options() const { return adam_options(lr, betas, eps, weight_decay, amsgrad, maximize); }
+Options AdamWOptions::to_options() const { return adam_options(lr, betas, eps, weight_decay, amsgrad, maximize); }
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions options)
     : Adam(std::vector<ParamGroup>{ParamGroup{std::move(params), {}}}, options) {
@@ -319,17 +304,15 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options)
 
 void Adam::check_options(const Options& o) const {
   const std::string& op = name();
-  TVC_CHECK(o.get_double("lr") >= 0, op, ": invalid learning rate ", o.get_double("lr"),
-            " (lr must be >= 0)");
-  TVC_CHECK(o.get_double("eps") >= 0, op, ": invalid eps ", o.get_double("eps"),
-            " (must be >= 0)");
+  TVC_CHECK(o.get_double("lr") >= 0, op, ": invalid learning rate ", o.get_double("lr"), " (lr must be >= 0)");
+  TVC_CHECK(o.get_double("eps") >= 0, op, ": invalid eps ", o.get_double("eps"), " (must be >= 0)");
   const std::vector<double>& betas = o.get_list("betas");
   TVC_CHECK(betas.size() == 2, op, ": betas must hold 2 values, got ", betas.size());
   for (int i = 0; i < 2; ++i)
-    TVC_CHECK(betas[i] >= 0 && betas[i] < 1, op, ": invalid beta parameter at index ", i, ": ",
-              betas[i], " (must be in [0, 1))");
-  TVC_CHECK(o.get_double("weight_decay") >= 0, op, ": invalid weight_decay ",
-            o.get_double("weight_decay"), " (must be >= 0)");
+    TVC_CHECK(betas[i] >= 0 && betas[i] < 1, op, ": invalid beta parameter at index ", i, ": ", betas[i],
+              " (must be in [0, 1))");
+  TVC_CHECK(o.get_double("weight_decay") >= 0, op, ": invalid weight_decay ", o.get_double("weight_decay"),
+            " (must be >= 0)");
 }
 
 void Adam::update_group(ParamGroup& group) {
@@ -367,8 +350,10 @@ void Adam::update_group(ParamGroup& group) {
     const double bias_correction2_sqrt = std::sqrt(bias_correction2);
     Tensor second = exp_avg_sq;
     if (amsgrad) {
-      TVC_CHECK(st.count("max_exp_avg_sq"), name(), ": amsgrad was switched on after the first "
-                "step of a parameter of shape ", p.shape(), "; its max_exp_avg_sq state is missing");
+      TVC_CHECK(st.count("max_exp_avg_sq"), name(),
+                ": amsgrad was switched on after the first "
+                "step of a parameter of shape ",
+                p.shape(), "; its max_exp_avg_sq state is missing");
       Tensor& max_sq = st.at("max_exp_avg_sq");
       max_sq.copy_(maximum(max_sq, exp_avg_sq));
       second = max_sq;
@@ -392,8 +377,7 @@ Tensor vector_norm(const Tensor& t, double p) {
 
 }  // namespace
 
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type,
-                       bool error_if_nonfinite) {
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type, bool error_if_nonfinite) {
   TVC_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be > 0 or infinity, got ", norm_type);
   NoGradGuard no_grad;
   std::vector<Tensor> grads;
@@ -407,8 +391,8 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   for (const Tensor& g : grads) norms.push_back(vector_norm(g.detach(), norm_type).item_double());
   Tensor total = vector_norm(tensor<double>(norms).to(grads[0].dtype()), norm_type);
   const double total_value = total.item_double();
-  TVC_CHECK(!error_if_nonfinite || std::isfinite(total_value), "clip_grad_norm_: the total norm of order ",
-            norm_type, " of the gradients is ", total_value,
+  TVC_CHECK(!error_if_nonfinite || std::isfinite(total_value), "clip_grad_norm_: the total norm of order ", norm_type,
+            " of the gradients is ", total_value,
             ", so it cannot be clipped; pass error_if_nonfinite=false to scale by it anyway");
   Tensor clip_coef = clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
   for (Tensor& g : grads) g.mul_(clip_coef);

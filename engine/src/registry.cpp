@@ -36,9 +36,12 @@ OpKind op_kind(Op op) { return kOps[static_cast<int>(op)].kind; }
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::generic: return "generic";
-    case Isa::avx2: return "avx2";
-    case Isa::avx512: return "avx512";
+    case Isa::generic:
+      return "generic";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::avx512:
+      return "avx512";
   }
   return "?";
 }
@@ -48,8 +51,8 @@ std::vector<Isa> available_isas() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out.push_back(Isa::avx2);
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
     out.push_back(Isa::avx512);
 #endif
   return out;
@@ -222,8 +225,7 @@ void run_kernel(Op op, std::span<const Tensor> in, std::span<Tensor> out, const 
 }
 
 void unsupported_dtype(Op op, DType dtype, Device device) {
-  throw Error(cat_str(op_name(op), ": dtype ", dtype_name(dtype), " is not supported on ",
-                      device_name(device)));
+  throw Error(cat_str(op_name(op), ": dtype ", dtype_name(dtype), " is not supported on ", device_name(device)));
 }
 
 // ---------------------------------------------------------------- threads

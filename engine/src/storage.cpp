@@ -1,12 +1,12 @@
 #include "tvc/storage.h"
 
-#include <cstdlib>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -17,8 +17,7 @@ namespace tvc {
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   constexpr size_t kAlign = 64;
-  TVC_CHECK(nbytes <= (size_t{1} << 46), "Storage::allocate: ", nbytes,
-            " bytes is beyond any real allocation");
+  TVC_CHECK(nbytes <= (size_t{1} << 46), "Storage::allocate: ", nbytes, " bytes is beyond any real allocation");
   if (device != Device::CPU) {
     // Device memory comes from the backend that registered it (kernels/<device>).
     const DeviceMemory& memory = device_memory(device, "Storage::allocate");
@@ -27,9 +26,9 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   }
   size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
   void* data = rounded ? std::aligned_alloc(kAlign, rounded) : nullptr;
-  TVC_CHECK(data != nullptr || rounded == 0, "Storage::allocate: out of memory allocating ",
-            nbytes, " bytes");
-  return std::shared_ptr<Storage>(new Storage(data, nbytes, [](void* p) { std::free(p); }, device));
+  TVC_CHECK(data != nullptr || rounded == 0, "Storage::allocate: out of memory allocating ", nbytes, " bytes");
+  return std::shared_ptr<Storage>(new Storage(
+      data, nbytes, [](void* p) { std::free(p); }, device));
 }
 
 std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, Deleter deleter, Device device) {

@@ -16,8 +16,7 @@ using detail::make_view;
 
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   int64_t n = std::max<int64_t>(ndim, 1);
-  TVC_CHECK(dim >= -n && dim < n, op, ": dim ", dim, " is out of range for a tensor with ", ndim,
-            " dims");
+  TVC_CHECK(dim >= -n && dim < n, op, ": dim ", dim, " is out of range for a tensor with ", ndim, " dims");
   return dim < 0 ? dim + n : dim;
 }
 
@@ -74,9 +73,9 @@ int64_t storage_extent(const Shape& shape, const Shape& strides, const char* op)
   int64_t extent = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     int64_t step;
-    TVC_CHECK(!__builtin_mul_overflow(shape[i] - 1, strides[i], &step) &&
-                  !__builtin_add_overflow(extent, step, &extent),
-              op, ": shape ", shape, " with strides ", strides, " spans more elements than int64 holds");
+    TVC_CHECK(
+        !__builtin_mul_overflow(shape[i] - 1, strides[i], &step) && !__builtin_add_overflow(extent, step, &extent), op,
+        ": shape ", shape, " with strides ", strides, " spans more elements than int64 holds");
   }
   return extent;
 }
@@ -131,8 +130,7 @@ bool Tensor::is_contiguous(MemoryFormat format) const {
 }
 
 MemoryFormat Tensor::suggest_memory_format() const {
-  if (dim() == 4 && !is_contiguous() && is_contiguous(MemoryFormat::ChannelsLast))
-    return MemoryFormat::ChannelsLast;
+  if (dim() == 4 && !is_contiguous() && is_contiguous(MemoryFormat::ChannelsLast)) return MemoryFormat::ChannelsLast;
   return MemoryFormat::Contiguous;
 }
 
@@ -181,8 +179,7 @@ Tensor empty_with_format(const Shape& shape, DType dtype, MemoryFormat format) {
 
 MemoryFormat result_format(const std::vector<Tensor>& inputs) {
   for (const Tensor& t : inputs)
-    if (t.defined() && t.suggest_memory_format() == MemoryFormat::ChannelsLast)
-      return MemoryFormat::ChannelsLast;
+    if (t.defined() && t.suggest_memory_format() == MemoryFormat::ChannelsLast) return MemoryFormat::ChannelsLast;
   return MemoryFormat::Contiguous;
 }
 
@@ -238,12 +235,10 @@ Shape infer_shape(Shape shape, int64_t numel, const char* op) {
     }
   }
   if (infer >= 0) {
-    TVC_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape,
-              " is invalid for input of size ", numel);
+    TVC_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape, " is invalid for input of size ", numel);
     shape[infer] = numel / known;
   }
-  TVC_CHECK(shape_numel(shape) == numel, op, ": shape ", shape, " is invalid for input of size ",
-            numel);
+  TVC_CHECK(shape_numel(shape) == numel, op, ": shape ", shape, " is invalid for input of size ", numel);
   return shape;
 }
 
@@ -252,8 +247,8 @@ Shape infer_shape(Shape shape, int64_t numel, const char* op) {
 Tensor Tensor::view(const Shape& new_shape_in) const {
   Shape new_shape = infer_shape(new_shape_in, numel(), "view");
   auto st = view_strides(shape(), strides(), new_shape);
-  TVC_CHECK(st.has_value(), "view: shape ", new_shape_in, " is not compatible with input shape ",
-            shape(), " and strides ", strides(), "; use reshape");
+  TVC_CHECK(st.has_value(), "view: shape ", new_shape_in, " is not compatible with input shape ", shape(),
+            " and strides ", strides(), "; use reshape");
   Shape in_shape = shape();
   return record_view("ViewBackward0", *this, make_view(*this, new_shape, *st, storage_offset()),
                      [in_shape](const GradList& g) -> GradList { return {g[0].reshape(in_shape)}; });
@@ -317,13 +312,12 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   int64_t offset = storage_offset() + (sh[d] > 0 ? start * strides()[d] : 0);
   Shape in_shape = shape();
   DType dt = dtype();
-  return record_view(
-      "SliceBackward0", *this, make_view(*this, sh, st, offset),
-      [in_shape, dt, d, start, end, step](const GradList& g) -> GradList {
-        Tensor gi = zeros(in_shape, {.dtype = dt});
-        gi.slice(d, start, end, step).copy_(g[0]);
-        return {gi};
-      });
+  return record_view("SliceBackward0", *this, make_view(*this, sh, st, offset),
+                     [in_shape, dt, d, start, end, step](const GradList& g) -> GradList {
+                       Tensor gi = zeros(in_shape, {.dtype = dt});
+                       gi.slice(d, start, end, step).copy_(g[0]);
+                       return {gi};
+                     });
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
@@ -331,8 +325,8 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   d = wrap_dim(d, dim(), "narrow");
   int64_t n = shape()[d];
   if (start < 0) start += n;
-  TVC_CHECK(start >= 0 && length >= 0 && length <= n - start, "narrow: start ", start, " + length ",
-            length, " exceeds dimension ", d, " of size ", n, " (shape ", shape(), ")");
+  TVC_CHECK(start >= 0 && length >= 0 && length <= n - start, "narrow: start ", start, " + length ", length,
+            " exceeds dimension ", d, " of size ", n, " (shape ", shape(), ")");
   return slice(d, start, start + length);
 }
 
@@ -340,8 +334,8 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   TVC_CHECK(dim() > 0, "select: cannot select from a 0-d tensor");
   d = wrap_dim(d, dim(), "select");
   int64_t n = shape()[d];
-  TVC_CHECK(index >= -n && index < n, "select: index ", index, " is out of range for dimension ",
-            d, " of size ", n, " (shape ", shape(), ")");
+  TVC_CHECK(index >= -n && index < n, "select: index ", index, " is out of range for dimension ", d, " of size ", n,
+            " (shape ", shape(), ")");
   if (index < 0) index += n;
   Shape sh = shape(), st = strides();
   int64_t off = storage_offset() + index * st[d];
@@ -359,8 +353,8 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
 
 Tensor Tensor::expand(const Shape& target) const {
   int64_t nd = static_cast<int64_t>(target.size());
-  TVC_CHECK(nd >= dim(), "expand: the number of sizes ", target,
-            " must be at least the tensor's dims (shape ", shape(), ")");
+  TVC_CHECK(nd >= dim(), "expand: the number of sizes ", target, " must be at least the tensor's dims (shape ", shape(),
+            ")");
   Shape sh(nd), st(nd);
   for (int64_t i = nd - 1; i >= 0; --i) {
     int64_t j = i - (nd - dim());
@@ -373,8 +367,8 @@ Tensor Tensor::expand(const Shape& target) const {
     }
     TVC_CHECK(want >= 0, "expand: invalid size ", want, " in ", target);
     if (size != want) {
-      TVC_CHECK(size == 1, "expand: the size ", size, " of dim ", j, " (shape ", shape(),
-                ") must match ", want, " or be 1 (target ", target, ")");
+      TVC_CHECK(size == 1, "expand: the size ", size, " of dim ", j, " (shape ", shape(), ") must match ", want,
+                " or be 1 (target ", target, ")");
       stride = 0;
     }
     sh[i] = want;
@@ -432,8 +426,8 @@ Tensor Tensor::flatten(int64_t start, int64_t end) const {
   Shape sh(shape().begin(), shape().begin() + start);
   int64_t n = 1;
   for (int64_t i = start; i <= end; ++i)
-    TVC_CHECK(!__builtin_mul_overflow(n, shape()[i], &n), "flatten: dims ", start, " to ", end, " of shape ",
-              shape(), " hold more elements than int64 holds");
+    TVC_CHECK(!__builtin_mul_overflow(n, shape()[i], &n), "flatten: dims ", start, " to ", end, " of shape ", shape(),
+              " hold more elements than int64 holds");
   sh.push_back(n);
   sh.insert(sh.end(), shape().begin() + end + 1, shape().end());
   return reshape(sh);
@@ -449,8 +443,7 @@ Tensor Tensor::unflatten(int64_t d, const Shape& sizes) const {
 }
 
 Tensor Tensor::as_strided(const Shape& sh, const Shape& st, int64_t offset) const {
-  TVC_CHECK(sh.size() == st.size(), "as_strided: shape ", sh, " and strides ", st,
-            " differ in length");
+  TVC_CHECK(sh.size() == st.size(), "as_strided: shape ", sh, " and strides ", st, " differ in length");
   TVC_CHECK(!(requires_grad() && is_grad_enabled()),
             "as_strided: not differentiable; call it on a detached tensor or under NoGradGuard");
   int64_t extent = storage_extent(sh, st, "as_strided"), end = 0;
@@ -474,8 +467,7 @@ Tensor Tensor::clone(MemoryFormat format) const {
   if (format == MemoryFormat::Preserve) format = suggest_memory_format();
   Tensor out = detail::empty_with_format(shape(), dtype(), format);
   detail::run(Op::copy, {*this}, {out});
-  autograd::record("CloneBackward0", {*this}, {out},
-                   [](const GradList& g) -> GradList { return {g[0]}; });
+  autograd::record("CloneBackward0", {*this}, {out}, [](const GradList& g) -> GradList { return {g[0]}; });
   return out;
 }
 
@@ -565,8 +557,7 @@ Tensor scalar_tensor(Scalar value, TensorOptions options) { return full({}, valu
 
 Tensor arange(double start, double end, double step, TensorOptions options) {
   TVC_CHECK(step != 0, "arange: step must be nonzero");
-  TVC_CHECK(std::isfinite(start) && std::isfinite(end), "arange: start ", start, " and end ", end,
-            " must be finite");
+  TVC_CHECK(std::isfinite(start) && std::isfinite(end), "arange: start ", start, " and end ", end, " must be finite");
   TVC_CHECK((end - start) / step >= 0, "arange: upper bound ", end, " and lower bound ", start,
             " are inconsistent with step sign ", step);
   double count = std::ceil((end - start) / step);
@@ -587,15 +578,13 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions options) 
   double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0;
   int64_t half = steps == 1 ? 1 : steps / 2;  // a single step is start, as PyTorch
   for (int64_t i = 0; i < steps; ++i)
-    v[i] = i < half ? start + step * static_cast<double>(i)
-                    : end - step * static_cast<double>(steps - 1 - i);
+    v[i] = i < half ? start + step * static_cast<double>(i) : end - step * static_cast<double>(steps - 1 - i);
   Tensor t = tensor<double>(v).to(options.dtype);
   if (options.requires_grad) t.requires_grad_(true);
   return t;
 }
 
-Tensor from_blob(void* data, const Shape& shape, DType dtype, Storage::Deleter deleter,
-                 std::optional<Shape> strides) {
+Tensor from_blob(void* data, const Shape& shape, DType dtype, Storage::Deleter deleter, std::optional<Shape> strides) {
   Shape st = strides ? *strides : contiguous_strides(shape);
   int64_t bytes = checked_bytes(storage_extent(shape, st, "from_blob"), dtype, "from_blob");
   auto impl = std::make_shared<TensorImpl>();
@@ -702,8 +691,8 @@ struct Formatter {
 };
 
 // The values printing shows: all, or the edge items of every dim when summarising.
-void summarized_values(const std::vector<double>& v, const Shape& shape, const Shape& st, int64_t dim,
-                       int64_t base, bool summarize, std::vector<double>& out) {
+void summarized_values(const std::vector<double>& v, const Shape& shape, const Shape& st, int64_t dim, int64_t base,
+                       bool summarize, std::vector<double>& out) {
   if (dim == static_cast<int64_t>(shape.size())) {
     out.push_back(v[base]);
     return;
@@ -735,8 +724,8 @@ std::string vector_str(const std::vector<double>& v, int64_t n, int64_t base, in
   return out + "]";
 }
 
-std::string tensor_str(const std::vector<double>& v, const Shape& shape, const Shape& st, int64_t dim,
-                       int64_t base, int64_t indent, bool summarize, const Formatter& f) {
+std::string tensor_str(const std::vector<double>& v, const Shape& shape, const Shape& st, int64_t dim, int64_t base,
+                       int64_t indent, bool summarize, const Formatter& f) {
   int64_t nd = static_cast<int64_t>(shape.size()) - dim;
   if (nd == 0) return f.format(v[base]);
   if (nd == 1) return vector_str(v, shape[dim], base, st[dim], indent, summarize, f);
@@ -782,8 +771,10 @@ std::string Tensor::repr() const {
     Formatter f(shown, dtype());
     body = tensor_str(v, shape(), st, 0, 0, indent, summarize, f);
   }
-  if (grad_fn()) suffixes.push_back("grad_fn=<" + grad_fn()->name() + ">");
-  else if (requires_grad()) suffixes.push_back("requires_grad=True");
+  if (grad_fn())
+    suffixes.push_back("grad_fn=<" + grad_fn()->name() + ">");
+  else if (requires_grad())
+    suffixes.push_back("requires_grad=True");
   std::string out = prefix + body;
   int64_t last_line_len = static_cast<int64_t>(out.size() - out.rfind('\n')) + 1;
   if (out.find('\n') == std::string::npos) last_line_len = static_cast<int64_t>(out.size()) + 2;

@@ -47,8 +47,7 @@ class GradModeGuard {
 };
 
 // Computes the gradients of roots (with the given grads; undefined = ones for one-element roots).
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads = {},
-              bool retain_graph = false);
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads = {}, bool retain_graph = false);
 
 // Gradients of outputs w.r.t. inputs, returned instead of accumulated into .grad
 // (torch.autograd.grad). An input not reached gets an undefined tensor when allow_unused.

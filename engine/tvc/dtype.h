@@ -70,35 +70,107 @@ inline Half::Half(float value) : bits(float_to_half_bits(value)) {}
 inline Half::operator float() const { return half_bits_to_float(bits); }
 
 // The C++ type of each dtype.
-template <DType D> struct dtype_traits;
-template <> struct dtype_traits<DType::Float32> { using type = float; };
-template <> struct dtype_traits<DType::Float64> { using type = double; };
-template <> struct dtype_traits<DType::Float16> { using type = Half; };
-template <> struct dtype_traits<DType::BFloat16> { using type = BFloat16; };
-template <> struct dtype_traits<DType::Int64> { using type = int64_t; };
-template <> struct dtype_traits<DType::Int32> { using type = int32_t; };
-template <> struct dtype_traits<DType::Int16> { using type = int16_t; };
-template <> struct dtype_traits<DType::Int8> { using type = int8_t; };
-template <> struct dtype_traits<DType::UInt8> { using type = uint8_t; };
-template <> struct dtype_traits<DType::Bool> { using type = bool; };
+template <DType D>
+struct dtype_traits;
+template <>
+struct dtype_traits<DType::Float32> {
+  using type = float;
+};
+template <>
+struct dtype_traits<DType::Float64> {
+  using type = double;
+};
+template <>
+struct dtype_traits<DType::Float16> {
+  using type = Half;
+};
+template <>
+struct dtype_traits<DType::BFloat16> {
+  using type = BFloat16;
+};
+template <>
+struct dtype_traits<DType::Int64> {
+  using type = int64_t;
+};
+template <>
+struct dtype_traits<DType::Int32> {
+  using type = int32_t;
+};
+template <>
+struct dtype_traits<DType::Int16> {
+  using type = int16_t;
+};
+template <>
+struct dtype_traits<DType::Int8> {
+  using type = int8_t;
+};
+template <>
+struct dtype_traits<DType::UInt8> {
+  using type = uint8_t;
+};
+template <>
+struct dtype_traits<DType::Bool> {
+  using type = bool;
+};
 
-template <typename T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::Float32; }
-template <> constexpr DType dtype_of<double>() { return DType::Float64; }
-template <> constexpr DType dtype_of<Half>() { return DType::Float16; }
-template <> constexpr DType dtype_of<BFloat16>() { return DType::BFloat16; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::Int64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::Int32; }
-template <> constexpr DType dtype_of<int16_t>() { return DType::Int16; }
-template <> constexpr DType dtype_of<int8_t>() { return DType::Int8; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::UInt8; }
-template <> constexpr DType dtype_of<bool>() { return DType::Bool; }
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::Float32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::Float64;
+}
+template <>
+constexpr DType dtype_of<Half>() {
+  return DType::Float16;
+}
+template <>
+constexpr DType dtype_of<BFloat16>() {
+  return DType::BFloat16;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::Int64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::Int32;
+}
+template <>
+constexpr DType dtype_of<int16_t>() {
+  return DType::Int16;
+}
+template <>
+constexpr DType dtype_of<int8_t>() {
+  return DType::Int8;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::UInt8;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+  return DType::Bool;
+}
 
 // The type arithmetic on T is done in: float for the half types, T otherwise.
-template <typename T> struct compute_type { using type = T; };
-template <> struct compute_type<Half> { using type = float; };
-template <> struct compute_type<BFloat16> { using type = float; };
-template <typename T> using compute_t = typename compute_type<T>::type;
+template <typename T>
+struct compute_type {
+  using type = T;
+};
+template <>
+struct compute_type<Half> {
+  using type = float;
+};
+template <>
+struct compute_type<BFloat16> {
+  using type = float;
+};
+template <typename T>
+using compute_t = typename compute_type<T>::type;
 
 // A number given to an op (tensor + 2.5). It keeps whether it was written as a bool, an integer
 // or a floating point number, which decides type promotion as in PyTorch: a float scalar with an
@@ -107,11 +179,11 @@ class Scalar {
  public:
   enum class Kind : uint8_t { Bool, Int, Float };
   Scalar(double v) : kind_(Kind::Float), d_(v), i_(truncate(v)) {}              // NOLINT
-  Scalar(float v) : Scalar(static_cast<double>(v)) {}                              // NOLINT
-  Scalar(int v) : kind_(Kind::Int), d_(v), i_(v) {}                                // NOLINT
-  Scalar(long v) : kind_(Kind::Int), d_(static_cast<double>(v)), i_(v) {}          // NOLINT
-  Scalar(long long v) : kind_(Kind::Int), d_(static_cast<double>(v)), i_(v) {}     // NOLINT
-  Scalar(bool v) : kind_(Kind::Bool), d_(v), i_(v) {}                              // NOLINT
+  Scalar(float v) : Scalar(static_cast<double>(v)) {}                           // NOLINT
+  Scalar(int v) : kind_(Kind::Int), d_(v), i_(v) {}                             // NOLINT
+  Scalar(long v) : kind_(Kind::Int), d_(static_cast<double>(v)), i_(v) {}       // NOLINT
+  Scalar(long long v) : kind_(Kind::Int), d_(static_cast<double>(v)), i_(v) {}  // NOLINT
+  Scalar(bool v) : kind_(Kind::Bool), d_(v), i_(v) {}                           // NOLINT
   Kind kind() const { return kind_; }
   double to_double() const { return d_; }
   // The integer value: a floating value truncated toward zero, saturated to int64's range

@@ -72,7 +72,7 @@ std::string cat_str(const Args&... args) {
 }  // namespace tvc
 
 // Throws tvc::Error built from the message parts when cond is false.
-#define TVC_CHECK(cond, ...)                              \
-  do {                                                    \
+#define TVC_CHECK(cond, ...)                                      \
+  do {                                                            \
     if (!(cond)) throw ::tvc::Error(::tvc::cat_str(__VA_ARGS__)); \
   } while (0)

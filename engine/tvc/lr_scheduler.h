@@ -28,8 +28,8 @@ namespace tvc::optim::lr_scheduler {
 struct SchedulerStateDict {
   int64_t last_epoch = -1;
   int64_t step_count = 0;
-  std::vector<double> base_lrs{};  // one per parameter group
-  std::vector<double> last_lr{};  // one per parameter group
+  std::vector<double> base_lrs{};                // one per parameter group
+  std::vector<double> last_lr{};                 // one per parameter group
   std::vector<SchedulerStateDict> schedulers{};  // SequentialLR: those of its schedulers
 };
 
@@ -102,8 +102,7 @@ class StepLR : public LRScheduler {
 // lr *= gamma at each milestone epoch (a milestone listed k times multiplies by gamma^k).
 class MultiStepLR : public LRScheduler {
  public:
-  MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma = 0.1,
-              int64_t last_epoch = -1);
+  MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma = 0.1, int64_t last_epoch = -1);
 
  protected:
   std::vector<double> get_lr() override;
@@ -118,8 +117,8 @@ class MultiStepLR : public LRScheduler {
 // stays. Factors in [0, 1], start_factor > 0.
 class LinearLR : public LRScheduler {
  public:
-  LinearLR(Optimizer& optimizer, double start_factor = 1.0 / 3, double end_factor = 1.0,
-           int64_t total_iters = 5, int64_t last_epoch = -1);
+  LinearLR(Optimizer& optimizer, double start_factor = 1.0 / 3, double end_factor = 1.0, int64_t total_iters = 5,
+           int64_t last_epoch = -1);
 
  protected:
   std::vector<double> get_lr() override;
@@ -134,8 +133,7 @@ class LinearLR : public LRScheduler {
 // as PyTorch does (beyond T_max it rises again).
 class CosineAnnealingLR : public LRScheduler {
  public:
-  CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double eta_min = 0,
-                    int64_t last_epoch = -1);
+  CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double eta_min = 0, int64_t last_epoch = -1);
 
  protected:
   std::vector<double> get_lr() override;
@@ -149,12 +147,12 @@ class CosineAnnealingLR : public LRScheduler {
 // The 1cycle policy. Values given as lists hold one per parameter group, or one for all.
 struct OneCycleLROptions {
   std::vector<double> max_lr{};  // required
-  int64_t total_steps = 0;     // or epochs * steps_per_epoch when 0
+  int64_t total_steps = 0;       // or epochs * steps_per_epoch when 0
   int64_t epochs = 0;
   int64_t steps_per_epoch = 0;
-  double pct_start = 0.3;                 // fraction of the steps spent raising the lr
-  std::string anneal_strategy = "cos";    // "cos" or "linear"
-  bool cycle_momentum = true;             // momentum (or Adam's beta1) moves opposite to lr
+  double pct_start = 0.3;               // fraction of the steps spent raising the lr
+  std::string anneal_strategy = "cos";  // "cos" or "linear"
+  bool cycle_momentum = true;           // momentum (or Adam's beta1) moves opposite to lr
   std::vector<double> base_momentum = {0.85};
   std::vector<double> max_momentum = {0.95};
   double div_factor = 25;         // initial_lr = max_lr / div_factor

@@ -81,17 +81,18 @@ template <>
 struct ModeNames<Nonlinearity> {
   static constexpr const char* option = "nonlinearity";
   static constexpr std::array<const char*, 12> names{
-      "linear", "conv1d",  "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-      "sigmoid", "tanh", "relu", "leaky_relu", "selu"};
+      "linear",           "conv1d",  "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+      "conv_transpose3d", "sigmoid", "tanh",   "relu",   "leaky_relu",       "selu"};
 };
 
 template <typename E>
-concept Mode = requires { ModeNames<E>::names; };
+concept Mode = requires {
+  ModeNames<E>::names;
+};
 
 namespace detail {
 // Throws tvc::Error: "<option>: '<text>' is not one of 'a', 'b', ..." (text escaped).
-[[noreturn]] void throw_unknown_mode(const char* option, std::string_view text, const char* const* names,
-                                     size_t count);
+[[noreturn]] void throw_unknown_mode(const char* option, std::string_view text, const char* const* names, size_t count);
 [[noreturn]] void throw_invalid_mode(const char* option, int value);
 }  // namespace detail
 

@@ -59,8 +59,8 @@ void manual_seed(uint64_t seed);
 
 Tensor rand(const Shape& shape, TensorOptions options = {}, Generator* gen = nullptr);   // U[0,1)
 Tensor randn(const Shape& shape, TensorOptions options = {}, Generator* gen = nullptr);  // N(0,1)
-Tensor randint(int64_t low, int64_t high, const Shape& shape,
-               TensorOptions options = {.dtype = DType::Int64}, Generator* gen = nullptr);
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options = {.dtype = DType::Int64},
+               Generator* gen = nullptr);
 Tensor bernoulli(const Tensor& p, Generator* gen = nullptr);  // 1 with probability p
 Tensor rand_like(const Tensor& t, Generator* gen = nullptr);
 Tensor randn_like(const Tensor& t, Generator* gen = nullptr);
@@ -118,8 +118,7 @@ Tensor softplus(const Tensor& t, double beta = 1, double threshold = 20);
 Tensor mish(const Tensor& t);
 
 // ---- reductions (dims empty = all dims) ----
-Tensor sum(const Tensor& t, const Shape& dims = {}, bool keepdim = false,
-           std::optional<DType> dtype = std::nullopt);
+Tensor sum(const Tensor& t, const Shape& dims = {}, bool keepdim = false, std::optional<DType> dtype = std::nullopt);
 Tensor mean(const Tensor& t, const Shape& dims = {}, bool keepdim = false);
 // correction 1 = unbiased (Bessel), as torch.var's default.
 Tensor var(const Tensor& t, const Shape& dims = {}, int64_t correction = 1, bool keepdim = false);
@@ -134,8 +133,7 @@ std::pair<Tensor, Tensor> min(const Tensor& t, int64_t dim, bool keepdim = false
 Tensor argmax(const Tensor& t, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
 Tensor argmin(const Tensor& t, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
 // (values, int64 indices) of the k largest (or smallest) along dim.
-std::pair<Tensor, Tensor> topk(const Tensor& t, int64_t k, int64_t dim = -1, bool largest = true,
-                               bool sorted = true);
+std::pair<Tensor, Tensor> topk(const Tensor& t, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
 
 // ---- linear algebra ----
 Tensor bmm(const Tensor& a, const Tensor& b);     // (B,M,K) @ (B,K,N) -> (B,M,N)
@@ -153,17 +151,16 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Te
               std::array<int64_t, 2> stride = {1, 1}, std::array<int64_t, 2> padding = {0, 0},
               std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
 // input (N,C,L), weight (O,C/groups,k), bias (O) -> (N,O,Lo).
-Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
-              int64_t stride = 1, int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1,
+              int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
 // stride empty = kernel size.
 Tensor max_pool2d(const Tensor& input, std::array<int64_t, 2> kernel,
-                  std::optional<std::array<int64_t, 2>> stride = std::nullopt,
-                  std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1},
-                  bool ceil_mode = false);
+                  std::optional<std::array<int64_t, 2>> stride = std::nullopt, std::array<int64_t, 2> padding = {0, 0},
+                  std::array<int64_t, 2> dilation = {1, 1}, bool ceil_mode = false);
 Tensor avg_pool2d(const Tensor& input, std::array<int64_t, 2> kernel,
-                  std::optional<std::array<int64_t, 2>> stride = std::nullopt,
-                  std::array<int64_t, 2> padding = {0, 0}, bool ceil_mode = false,
-                  bool count_include_pad = true, std::optional<int64_t> divisor_override = std::nullopt);
+                  std::optional<std::array<int64_t, 2>> stride = std::nullopt, std::array<int64_t, 2> padding = {0, 0},
+                  bool ceil_mode = false, bool count_include_pad = true,
+                  std::optional<int64_t> divisor_override = std::nullopt);
 Tensor adaptive_avg_pool2d(const Tensor& input, std::array<int64_t, 2> output_size);
 Tensor adaptive_max_pool2d(const Tensor& input, std::array<int64_t, 2> output_size);
 
@@ -176,13 +173,12 @@ Tensor adaptive_max_pool2d(const Tensor& input, std::array<int64_t, 2> output_si
 // 1 / num_batches_tracked after the increment. num_batches_tracked (an int64 0-d tensor) is
 // incremented by the op itself in every training call that has running stats (PyTorch does it
 // in the module). Evaluation mode with running stats uses them and updates nothing.
-Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
-                  const Tensor& weight, const Tensor& bias, bool training,
-                  std::optional<double> momentum = 0.1, double eps = 1e-5,
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, std::optional<double> momentum = 0.1, double eps = 1e-5,
                   const Tensor& num_batches_tracked = Tensor());
 // Normalises over the trailing dims given by normalized_shape.
-Tensor layer_norm(const Tensor& input, const Shape& normalized_shape,
-                  const Tensor& weight = Tensor(), const Tensor& bias = Tensor(), double eps = 1e-5);
+Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
 // input (N,C,*), C divisible by num_groups.
 Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
@@ -214,8 +210,7 @@ Tensor roll(const Tensor& t, const std::vector<int64_t>& shifts, const std::vect
 // follows PyTorch's separable antialiased filters. The result keeps the input's memory format.
 Tensor interpolate(const Tensor& input, std::optional<std::array<int64_t, 2>> size,
                    std::optional<std::array<double, 2>> scale_factor = std::nullopt,
-                   InterpolateMode mode = InterpolateMode::Nearest, bool align_corners = false,
-                   bool antialias = false);
+                   InterpolateMode mode = InterpolateMode::Nearest, bool align_corners = false, bool antialias = false);
 
 // ---- losses ----
 // input (N,K) or (N,K,d1,...) logits (or (K) with a 0-d target), target int64 (N) or (N,d1,...)
@@ -224,16 +219,13 @@ Tensor interpolate(const Tensor& input, std::optional<std::array<int64_t, 2>> si
 // label_smoothing eps gives (1 - eps) * nll + eps / K * (-sum_k w_k log p_k), reduced alike.
 // A class index outside [0, K) other than ignore_index raises.
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight = Tensor(),
-                     int64_t ignore_index = -100, Reduction reduction = Reduction::Mean,
-                     double label_smoothing = 0.0);
-Tensor nll_loss(const Tensor& input, const Tensor& target, const Tensor& weight = Tensor(),
-                int64_t ignore_index = -100, Reduction reduction = Reduction::Mean);
+                     int64_t ignore_index = -100, Reduction reduction = Reduction::Mean, double label_smoothing = 0.0);
+Tensor nll_loss(const Tensor& input, const Tensor& target, const Tensor& weight = Tensor(), int64_t ignore_index = -100,
+                Reduction reduction = Reduction::Mean);
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
 // target shaped as input; weight broadcasts to the input, pos_weight along the last dim (K).
-Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
-                                        const Tensor& weight = Tensor(),
-                                        Reduction reduction = Reduction::Mean,
-                                        const Tensor& pos_weight = Tensor());
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, const Tensor& weight = Tensor(),
+                                        Reduction reduction = Reduction::Mean, const Tensor& pos_weight = Tensor());
 
 // ---- operators ----
 Tensor operator+(const Tensor& a, const Tensor& b);

@@ -38,11 +38,29 @@ class InputFile;
 // directly; the others (unsigned 16/32/64-bit, 8/6/4-bit floats, complex) load only widened
 // (ReadOptions::widen) or are copied as bytes between safetensors files.
 enum class FileDType : uint8_t {
-  Bool, UInt8, Int8, Int16, UInt16, Int32, UInt32, Int64, UInt64,
-  Float16, BFloat16, Float32, Float64,
-  Float8E4M3, Float8E5M2, Float8E4M3Fnuz, Float8E5M2Fnuz, Float8E8M0,
-  Float6E2M3, Float6E3M2, Float4E2M1,
-  Complex64, Complex128,
+  Bool,
+  UInt8,
+  Int8,
+  Int16,
+  UInt16,
+  Int32,
+  UInt32,
+  Int64,
+  UInt64,
+  Float16,
+  BFloat16,
+  Float32,
+  Float64,
+  Float8E4M3,
+  Float8E5M2,
+  Float8E4M3Fnuz,
+  Float8E5M2Fnuz,
+  Float8E8M0,
+  Float6E2M3,
+  Float6E3M2,
+  Float4E2M1,
+  Complex64,
+  Complex128,
 };
 
 // "F32", "F8_E4M3", ... as safetensors headers spell them; "C128" for Complex128 (torch only).
@@ -207,8 +225,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
                       const std::map<std::string, std::string>& metadata = {});
 void save_safetensors(const std::string& path, const nn::StateDict& state_dict,
                       const std::map<std::string, std::string>& metadata = {});
-void save_safetensors_raw(const std::string& path,
-                          const std::vector<std::pair<std::string, RawTensor>>& tensors,
+void save_safetensors_raw(const std::string& path, const std::vector<std::pair<std::string, RawTensor>>& tensors,
                           const std::map<std::string, std::string>& metadata = {});
 
 // ---------------------------------------------------------------- PyTorch .pth
@@ -249,9 +266,8 @@ void save_state_dict(const std::string& path, const nn::StateDict& state_dict);
 // The module loads a state_dict file of any format: module.load_state_dict(load_state_dict(
 // path, options), strict, assign), except that tensors whose dtype differs from the module's
 // (a float16 file into a float32 model) are converted first, also with assign.
-nn::IncompatibleKeys load_into(nn::Module& module, const std::string& path,
-                               const StateDictOptions& options = {}, bool strict = true,
-                               bool assign = false);
+nn::IncompatibleKeys load_into(nn::Module& module, const std::string& path, const StateDictOptions& options = {},
+                               bool strict = true, bool assign = false);
 // module.load_state_dict(state_dict, strict, assign) after converting the tensors whose dtype
 // differs from the module's to the module's dtype.
 nn::IncompatibleKeys load_converted(nn::Module& module, nn::StateDict state_dict, bool strict = true,

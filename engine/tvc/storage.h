@@ -24,8 +24,7 @@ class Storage {
   static std::shared_ptr<Storage> allocate(size_t nbytes, Device device = Device::CPU);
   // An existing buffer, not copied; deleter (may be empty) runs when the storage dies. No
   // alignment is assumed of data. Used for external buffers and memory maps.
-  static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, Deleter deleter,
-                                       Device device = Device::CPU);
+  static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, Deleter deleter, Device device = Device::CPU);
   // The whole file at path mapped privately (copy-on-write: writes never reach the file), read
   // lazily by the kernel's page cache; unmapped when the storage dies. Throws tvc::Error naming
   // the file when it cannot be opened or mapped.

@@ -29,8 +29,8 @@ namespace tvc {
 struct Shape : std::vector<int64_t> {
   using std::vector<int64_t>::vector;
   Shape() = default;
-  Shape(const std::vector<int64_t>& sizes) : std::vector<int64_t>(sizes) {}             // NOLINT
-  Shape(std::vector<int64_t>&& sizes) : std::vector<int64_t>(std::move(sizes)) {}       // NOLINT
+  Shape(const std::vector<int64_t>& sizes) : std::vector<int64_t>(sizes) {}        // NOLINT
+  Shape(std::vector<int64_t>&& sizes) : std::vector<int64_t>(std::move(sizes)) {}  // NOLINT
 };
 
 namespace autograd {
@@ -87,25 +87,28 @@ class Tensor {
   void* raw_data() const;  // address of element [0, ..., 0]
   template <typename T>
   T* data_ptr() const {
-    TVC_CHECK(dtype() == dtype_of<T>(), "data_ptr: tensor has dtype ", dtype_name(dtype()),
-              ", asked for ", dtype_name(dtype_of<T>()));
+    TVC_CHECK(dtype() == dtype_of<T>(), "data_ptr: tensor has dtype ", dtype_name(dtype()), ", asked for ",
+              dtype_name(dtype_of<T>()));
     return static_cast<T*>(raw_data());
   }
   // The value of a one-element tensor, converted to T (integers exactly; floats truncate
   // toward zero for an integer T, as Python's int(); bool is value != 0).
   template <typename T>
   T item() const {
-    if constexpr (std::is_same_v<T, bool>) return item_double() != 0;
-    else if constexpr (std::is_integral_v<T>) return static_cast<T>(item_int64());
-    else return static_cast<T>(item_double());
+    if constexpr (std::is_same_v<T, bool>)
+      return item_double() != 0;
+    else if constexpr (std::is_integral_v<T>)
+      return static_cast<T>(item_int64());
+    else
+      return static_cast<T>(item_double());
   }
   double item_double() const;
   int64_t item_int64() const;
   std::vector<double> to_vector() const;  // all elements in row-major order, as double
 
   // ---- views (share storage) ----
-  Tensor view(const Shape& shape) const;        // one dim may be -1; needs compatible strides
-  Tensor reshape(const Shape& shape) const;     // a view when possible, else a copy
+  Tensor view(const Shape& shape) const;     // one dim may be -1; needs compatible strides
+  Tensor reshape(const Shape& shape) const;  // a view when possible, else a copy
   Tensor permute(const Shape& dims) const;
   Tensor transpose(int64_t dim0, int64_t dim1) const;
   Tensor t() const;  // transpose of a tensor with <= 2 dims

@@ -9,7 +9,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-
 #include <tvc/c_api.h>
 
 /* Reads exactly count floats from path into values; 0 on success. */
@@ -61,8 +60,7 @@ int main(int argc, char **argv) {
       int64_t best = 0;
       for (int64_t c = 1; c < out_shape[1]; ++c)
         if (values[n * out_shape[1] + c] > values[n * out_shape[1] + best]) best = c;
-      printf("image %lld: class %lld (logit %.4f)\n", (long long)n, (long long)best,
-             values[n * out_shape[1] + best]);
+      printf("image %lld: class %lld (logit %.4f)\n", (long long)n, (long long)best, values[n * out_shape[1] + best]);
     }
     if (write_floats(argv[8], values, tvc_tensor_numel(logits)) != 0) {
       fprintf(stderr, "cannot write %s\n", argv[8]);

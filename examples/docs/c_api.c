@@ -10,7 +10,7 @@ int classify(const float *pixels) {
   tvc_model *model = NULL;
   tvc_tensor *input = NULL, *logits = NULL;
   int64_t shape[4] = {1, 3, 224, 224};
-  int status = tvc_model_create("resnet18", 0, &model);              /* 1000 classes */
+  int status = tvc_model_create("resnet18", 0, &model); /* 1000 classes */
   if (status == TVC_OK) status = tvc_model_load_weights(model, "DEFAULT");
   if (status == TVC_OK) status = tvc_tensor_from_data(pixels, shape, 4, &input);
   if (status == TVC_OK) status = tvc_model_forward(model, input, &logits);

@@ -1,17 +1,20 @@
 // The examples of docs/hybrid.md, compiled by the build (tools/check_doc_examples.py).
+#include "tvc/hybrid/hybrid.h"
+
 #include <iostream>
 #include <memory>
 #include <vector>
 
 #include "tvc/hybrid/blocks.h"
-#include "tvc/hybrid/hybrid.h"
 #include "tvc/nn/layers.h"
 #include "tvc/ops.h"
 
 void build_hybrid(const tvc::Tensor& images);
 void register_gated_block();
 
+// The options laid out as the document shows them.
 void build_hybrid(const tvc::Tensor& images) {
+  // clang-format off
   // [doc]
   tvc::hybrid::HybridBuilder builder;
   auto model = builder.from_torchvision("resnet50", {
@@ -27,6 +30,7 @@ void build_hybrid(const tvc::Tensor& images) {
   model->unfreeze_all();
   std::cout << model->explain() << "\n";
   // [end doc]
+  // clang-format on
 }
 
 // x * sigmoid(conv1x1(x)): (N, C, H, W) -> (N, C, H, W).
@@ -40,12 +44,14 @@ class GatedBlock : public tvc::nn::Cloneable<GatedBlock> {
 
 void register_gated_block() {
   // [doc]
-  tvc::hybrid::register_block({
-      .name = "gated", .aliases = {"GatedBlock"}, .category = "custom", .class_name = "GatedBlock",
-      .description = "x * sigmoid(conv1x1(x))",
-      .params = {{.name = "channels", .kind = tvc::hybrid::ParamKind::Channels}},
-      .make = [](const tvc::hybrid::BlockArgs& a) -> tvc::nn::ModulePtr {
-        return std::make_shared<GatedBlock>(a.get_int("channels"));
-      }});
+  tvc::hybrid::register_block({.name = "gated",
+                               .aliases = {"GatedBlock"},
+                               .category = "custom",
+                               .class_name = "GatedBlock",
+                               .description = "x * sigmoid(conv1x1(x))",
+                               .params = {{.name = "channels", .kind = tvc::hybrid::ParamKind::Channels}},
+                               .make = [](const tvc::hybrid::BlockArgs& a) -> tvc::nn::ModulePtr {
+                                 return std::make_shared<GatedBlock>(a.get_int("channels"));
+                               }});
   // [end doc]
 }

@@ -28,10 +28,10 @@ void write_a_module(const tvc::Tensor& x) {
     }
   };
 
-  auto model = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
-      std::make_shared<Block>(16), std::make_shared<nn::AdaptiveAvgPool2d>(1), std::make_shared<nn::Flatten>(),
-      std::make_shared<nn::Linear>(16, 10)});
-  Tensor logits = (*model)(x);                          // runs the hooks; forward(x) alone does not
+  auto model = std::make_shared<nn::Sequential>(
+      std::initializer_list<nn::ModulePtr>{std::make_shared<Block>(16), std::make_shared<nn::AdaptiveAvgPool2d>(1),
+                                           std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(16, 10)});
+  Tensor logits = (*model)(x);                                 // runs the hooks; forward(x) alone does not
   std::vector<std::string> keys = model->state_dict().keys();  // "0.conv1.weight", ..., "3.bias"
   // [end doc]
 }

@@ -60,21 +60,30 @@ Registry& registry() {
 
 const char* kind_name(ParamKind kind) {
   switch (kind) {
-    case ParamKind::Int: return "an int";
-    case ParamKind::Float: return "a number";
-    case ParamKind::Bool: return "a bool";
-    case ParamKind::String: return "a string";
-    case ParamKind::Channels: return "a channel count (int)";
+    case ParamKind::Int:
+      return "an int";
+    case ParamKind::Float:
+      return "a number";
+    case ParamKind::Bool:
+      return "a bool";
+    case ParamKind::String:
+      return "a string";
+    case ParamKind::Channels:
+      return "a channel count (int)";
   }
   return "?";
 }
 
 std::string value_repr(const ParamValue& v) {
   std::ostringstream os;
-  if (const bool* b = std::get_if<bool>(&v)) os << "the bool " << (*b ? "true" : "false");
-  else if (const int64_t* i = std::get_if<int64_t>(&v)) os << "the int " << *i;
-  else if (const double* d = std::get_if<double>(&v)) os << "the number " << *d;
-  else os << "the string \"" << std::get<std::string>(v) << "\"";
+  if (const bool* b = std::get_if<bool>(&v))
+    os << "the bool " << (*b ? "true" : "false");
+  else if (const int64_t* i = std::get_if<int64_t>(&v))
+    os << "the int " << *i;
+  else if (const double* d = std::get_if<double>(&v))
+    os << "the number " << *d;
+  else
+    os << "the string \"" << std::get<std::string>(v) << "\"";
   return os.str();
 }
 
@@ -92,19 +101,25 @@ ParamValue checked_value(const BlockType& type, const ParamSpec& spec, const Par
   bool ok = false;
   switch (spec.kind) {
     case ParamKind::Int:
-    case ParamKind::Channels: ok = std::holds_alternative<int64_t>(value); break;
+    case ParamKind::Channels:
+      ok = std::holds_alternative<int64_t>(value);
+      break;
     case ParamKind::Float:
       if (const int64_t* i = std::get_if<int64_t>(&value)) return static_cast<double>(*i);
       ok = std::holds_alternative<double>(value);
       break;
-    case ParamKind::Bool: ok = std::holds_alternative<bool>(value); break;
-    case ParamKind::String: ok = std::holds_alternative<std::string>(value); break;
+    case ParamKind::Bool:
+      ok = std::holds_alternative<bool>(value);
+      break;
+    case ParamKind::String:
+      ok = std::holds_alternative<std::string>(value);
+      break;
   }
   TVC_CHECK(ok, who(type), ": parameter '", spec.name, "' must be ", kind_name(spec.kind), ", got ", value_repr(value));
   if (spec.kind == ParamKind::String && !spec.choices.empty()) {
     const std::string& s = std::get<std::string>(value);
-    TVC_CHECK(std::find(spec.choices.begin(), spec.choices.end(), s) != spec.choices.end(), who(type),
-              ": parameter '", spec.name, "' must be one of ", joined(spec.choices), "; got \"", s, "\"");
+    TVC_CHECK(std::find(spec.choices.begin(), spec.choices.end(), s) != spec.choices.end(), who(type), ": parameter '",
+              spec.name, "' must be one of ", joined(spec.choices), "; got \"", s, "\"");
   }
   if (spec.kind == ParamKind::Channels)
     TVC_CHECK(std::get<int64_t>(value) >= 1, who(type), ": parameter '", spec.name,
@@ -116,9 +131,12 @@ ParamValue checked_value(const BlockType& type, const ParamSpec& spec, const Par
 
 const char* layout_name(Layout layout) {
   switch (layout) {
-    case Layout::NCHW: return "(N, C, H, W)";
-    case Layout::NHWC: return "(N, H, W, C)";
-    case Layout::Tokens: return "(N, L, C)";
+    case Layout::NCHW:
+      return "(N, C, H, W)";
+    case Layout::NHWC:
+      return "(N, H, W, C)";
+    case Layout::Tokens:
+      return "(N, L, C)";
   }
   return "?";
 }
@@ -131,21 +149,20 @@ BlockArgs::BlockArgs(const std::string& block, const BlockParams& given, const I
   block_ = type.name;
   for (const auto& [name, value] : given) {
     const std::string& given_name = name;  // a structured binding cannot be captured before C++20's clang 16
-    auto spec = std::find_if(type.params.begin(), type.params.end(),
-                             [&](const ParamSpec& p) { return p.name == given_name; });
+    auto spec =
+        std::find_if(type.params.begin(), type.params.end(), [&](const ParamSpec& p) { return p.name == given_name; });
     if (spec == type.params.end()) {
       std::vector<std::string> accepted;
       for (const ParamSpec& p : type.params) accepted.push_back(p.name);
-      TVC_CHECK(false, who(type), " has no parameter '", name, "'; it accepts: ",
-                accepted.empty() ? std::string("none") : joined(accepted));
+      TVC_CHECK(false, who(type), " has no parameter '", name,
+                "'; it accepts: ", accepted.empty() ? std::string("none") : joined(accepted));
     }
     values_[name] = checked_value(type, *spec, value);
   }
   for (const ParamSpec& spec : type.params) {
     if (values_.count(spec.name)) continue;
     if (spec.kind == ParamKind::Channels) {
-      const std::optional<int64_t>& count =
-          spec.role == ChannelRole::In ? inferred.in_channels : inferred.out_channels;
+      const std::optional<int64_t>& count = spec.role == ChannelRole::In ? inferred.in_channels : inferred.out_channels;
       TVC_CHECK(count.has_value(), who(type), ": the channels of the target could not be inferred for parameter '",
                 spec.name, "' (the target's ", spec.role == ChannelRole::In ? "input" : "output",
                 " channels); the patch may give it: \"params\": {\"", spec.name, "\": N}");

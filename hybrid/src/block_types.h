@@ -18,8 +18,7 @@ ParamSpec channels_param(const std::string& name, ChannelRole role);
 ParamSpec int_param(const std::string& name, int64_t value);
 ParamSpec float_param(const std::string& name, double value);
 ParamSpec bool_param(const std::string& name, bool value);
-ParamSpec string_param(const std::string& name, const std::string& value,
-                       std::vector<std::string> choices = {});
+ParamSpec string_param(const std::string& name, const std::string& value, std::vector<std::string> choices = {});
 ParamSpec required_int_param(const std::string& name);
 ParamSpec optional_int_param(const std::string& name);  // absent = Python's None
 

@@ -62,8 +62,8 @@ Tensor ChannelAttention::forward_map(const Tensor& x) {
 
 SpatialAttention::SpatialAttention(int64_t kernel_size, Layout layout) : Cloneable(layout, std::nullopt) {
   TVC_CHECK(kernel_size % 2 == 1, "SpatialAttention: kernel_size must be odd, got ", kernel_size);
-  register_module("conv", std::make_shared<nn::Conv2d>(
-                              2, 1, kernel_size, nn::ConvOptions{.padding = kernel_size / 2, .bias = false}));
+  register_module("conv", std::make_shared<nn::Conv2d>(2, 1, kernel_size,
+                                                       nn::ConvOptions{.padding = kernel_size / 2, .bias = false}));
   register_module("sigmoid", std::make_shared<nn::Sigmoid>());
 }
 
@@ -85,10 +85,10 @@ CBAMBlock::CBAMBlock(int64_t channels, int64_t reduction, int64_t spatial_kernel
   int64_t reduced = reduced_channels(channels, reduction, "CBAMBlock");
   register_module("avg_pool", std::make_shared<nn::AdaptiveAvgPool2d>(1));
   register_module("max_pool", std::make_shared<nn::AdaptiveMaxPool2d>(1));
-  register_module("channel_fc", std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
-                                    std::make_shared<nn::Linear>(channels, reduced, false),
-                                    std::make_shared<nn::ReLU>(),
-                                    std::make_shared<nn::Linear>(reduced, channels, false)}));
+  register_module("channel_fc",
+                  std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+                      std::make_shared<nn::Linear>(channels, reduced, false), std::make_shared<nn::ReLU>(),
+                      std::make_shared<nn::Linear>(reduced, channels, false)}));
   register_module("spatial_conv",
                   std::make_shared<nn::Conv2d>(2, 1, spatial_kernel,
                                                nn::ConvOptions{.padding = spatial_kernel / 2, .bias = false}));
@@ -115,9 +115,9 @@ ECABlock::ECABlock(int64_t channels, std::optional<int64_t> kernel_size, double 
   }
   TVC_CHECK(this->kernel_size >= 1, "ECABlock: kernel_size must be positive, got ", this->kernel_size);
   register_module("avg_pool", std::make_shared<nn::AdaptiveAvgPool2d>(1));
-  register_module("conv", std::make_shared<nn::Conv1d>(
-                              1, 1, this->kernel_size,
-                              nn::ConvOptions{.padding = (this->kernel_size - 1) / 2, .bias = false}));
+  register_module("conv",
+                  std::make_shared<nn::Conv1d>(1, 1, this->kernel_size,
+                                               nn::ConvOptions{.padding = (this->kernel_size - 1) / 2, .bias = false}));
   register_module("sigmoid", std::make_shared<nn::Sigmoid>());
 }
 
@@ -136,12 +136,17 @@ SqueezeExcitation::SqueezeExcitation(int64_t channels, int64_t reduction, const 
   register_module("avg_pool", std::make_shared<nn::AdaptiveAvgPool2d>(1));
   std::vector<nn::ModulePtr> fc = {std::make_shared<nn::Linear>(channels, reduced, !use_bn)};
   if (use_bn) fc.push_back(std::make_shared<nn::BatchNorm1d>(reduced));
-  if (activation == "swish") fc.push_back(std::make_shared<nn::SiLU>());
-  else if (activation == "gelu") fc.push_back(std::make_shared<nn::GELU>());
-  else fc.push_back(std::make_shared<nn::ReLU>());
+  if (activation == "swish")
+    fc.push_back(std::make_shared<nn::SiLU>());
+  else if (activation == "gelu")
+    fc.push_back(std::make_shared<nn::GELU>());
+  else
+    fc.push_back(std::make_shared<nn::ReLU>());
   fc.push_back(std::make_shared<nn::Linear>(reduced, channels));
-  if (gate_activation == "hardsigmoid") fc.push_back(std::make_shared<nn::Hardsigmoid>());
-  else fc.push_back(std::make_shared<nn::Sigmoid>());
+  if (gate_activation == "hardsigmoid")
+    fc.push_back(std::make_shared<nn::Hardsigmoid>());
+  else
+    fc.push_back(std::make_shared<nn::Sigmoid>());
   register_module("fc", std::make_shared<nn::Sequential>(fc));
 }
 
@@ -176,9 +181,8 @@ Tensor MultiHeadAttention::attend(const Tensor& tokens) {
 
 Tensor MultiHeadAttention::forward(const Tensor& x) {
   int64_t channel_dim = layout_ == Layout::NCHW ? 1 : x.dim() - 1;
-  TVC_CHECK(x.dim() == (layout_ == Layout::Tokens ? 3 : 4) && x.size(channel_dim) == embed_dim,
-            "MultiHeadAttention(", embed_dim, "): expected ", layout_name(layout_), " with ", embed_dim,
-            " channels, got shape ", x.shape());
+  TVC_CHECK(x.dim() == (layout_ == Layout::Tokens ? 3 : 4) && x.size(channel_dim) == embed_dim, "MultiHeadAttention(",
+            embed_dim, "): expected ", layout_name(layout_), " with ", embed_dim, " channels, got shape ", x.shape());
   if (layout_ == Layout::Tokens) return attend(x);
   if (layout_ == Layout::NHWC)  // positions as tokens: (N, H*W, C)
     return attend(x.reshape({x.size(0), x.size(1) * x.size(2), embed_dim})).reshape(x.shape());
@@ -195,11 +199,10 @@ AttentionBlock::AttentionBlock(int64_t channels, const AttentionBlockOptions& op
   if (options.use_spatial) register_module("spatial_attn", std::make_shared<SpatialAttention>(options.spatial_kernel));
   if (options.use_cross) {
     TVC_CHECK(channels >= 2, "AttentionBlock: use_cross needs at least 2 channels, got ", channels);
-    register_module("cross_attn", std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
-                                      std::make_shared<nn::Conv2d>(channels, channels / 2, 1),
-                                      std::make_shared<nn::ReLU>(),
-                                      std::make_shared<nn::Conv2d>(channels / 2, channels, 1),
-                                      std::make_shared<nn::Sigmoid>()}));
+    register_module("cross_attn",
+                    std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+                        std::make_shared<nn::Conv2d>(channels, channels / 2, 1), std::make_shared<nn::ReLU>(),
+                        std::make_shared<nn::Conv2d>(channels / 2, channels, 1), std::make_shared<nn::Sigmoid>()}));
   }
 }
 
@@ -290,8 +293,7 @@ std::vector<BlockType> attention_block_types() {
        .description = "squeeze-and-excitation with a choice of activations and BatchNorm",
        .params = {channels_param("channels", ChannelRole::Out), int_param("reduction", 16),
                   string_param("activation", "relu", {"relu", "swish", "gelu"}),
-                  string_param("gate_activation", "sigmoid", {"sigmoid", "hardsigmoid"}),
-                  bool_param("use_bn", false)},
+                  string_param("gate_activation", "sigmoid", {"sigmoid", "hardsigmoid"}), bool_param("use_bn", false)},
        .make = [](const BlockArgs& a) -> nn::ModulePtr {
          return std::make_shared<SqueezeExcitation>(a.get_int("channels"), a.get_int("reduction"),
                                                     a.get_string("activation"), a.get_string("gate_activation"),
@@ -302,11 +304,12 @@ std::vector<BlockType> attention_block_types() {
        .category = "attention",
        .class_name = "MultiHeadAttention",
        .description = "multi-head self-attention over tokens (or the positions of a map)",
-       .params = {channels_param("embed_dim", ChannelRole::Out), int_param("num_heads", 8),
-                  float_param("dropout", 0.0), bool_param("bias", true), bool_param("batch_first", true)},
+       .params = {channels_param("embed_dim", ChannelRole::Out), int_param("num_heads", 8), float_param("dropout", 0.0),
+                  bool_param("bias", true), bool_param("batch_first", true)},
        .layouts = {Layout::Tokens, Layout::NCHW, Layout::NHWC},
        .make = [](const BlockArgs& a) -> nn::ModulePtr {
-         TVC_CHECK(a.get_bool("batch_first"), "block 'multihead_attention' (MultiHeadAttention): batch_first=false is "
+         TVC_CHECK(a.get_bool("batch_first"),
+                   "block 'multihead_attention' (MultiHeadAttention): batch_first=false is "
                    "not supported: tvc's tokens are (N, L, C)");
          return std::make_shared<MultiHeadAttention>(a.get_int("embed_dim"), a.get_int("num_heads"),
                                                      a.get_float("dropout"), a.get_bool("bias"), a.layout());
@@ -321,7 +324,8 @@ std::vector<BlockType> attention_block_types() {
        .make = [](const BlockArgs& a) -> nn::ModulePtr {
          return std::make_shared<AttentionBlock>(
              a.get_int("channels"),
-             AttentionBlockOptions{.use_channel = a.get_bool("use_channel"), .use_spatial = a.get_bool("use_spatial"),
+             AttentionBlockOptions{.use_channel = a.get_bool("use_channel"),
+                                   .use_spatial = a.get_bool("use_spatial"),
                                    .use_cross = a.get_bool("use_cross"),
                                    .channel_reduction = a.get_int("channel_reduction"),
                                    .spatial_kernel = a.get_int("spatial_kernel")},

@@ -27,9 +27,10 @@ ConvBlock::ConvBlock(int64_t in_channels, int64_t out_channels, const ConvBlockO
   check_channels(in_channels, out_channels, "ConvBlock");
   TVC_CHECK(o.dropout_rate >= 0 && o.dropout_rate <= 1, "ConvBlock: dropout_rate must be between 0 and 1, got ",
             o.dropout_rate);
-  register_module("conv", conv(in_channels, out_channels, o.kernel_size,
-                               {.stride = o.stride, .padding = o.padding, .dilation = o.dilation,
-                                .groups = o.groups, .bias = o.bias}));
+  register_module(
+      "conv",
+      conv(in_channels, out_channels, o.kernel_size,
+           {.stride = o.stride, .padding = o.padding, .dilation = o.dilation, .groups = o.groups, .bias = o.bias}));
   if (o.use_batchnorm) register_module("bn", std::make_shared<nn::BatchNorm2d>(out_channels));
   if (o.activation != "none") register_module("activation", make_activation(o.activation));
   if (o.dropout_rate > 0) register_module("dropout", std::make_shared<Dropout2d>(o.dropout_rate));
@@ -74,10 +75,9 @@ ResidualBlock::ResidualBlock(int64_t in_channels, int64_t out_channels, const Re
     register_module("bn2", make_normalization(o.norm_type, out_channels));
   }
   if (o.stride != 1 || in_channels != out_channels || o.downsample)
-    register_module("downsample_layer",
-                    std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
-                        conv(in_channels, out_channels, 1, {.stride = o.stride, .bias = false}),
-                        make_normalization(o.norm_type, out_channels)}));
+    register_module("downsample_layer", std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+                                            conv(in_channels, out_channels, 1, {.stride = o.stride, .bias = false}),
+                                            make_normalization(o.norm_type, out_channels)}));
   if (o.use_se) register_module("se_block", std::make_shared<SEBlock>(out_channels, o.se_reduction, o.activation));
 }
 
@@ -93,8 +93,7 @@ Tensor ResidualBlock::forward_map(const Tensor& x) {
 
 // ---------------------------------------------------------------- DepthwiseBlock
 
-DepthwiseBlock::DepthwiseBlock(int64_t in_channels, int64_t out_channels, const DepthwiseBlockOptions& o,
-                               Layout layout)
+DepthwiseBlock::DepthwiseBlock(int64_t in_channels, int64_t out_channels, const DepthwiseBlockOptions& o, Layout layout)
     : Cloneable(layout, out_channels), add_residual(o.add_residual && in_channels == out_channels) {
   check_channels(in_channels, out_channels, "DepthwiseBlock");
   register_module("activation_fn", make_activation(o.activation));
@@ -163,10 +162,9 @@ DenseConnectionBlock::DenseConnectionBlock(int64_t in_channels, const DenseConne
     nn::ModulePtr dropout = std::make_shared<nn::Identity>();
     if (o.dropout_rate > 0) dropout = std::make_shared<Dropout2d>(o.dropout_rate);
     layers->append(std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
-        norm_or_identity(channels), std::make_shared<nn::ReLU>(),
-        conv(channels, mid, 1, {.bias = !o.use_batchnorm}), norm_or_identity(mid), std::make_shared<nn::ReLU>(),
-        conv(mid, o.growth_rate, o.kernel_size, {.padding = o.kernel_size / 2, .bias = !o.use_batchnorm}),
-        dropout}));
+        norm_or_identity(channels), std::make_shared<nn::ReLU>(), conv(channels, mid, 1, {.bias = !o.use_batchnorm}),
+        norm_or_identity(mid), std::make_shared<nn::ReLU>(),
+        conv(mid, o.growth_rate, o.kernel_size, {.padding = o.kernel_size / 2, .bias = !o.use_batchnorm}), dropout}));
   }
   output_channels_ = channels;
   register_module("layers", layers);
@@ -240,8 +238,8 @@ GroupedBottleneck::GroupedBottleneck(int64_t in_channels, int64_t out_channels, 
 CoordConv::CoordConv(int64_t in_channels, int64_t out_channels, const CoordConvOptions& o, Layout layout)
     : Cloneable(layout, out_channels), with_r(o.with_r) {
   check_channels(in_channels, out_channels, "CoordConv");
-  register_module("conv", std::make_shared<nn::Conv2d>(in_channels + (o.with_r ? 3 : 2), out_channels,
-                                                       o.kernel_size, o.conv));
+  register_module("conv",
+                  std::make_shared<nn::Conv2d>(in_channels + (o.with_r ? 3 : 2), out_channels, o.kernel_size, o.conv));
 }
 
 Tensor CoordConv::forward_map(const Tensor& x) {
@@ -259,16 +257,25 @@ ConvBNAct::ConvBNAct(int64_t in_channels, int64_t out_channels, const ConvBNActO
     : Cloneable(layout, out_channels) {
   check_channels(in_channels, out_channels, "ConvBNAct");
   register_module("conv", conv(in_channels, out_channels, o.kernel_size,
-                               {.stride = o.stride, .padding = o.padding.value_or(o.kernel_size / 2),
-                                .groups = o.groups, .bias = !o.use_bn}));
-  if (o.use_bn) register_module("bn", std::make_shared<nn::BatchNorm2d>(out_channels));
-  else register_module("bn", std::make_shared<nn::Identity>());
+                               {.stride = o.stride,
+                                .padding = o.padding.value_or(o.kernel_size / 2),
+                                .groups = o.groups,
+                                .bias = !o.use_bn}));
+  if (o.use_bn)
+    register_module("bn", std::make_shared<nn::BatchNorm2d>(out_channels));
+  else
+    register_module("bn", std::make_shared<nn::Identity>());
   nn::ModulePtr act;
-  if (o.activation == "swish") act = std::make_shared<nn::SiLU>();
-  else if (o.activation == "gelu") act = std::make_shared<nn::GELU>();
-  else if (o.activation == "mish") act = std::make_shared<Mish>();
-  else if (o.activation == "none") act = std::make_shared<nn::Identity>();
-  else act = std::make_shared<nn::ReLU>();
+  if (o.activation == "swish")
+    act = std::make_shared<nn::SiLU>();
+  else if (o.activation == "gelu")
+    act = std::make_shared<nn::GELU>();
+  else if (o.activation == "mish")
+    act = std::make_shared<Mish>();
+  else if (o.activation == "none")
+    act = std::make_shared<nn::Identity>();
+  else
+    act = std::make_shared<nn::ReLU>();
   register_module("act", act);
 }
 
@@ -306,11 +313,12 @@ MBConv::MBConv(int64_t in_channels, int64_t out_channels, const MBConvOptions& o
                                                           ConvBNActOptions{.kernel_size = 1, .activation = "swish"}));
   else
     register_module("expand", std::make_shared<nn::Identity>());
-  register_module("depthwise", std::make_shared<ConvBNAct>(
-                                   hidden, hidden,
-                                   ConvBNActOptions{.kernel_size = o.kernel_size, .stride = o.stride,
-                                                    .padding = o.kernel_size / 2, .groups = hidden,
-                                                    .activation = "swish"}));
+  register_module("depthwise", std::make_shared<ConvBNAct>(hidden, hidden,
+                                                           ConvBNActOptions{.kernel_size = o.kernel_size,
+                                                                            .stride = o.stride,
+                                                                            .padding = o.kernel_size / 2,
+                                                                            .groups = hidden,
+                                                                            .activation = "swish"}));
   register_module("se", se_or_identity(o.use_se, hidden, o.expansion * o.se_reduction));
   register_module("project", std::make_shared<ConvBNAct>(hidden, out_channels,
                                                          ConvBNActOptions{.kernel_size = 1, .activation = "none"}));
@@ -321,9 +329,10 @@ FusedMBConv::FusedMBConv(int64_t in_channels, int64_t out_channels, const FusedM
     : Cloneable(in_channels, out_channels, o.stride, layout) {
   check_channels(in_channels, out_channels, "FusedMBConv");
   int64_t hidden = in_channels * o.expansion;
-  register_module("expand", std::make_shared<ConvBNAct>(in_channels, hidden,
-                                                        ConvBNActOptions{.kernel_size = o.kernel_size,
-                                                                         .stride = o.stride, .activation = "swish"}));
+  register_module("expand",
+                  std::make_shared<ConvBNAct>(
+                      in_channels, hidden,
+                      ConvBNActOptions{.kernel_size = o.kernel_size, .stride = o.stride, .activation = "swish"}));
   register_module("se", se_or_identity(o.use_se, hidden, o.expansion * 4));
   register_module("project", std::make_shared<ConvBNAct>(hidden, out_channels,
                                                          ConvBNActOptions{.kernel_size = 1, .activation = "none"}));
@@ -357,8 +366,11 @@ ParamSpec activation_param() { return string_param("activation", "relu", activat
 ParamSpec norm_param() { return string_param("norm_type", "batch", norm_choices()); }
 
 BottleneckOptions bottleneck_options(const BlockArgs& a) {
-  return {.stride = a.get_int("stride"), .expansion = a.get_int("expansion"), .activation = a.get_string("activation"),
-          .norm_type = a.get_string("norm_type"), .use_downsample = a.get_bool("use_downsample")};
+  return {.stride = a.get_int("stride"),
+          .expansion = a.get_int("expansion"),
+          .activation = a.get_string("activation"),
+          .norm_type = a.get_string("norm_type"),
+          .use_downsample = a.get_bool("use_downsample")};
 }
 
 std::vector<ParamSpec> bottleneck_params(std::vector<ParamSpec> first) {
@@ -383,15 +395,18 @@ std::vector<BlockType> conv_block_types() {
                          int_param("pooling_kernel_size", 2), int_param("pooling_stride", 2), int_param("dilation", 1),
                          int_param("groups", 1), bool_param("bias", true)}),
        .make = [](const BlockArgs& a) -> nn::ModulePtr {
-         return make_in_out<ConvBlock>(
-             a, ConvBlockOptions{.kernel_size = a.get_int("kernel_size"), .stride = a.get_int("stride"),
-                                 .padding = a.get_int("padding"), .activation = a.get_string("activation"),
-                                 .use_batchnorm = a.get_bool("use_batchnorm"),
-                                 .dropout_rate = a.get_float("dropout_rate"),
-                                 .pooling_type = a.get_string("pooling_type"),
-                                 .pooling_kernel_size = a.get_int("pooling_kernel_size"),
-                                 .pooling_stride = a.get_int("pooling_stride"), .dilation = a.get_int("dilation"),
-                                 .groups = a.get_int("groups"), .bias = a.get_bool("bias")});
+         return make_in_out<ConvBlock>(a, ConvBlockOptions{.kernel_size = a.get_int("kernel_size"),
+                                                           .stride = a.get_int("stride"),
+                                                           .padding = a.get_int("padding"),
+                                                           .activation = a.get_string("activation"),
+                                                           .use_batchnorm = a.get_bool("use_batchnorm"),
+                                                           .dropout_rate = a.get_float("dropout_rate"),
+                                                           .pooling_type = a.get_string("pooling_type"),
+                                                           .pooling_kernel_size = a.get_int("pooling_kernel_size"),
+                                                           .pooling_stride = a.get_int("pooling_stride"),
+                                                           .dilation = a.get_int("dilation"),
+                                                           .groups = a.get_int("groups"),
+                                                           .bias = a.get_bool("bias")});
        }},
       {.name = "residual",
        .aliases = {"res", "resblock"},
@@ -401,11 +416,13 @@ std::vector<BlockType> conv_block_types() {
        .params = in_out({int_param("stride", 1), bool_param("downsample", false), activation_param(), norm_param(),
                          bool_param("use_se", false), int_param("se_reduction", 16), bool_param("bottleneck", false)}),
        .make = [](const BlockArgs& a) -> nn::ModulePtr {
-         return make_in_out<ResidualBlock>(
-             a, ResidualBlockOptions{.stride = a.get_int("stride"), .downsample = a.get_bool("downsample"),
-                                     .activation = a.get_string("activation"), .norm_type = a.get_string("norm_type"),
-                                     .use_se = a.get_bool("use_se"), .se_reduction = a.get_int("se_reduction"),
-                                     .bottleneck = a.get_bool("bottleneck")});
+         return make_in_out<ResidualBlock>(a, ResidualBlockOptions{.stride = a.get_int("stride"),
+                                                                   .downsample = a.get_bool("downsample"),
+                                                                   .activation = a.get_string("activation"),
+                                                                   .norm_type = a.get_string("norm_type"),
+                                                                   .use_se = a.get_bool("use_se"),
+                                                                   .se_reduction = a.get_int("se_reduction"),
+                                                                   .bottleneck = a.get_bool("bottleneck")});
        }},
       {.name = "depthwise",
        .aliases = {"dw", "depthwise_separable"},
@@ -415,11 +432,12 @@ std::vector<BlockType> conv_block_types() {
        .params = in_out({int_param("kernel_size", 3), int_param("stride", 1), int_param("padding", 1),
                          activation_param(), norm_param(), bool_param("add_residual", false)}),
        .make = [](const BlockArgs& a) -> nn::ModulePtr {
-         return make_in_out<DepthwiseBlock>(
-             a, DepthwiseBlockOptions{.kernel_size = a.get_int("kernel_size"), .stride = a.get_int("stride"),
-                                      .padding = a.get_int("padding"), .activation = a.get_string("activation"),
-                                      .norm_type = a.get_string("norm_type"),
-                                      .add_residual = a.get_bool("add_residual")});
+         return make_in_out<DepthwiseBlock>(a, DepthwiseBlockOptions{.kernel_size = a.get_int("kernel_size"),
+                                                                     .stride = a.get_int("stride"),
+                                                                     .padding = a.get_int("padding"),
+                                                                     .activation = a.get_string("activation"),
+                                                                     .norm_type = a.get_string("norm_type"),
+                                                                     .add_residual = a.get_bool("add_residual")});
        }},
       {.name = "inception",
        .aliases = {"inception_module"},
@@ -447,7 +465,8 @@ std::vector<BlockType> conv_block_types() {
        .make = [](const BlockArgs& a) -> nn::ModulePtr {
          return std::make_shared<DenseConnectionBlock>(
              a.get_int("in_channels"),
-             DenseConnectionBlockOptions{.num_layers = a.get_int("num_layers"), .growth_rate = a.get_int("growth_rate"),
+             DenseConnectionBlockOptions{.num_layers = a.get_int("num_layers"),
+                                         .growth_rate = a.get_int("growth_rate"),
                                          .kernel_size = a.get_int("kernel_size"),
                                          .bottleneck_ratio = a.get_int("bottleneck_ratio"),
                                          .activation = a.get_string("activation"),
@@ -486,29 +505,34 @@ std::vector<BlockType> conv_block_types() {
        .category = "block",
        .class_name = "CoordConv",
        .description = "convolution of the map with its x, y (and r) coordinate channels",
-       .params = in_out({int_param("kernel_size", 3), bool_param("with_r", false), int_param("stride", 1),
-                         int_param("padding", 0), int_param("dilation", 1), int_param("groups", 1),
-                         bool_param("bias", true),
-                         string_param("padding_mode", "zeros", {"zeros", "reflect", "replicate", "circular"})}),
+       .params =
+           in_out({int_param("kernel_size", 3), bool_param("with_r", false), int_param("stride", 1),
+                   int_param("padding", 0), int_param("dilation", 1), int_param("groups", 1), bool_param("bias", true),
+                   string_param("padding_mode", "zeros", {"zeros", "reflect", "replicate", "circular"})}),
        .make = [](const BlockArgs& a) -> nn::ModulePtr {
          return make_in_out<CoordConv>(
-             a, CoordConvOptions{.kernel_size = a.get_int("kernel_size"), .with_r = a.get_bool("with_r"),
-                                 .conv = {.stride = a.get_int("stride"), .padding = a.get_int("padding"),
-                                 .dilation = a.get_int("dilation"), .groups = a.get_int("groups"),
-                                 .bias = a.get_bool("bias"), .padding_mode = parse_mode<PaddingMode>(a.get_string("padding_mode"))}});
+             a, CoordConvOptions{.kernel_size = a.get_int("kernel_size"),
+                                 .with_r = a.get_bool("with_r"),
+                                 .conv = {.stride = a.get_int("stride"),
+                                          .padding = a.get_int("padding"),
+                                          .dilation = a.get_int("dilation"),
+                                          .groups = a.get_int("groups"),
+                                          .bias = a.get_bool("bias"),
+                                          .padding_mode = parse_mode<PaddingMode>(a.get_string("padding_mode"))}});
        }},
       {.name = "conv_bn_act",
        .aliases = {"ConvBNAct"},
        .category = "block",
        .class_name = "ConvBNAct",
        .description = "conv, batchnorm, activation",
-       .params = in_out({int_param("kernel_size", 3), int_param("stride", 1), optional_int_param("padding"),
-                         int_param("groups", 1),
-                         string_param("activation", "relu", {"relu", "swish", "gelu", "mish", "none"}),
-                         bool_param("use_bn", true)}),
+       .params = in_out(
+           {int_param("kernel_size", 3), int_param("stride", 1), optional_int_param("padding"), int_param("groups", 1),
+            string_param("activation", "relu", {"relu", "swish", "gelu", "mish", "none"}), bool_param("use_bn", true)}),
        .make = [](const BlockArgs& a) -> nn::ModulePtr {
-         ConvBNActOptions o{.kernel_size = a.get_int("kernel_size"), .stride = a.get_int("stride"),
-                            .groups = a.get_int("groups"), .activation = a.get_string("activation"),
+         ConvBNActOptions o{.kernel_size = a.get_int("kernel_size"),
+                            .stride = a.get_int("stride"),
+                            .groups = a.get_int("groups"),
+                            .activation = a.get_string("activation"),
                             .use_bn = a.get_bool("use_bn")};
          if (a.has("padding")) o.padding = a.get_int("padding");
          return make_in_out<ConvBNAct>(a, o);
@@ -521,10 +545,12 @@ std::vector<BlockType> conv_block_types() {
        .params = in_out({int_param("expansion", 4), int_param("stride", 1), int_param("kernel_size", 3),
                          bool_param("use_se", true), int_param("se_reduction", 4), float_param("drop_path", 0.0)}),
        .make = [](const BlockArgs& a) -> nn::ModulePtr {
-         return make_in_out<MBConv>(
-             a, MBConvOptions{.expansion = a.get_int("expansion"), .stride = a.get_int("stride"),
-                              .kernel_size = a.get_int("kernel_size"), .use_se = a.get_bool("use_se"),
-                              .se_reduction = a.get_int("se_reduction"), .drop_path = a.get_float("drop_path")});
+         return make_in_out<MBConv>(a, MBConvOptions{.expansion = a.get_int("expansion"),
+                                                     .stride = a.get_int("stride"),
+                                                     .kernel_size = a.get_int("kernel_size"),
+                                                     .use_se = a.get_bool("use_se"),
+                                                     .se_reduction = a.get_int("se_reduction"),
+                                                     .drop_path = a.get_float("drop_path")});
        }},
       {.name = "fused_mbconv",
        .aliases = {"FusedMBConv"},
@@ -534,10 +560,11 @@ std::vector<BlockType> conv_block_types() {
        .params = in_out({int_param("expansion", 4), int_param("stride", 1), int_param("kernel_size", 3),
                          bool_param("use_se", false), float_param("drop_path", 0.0)}),
        .make = [](const BlockArgs& a) -> nn::ModulePtr {
-         return make_in_out<FusedMBConv>(
-             a, FusedMBConvOptions{.expansion = a.get_int("expansion"), .stride = a.get_int("stride"),
-                                   .kernel_size = a.get_int("kernel_size"), .use_se = a.get_bool("use_se"),
-                                   .drop_path = a.get_float("drop_path")});
+         return make_in_out<FusedMBConv>(a, FusedMBConvOptions{.expansion = a.get_int("expansion"),
+                                                               .stride = a.get_int("stride"),
+                                                               .kernel_size = a.get_int("kernel_size"),
+                                                               .use_se = a.get_bool("use_se"),
+                                                               .drop_path = a.get_float("drop_path")});
        }},
   };
 }

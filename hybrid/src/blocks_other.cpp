@@ -55,8 +55,8 @@ Tensor PReLU::forward(const Tensor& x) {
 }
 
 Tensor InstanceNorm2d::forward(const Tensor& x) {
-  TVC_CHECK(x.dim() == 4 && x.size(1) == num_features, "InstanceNorm2d(", num_features,
-            "): expected (N, ", num_features, ", H, W), got shape ", x.shape());
+  TVC_CHECK(x.dim() == 4 && x.size(1) == num_features, "InstanceNorm2d(", num_features, "): expected (N, ",
+            num_features, ", H, W), got shape ", x.shape());
   return group_norm(x, num_features, Tensor(), Tensor(), 1e-5);
 }
 
@@ -139,8 +139,10 @@ Tensor LayerScale::forward(const Tensor& x) {
 Tensor Mish::forward(const Tensor& x) { return mish(x); }
 
 GeM::GeM(double p, double eps, bool learnable, Layout layout) : Cloneable(layout, std::nullopt), eps(eps) {
-  if (learnable) register_parameter("p", full({1}, p));
-  else register_buffer("p", full({1}, p));
+  if (learnable)
+    register_parameter("p", full({1}, p));
+  else
+    register_buffer("p", full({1}, p));
 }
 
 Tensor GeM::forward_map(const Tensor& x) {

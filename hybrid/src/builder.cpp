@@ -67,7 +67,8 @@ std::map<std::string, Shapes> probe(nn::Module& model, const std::vector<std::st
   nn::ScopedHooks hooks;  // removed however the forward pass ends
   for (const std::string& path : paths)
     hooks.add(model.get_submodule(path)->register_forward_hook(
-        [&shapes, path](nn::Module&, const nn::TensorList& in, const nn::TensorList& out) -> std::optional<nn::TensorList> {
+        [&shapes, path](nn::Module&, const nn::TensorList& in,
+                        const nn::TensorList& out) -> std::optional<nn::TensorList> {
           if (!shapes.count(path) && !in.empty() && !out.empty()) shapes[path] = {in[0].shape(), out[0].shape()};
           return std::nullopt;
         }));
@@ -104,7 +105,8 @@ int64_t probe_size(const models::Backbone& model, const std::string& family) {
 std::string family_of(const std::string& backbone) {
   for (const char* prefix : {"resnet", "wide_resnet", "resnext"})
     if (backbone.rfind(prefix, 0) == 0) return "resnet";
-  for (const char* family : {"efficientnet", "vgg", "densenet", "mobilenet_v2", "mobilenet_v3", "convnext", "vit", "swin"})
+  for (const char* family :
+       {"efficientnet", "vgg", "densenet", "mobilenet_v2", "mobilenet_v3", "convnext", "vit", "swin"})
     if (backbone.rfind(family, 0) == 0) return family;
   throw Error(cat_str("hybrid: no family for backbone '", backbone, "'"));
 }
@@ -142,8 +144,8 @@ void check_targets(const models::Backbone& model, const std::vector<Patch>& patc
       if (j == i) continue;
       const Patch& q = patches[j];
       TVC_CHECK(q.target != p.target || j > i, "patch '", p.target, "': the module is patched twice");
-      TVC_CHECK(!(p.op == PatchOp::Replace && is_inside(q.target, p.target)), "patch '", q.target,
-                "' is inside '", p.target, "', which another patch replaces");
+      TVC_CHECK(!(p.op == PatchOp::Replace && is_inside(q.target, p.target)), "patch '", q.target, "' is inside '",
+                p.target, "', which another patch replaces");
     }
   }
 }
@@ -210,7 +212,8 @@ Split split(const models::Backbone& model, const std::string& family, int64_t im
       t.tv_nodes.push_back("encoder.layers.encoder_layer_" + std::to_string(last));
       t.layout.stage_nodes.push_back("stages.0.layers.encoder_layer_" + std::to_string(last));
       std::vector<std::string> prefixes;
-      for (int64_t l = previous + 1; l <= last; ++l) prefixes.push_back("stages.0.layers.encoder_layer_" + std::to_string(l) + ".");
+      for (int64_t l = previous + 1; l <= last; ++l)
+        prefixes.push_back("stages.0.layers.encoder_layer_" + std::to_string(l) + ".");
       if (quarter == 4) prefixes.push_back("stages.0.ln.");
       t.layout.stage_prefixes.push_back(prefixes);
       previous = last;
@@ -258,27 +261,66 @@ Split split(const models::Backbone& model, const std::string& family, int64_t im
 
 std::string modification(const Patch& p) {
   switch (p.op) {
-    case PatchOp::Wrap: return "Wrapped " + p.target + " with " + p.block;
-    case PatchOp::Inject: return "Injected " + p.block + " after " + p.target;
-    case PatchOp::Replace: return "Replaced " + p.target + " with " + p.block;
+    case PatchOp::Wrap:
+      return "Wrapped " + p.target + " with " + p.block;
+    case PatchOp::Inject:
+      return "Injected " + p.block + " after " + p.target;
+    case PatchOp::Replace:
+      return "Replaced " + p.target + " with " + p.block;
   }
   return "";
 }
 
-
 }  // namespace
 
 std::vector<std::string> HybridBuilder::list_backbones() {
-  return {"resnet18",        "resnet34",         "resnet50",          "resnet101",         "resnet152",
-          "wide_resnet50_2", "wide_resnet101_2", "resnext50_32x4d",   "resnext101_32x8d",  "resnext101_64x4d",
-          "efficientnet_b0", "efficientnet_b1",  "efficientnet_b2",   "efficientnet_b3",   "efficientnet_b4",
-          "efficientnet_b5", "efficientnet_b6",  "efficientnet_b7",   "efficientnet_v2_s", "efficientnet_v2_m",
-          "efficientnet_v2_l", "vgg11",          "vgg13",             "vgg16",             "vgg19",
-          "vgg11_bn",        "vgg13_bn",         "vgg16_bn",          "vgg19_bn",          "densenet121",
-          "densenet169",     "densenet201",      "densenet161",       "mobilenet_v2",      "mobilenet_v3_small",
-          "mobilenet_v3_large", "convnext_tiny", "convnext_small",    "convnext_base",     "convnext_large",
-          "vit_b_16",        "vit_b_32",         "vit_l_16",          "vit_l_32",          "swin_t",
-          "swin_s",          "swin_b"};
+  return {"resnet18",
+          "resnet34",
+          "resnet50",
+          "resnet101",
+          "resnet152",
+          "wide_resnet50_2",
+          "wide_resnet101_2",
+          "resnext50_32x4d",
+          "resnext101_32x8d",
+          "resnext101_64x4d",
+          "efficientnet_b0",
+          "efficientnet_b1",
+          "efficientnet_b2",
+          "efficientnet_b3",
+          "efficientnet_b4",
+          "efficientnet_b5",
+          "efficientnet_b6",
+          "efficientnet_b7",
+          "efficientnet_v2_s",
+          "efficientnet_v2_m",
+          "efficientnet_v2_l",
+          "vgg11",
+          "vgg13",
+          "vgg16",
+          "vgg19",
+          "vgg11_bn",
+          "vgg13_bn",
+          "vgg16_bn",
+          "vgg19_bn",
+          "densenet121",
+          "densenet169",
+          "densenet201",
+          "densenet161",
+          "mobilenet_v2",
+          "mobilenet_v3_small",
+          "mobilenet_v3_large",
+          "convnext_tiny",
+          "convnext_small",
+          "convnext_base",
+          "convnext_large",
+          "vit_b_16",
+          "vit_b_32",
+          "vit_l_16",
+          "vit_l_32",
+          "swin_t",
+          "swin_s",
+          "swin_b"};
 }
 
 detail::BuiltHybrid detail::build_hybrid(models::BackbonePtr model, const std::vector<Patch>& patches,
@@ -323,10 +365,9 @@ detail::BuiltHybrid detail::build_hybrid(models::BackbonePtr model, const std::v
     } catch (const Error& e) {
       throw Error(cat_str("patch '", p.target, "' (", patch_op_name(p.op), " ", p.block, "): ", e.what()));
     }
-    replacements[i] = p.op == PatchOp::Replace
-                          ? block
-                          : std::make_shared<nn::Sequential>(
-                                std::initializer_list<nn::ModulePtr>{model->get_submodule(p.target), block});
+    replacements[i] = p.op == PatchOp::Replace ? block
+                                               : std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+                                                     model->get_submodule(p.target), block});
   }
   // Deepest targets first, so a wrapped ancestor wraps its patched descendants.
   std::vector<size_t> order(patches.size());
@@ -364,7 +405,8 @@ detail::BuiltHybrid detail::build_hybrid(models::BackbonePtr model, const std::v
     const std::string classifier = models::classifier_path(name) + ".";
     for (const auto& [key, t] : torchvision_state) {
       auto found = hybrid_names.find(t.impl());
-      if (found != hybrid_names.end()) tiers.layout.torchvision_names.emplace_back(key, found->second);
+      if (found != hybrid_names.end())
+        tiers.layout.torchvision_names.emplace_back(key, found->second);
       else if (key.rfind(classifier, 0) == 0)
         tiers.layout.torchvision_names.emplace_back(key, linear + "." + key.substr(classifier.size()));
     }
@@ -382,8 +424,8 @@ detail::BuiltHybrid detail::build_hybrid(models::BackbonePtr model, const std::v
               "' (", name, "'s classifier is replaced by the hybrid's head), so the block would not be in the network");
     if (log)
       *log << modification(patches[i]) << ": " << blocks[i]->type_name() << " at " << where->second
-           << (patches[i].op == PatchOp::Replace ? "" : ".1") << ", "
-           << detail::parameter_count(*blocks[i]) << " new parameters initialised\n";
+           << (patches[i].op == PatchOp::Replace ? "" : ".1") << ", " << detail::parameter_count(*blocks[i])
+           << " new parameters initialised\n";
   }
   if (log)
     *log << "Head: " << (dropout > 0 ? cat_str("Dropout(p=", dropout, "), ") : std::string()) << "Linear(" << width
@@ -442,10 +484,12 @@ HybridModelPtr HybridBuilder::from_checkpoint(const std::string& path, const std
   HybridModel& model = *built.model;
   const nn::StateDict own = model.state_dict();
   const bool hybrid_names = std::any_of(file.begin(), file.end(), [](const auto& item) {
-    return item.first.rfind("stem.", 0) == 0 || item.first.rfind("stages.", 0) == 0 || item.first.rfind("head.", 0) == 0;
+    return item.first.rfind("stem.", 0) == 0 || item.first.rfind("stages.", 0) == 0 ||
+           item.first.rfind("head.", 0) == 0;
   });
   // The Python library's head Linear sits at another index where tvc's head keeps more parts.
-  const std::string library_linear = cat_str("head.", library_linear_index(model.layout().family, options.dropout), ".");
+  const std::string library_linear =
+      cat_str("head.", library_linear_index(model.layout().family, options.dropout), ".");
   const std::string linear = cat_str("head.", model.child_as<nn::Sequential>("head").size() - 1, ".");
   nn::StateDict renamed;
   int64_t renames = 0;
@@ -495,9 +539,12 @@ BackboneInfo get_backbone_info(models::Backbone& model) {
     info.head_parts = {"heads"};
   } else {
     info.stage_parts = {"features"};
-    if (family == "densenet" || family == "mobilenet_v2") info.head_parts = {"classifier"};
-    else if (family == "swin") info.head_parts = {"norm", "permute", "avgpool", "flatten", "head"};
-    else info.head_parts = {"avgpool", "classifier"};
+    if (family == "densenet" || family == "mobilenet_v2")
+      info.head_parts = {"classifier"};
+    else if (family == "swin")
+      info.head_parts = {"norm", "permute", "avgpool", "flatten", "head"};
+    else
+      info.head_parts = {"avgpool", "classifier"};
   }
   for (const Tensor& p : model.parameters()) {
     info.total_params += p.numel();

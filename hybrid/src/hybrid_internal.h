@@ -3,8 +3,8 @@
 
 #include <cstdint>
 #include <map>
-#include <string>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "tvc/hybrid/hybrid.h"

@@ -1,12 +1,12 @@
 // HybridModel: stem -> stages -> head, stage outputs as NCHW maps, freezing, explain().
 #include <algorithm>
-#include <map>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
+#include "hybrid_internal.h"
 #include "tvc/autograd.h"
 #include "tvc/error.h"
-#include "hybrid_internal.h"
 #include "tvc/hybrid/hybrid.h"
 #include "tvc/nn/layers.h"
 
@@ -18,8 +18,10 @@ namespace {
 // token, reshaped to (N, C, G, G).
 Tensor to_map(const Tensor& t, Layout layout) {
   switch (layout) {
-    case Layout::NCHW: return t;
-    case Layout::NHWC: return t.permute({0, 3, 1, 2}).contiguous();
+    case Layout::NCHW:
+      return t;
+    case Layout::NHWC:
+      return t.permute({0, 3, 1, 2}).contiguous();
     case Layout::Tokens: {
       TVC_CHECK(t.dim() == 3, "get_stage_outputs: expected tokens (N, 1 + L, C), got ", t.shape());
       const int64_t n = t.size(0), len = t.size(1) - 1, channels = t.size(2);
@@ -71,15 +73,15 @@ std::vector<Tensor> HybridModel::get_stage_outputs(const Tensor& x) {
   std::vector<Tensor> outputs(nodes.size() + 1);
   nn::ScopedHooks hooks;  // removed however the forward pass ends
   auto capture = [&outputs](size_t i) {
-    return [&outputs, i](nn::Module&, const nn::TensorList&, const nn::TensorList& out) -> std::optional<nn::TensorList> {
-      // The first call's output, copied: a later in-place op (ReLU(inplace)) must not change it.
-      if (!outputs[i].defined() && !out.empty()) outputs[i] = out[0].clone();
-      return std::nullopt;
-    };
+    return
+        [&outputs, i](nn::Module&, const nn::TensorList&, const nn::TensorList& out) -> std::optional<nn::TensorList> {
+          // The first call's output, copied: a later in-place op (ReLU(inplace)) must not change it.
+          if (!outputs[i].defined() && !out.empty()) outputs[i] = out[0].clone();
+          return std::nullopt;
+        };
   };
   hooks.add(get_submodule("stem")->register_forward_hook(capture(0)));
-  for (size_t i = 0; i < nodes.size(); ++i)
-    hooks.add(get_submodule(nodes[i])->register_forward_hook(capture(i + 1)));
+  for (size_t i = 0; i < nodes.size(); ++i) hooks.add(get_submodule(nodes[i])->register_forward_hook(capture(i + 1)));
   forward_features(x);
   for (size_t i = 0; i < outputs.size(); ++i) {
     TVC_CHECK(outputs[i].defined(), "HybridModel(", backbone_name_, ").get_stage_outputs: '",
@@ -132,7 +134,8 @@ nn::StateDict HybridModel::to_torchvision_names(const nn::StateDict& state) cons
   nn::StateDict out;
   for (const auto& [tv, own] : layout_.torchvision_names) {
     const Tensor* t = state.find(own);
-    TVC_CHECK(t != nullptr, "HybridModel ", backbone_name_, ": the state_dict lacks '", own, "' (torchvision's '", tv, "')");
+    TVC_CHECK(t != nullptr, "HybridModel ", backbone_name_, ": the state_dict lacks '", own, "' (torchvision's '", tv,
+              "')");
     out.insert(tv, *t);
   }
   return out;
@@ -163,7 +166,8 @@ std::string HybridModel::explain() const {
   lines.push_back("|" + ljust(" Stages: ", 60) + "|");
   const std::vector<nn::ModulePtr> stages = child("stages").children();
   for (size_t i = 0; i < stages.size(); ++i)
-    line("|   Stage " + std::to_string(i + 1) + ": " + detail::thousands(detail::parameter_count(*stages[i])) + " params");
+    line("|   Stage " + std::to_string(i + 1) + ": " + detail::thousands(detail::parameter_count(*stages[i])) +
+         " params");
   line("| Head: " + detail::thousands(detail::parameter_count(child("head"))) + " params");
   lines.push_back(thin);
   if (!modifications_.empty()) {
@@ -172,7 +176,8 @@ std::string HybridModel::explain() const {
     if (modifications_.size() > 5) line("|   ... and " + std::to_string(modifications_.size() - 5) + " more");
     lines.push_back(thin);
   }
-  line("| Total: " + detail::thousands(count_parameters()) + " | Trainable: " + detail::thousands(count_parameters(true)));
+  line("| Total: " + detail::thousands(count_parameters()) +
+       " | Trainable: " + detail::thousands(count_parameters(true)));
   lines.push_back(rule);
   std::string out;
   for (size_t i = 0; i < lines.size(); ++i) out += (i ? "\n" : "") + lines[i];

@@ -8,9 +8,12 @@ namespace tvc::hybrid {
 
 const char* patch_op_name(PatchOp op) {
   switch (op) {
-    case PatchOp::Wrap: return "wrap";
-    case PatchOp::Inject: return "inject";
-    case PatchOp::Replace: return "replace";
+    case PatchOp::Wrap:
+      return "wrap";
+    case PatchOp::Inject:
+      return "inject";
+    case PatchOp::Replace:
+      return "replace";
   }
   return "?";
 }
@@ -34,12 +37,16 @@ Patch parse_patch(const std::string& target, const Json& spec) {
   const Json* block_spec = nullptr;
   for (const auto& [key, value] : spec.items()) {
     PatchOp op;
-    if (key == "wrap") op = PatchOp::Wrap;
-    else if (key == "inject" || key == "inject_after") op = PatchOp::Inject;
-    else if (key == "replace") op = PatchOp::Replace;
-    else throw Error(cat_str(where, ": unknown operation '", key, "' (known: wrap, inject, inject_after, replace)"));
-    TVC_CHECK(block_spec == nullptr, where, ": one operation per patch, got '", patch_op_name(patch.op), "' and '",
-              key, "'");
+    if (key == "wrap")
+      op = PatchOp::Wrap;
+    else if (key == "inject" || key == "inject_after")
+      op = PatchOp::Inject;
+    else if (key == "replace")
+      op = PatchOp::Replace;
+    else
+      throw Error(cat_str(where, ": unknown operation '", key, "' (known: wrap, inject, inject_after, replace)"));
+    TVC_CHECK(block_spec == nullptr, where, ": one operation per patch, got '", patch_op_name(patch.op), "' and '", key,
+              "'");
     patch.op = op;
     block_spec = &value;
   }

@@ -25,15 +25,22 @@ std::string py_tuple(const Shape& s) {
 void initialise(Tensor p, InitMethod method) {
   switch (method) {
     case InitMethod::Kaiming:
-      if (p.dim() >= 2) nn::init::kaiming_normal_(p, 0, FanMode::FanOut, Nonlinearity::Relu);
-      else nn::init::zeros_(p);
+      if (p.dim() >= 2)
+        nn::init::kaiming_normal_(p, 0, FanMode::FanOut, Nonlinearity::Relu);
+      else
+        nn::init::zeros_(p);
       return;
     case InitMethod::Xavier:
-      if (p.dim() >= 2) nn::init::xavier_uniform_(p);
-      else nn::init::zeros_(p);
+      if (p.dim() >= 2)
+        nn::init::xavier_uniform_(p);
+      else
+        nn::init::zeros_(p);
       return;
-    case InitMethod::Zero: nn::init::zeros_(p); return;
-    case InitMethod::None: return;
+    case InitMethod::Zero:
+      nn::init::zeros_(p);
+      return;
+    case InitMethod::None:
+      return;
   }
 }
 
@@ -74,8 +81,7 @@ std::string WeightLoadingReport::summary() const {
       const ShapeMismatch& m = skipped_shape_mismatch[i];
       out += cat_str("\n  ", printable(m.name), ": ", py_tuple(m.source), " -> ", py_tuple(m.target));
     }
-    if (skipped_shape_mismatch.size() > 5)
-      out += cat_str("\n  ... and ", skipped_shape_mismatch.size() - 5, " more");
+    if (skipped_shape_mismatch.size() > 5) out += cat_str("\n  ... and ", skipped_shape_mismatch.size() - 5, " more");
   }
   return out;
 }
@@ -88,7 +94,8 @@ InitMethod init_method(const std::string& name) {
   throw Error(cat_str("init_new_layers: unknown method '", name, "' (known: kaiming, xavier, zero, none)"));
 }
 
-WeightLoadingReport partial_load(nn::Module& model, const nn::StateDict& state_dict, const PartialLoadOptions& options) {
+WeightLoadingReport partial_load(nn::Module& model, const nn::StateDict& state_dict,
+                                 const PartialLoadOptions& options) {
   WeightLoadingReport report;
   const nn::StateDict own = model.state_dict();
   nn::StateDict fitting;
@@ -127,16 +134,20 @@ WeightLoadingReport partial_load(nn::Module& model, const nn::StateDict& state_d
       const std::string prefix = module_name.empty() ? "" : module_name + ".";
       std::vector<std::pair<std::string, Tensor>> params = module->named_parameters("", /*recurse=*/false);
       bool from_source = false;
-      for (const auto& [name, t] : module->named_parameters(module_name, false)) from_source |= state_dict.contains(name);
+      for (const auto& [name, t] : module->named_parameters(module_name, false))
+        from_source |= state_dict.contains(name);
       for (const auto& [name, t] : module->named_buffers(module_name, false)) from_source |= state_dict.contains(name);
       if (from_source || params.empty()) continue;
       // A norm's scale starts at one (zero would silence the layer), unless zeros were asked.
-      const bool norm = dynamic_cast<const nn::BatchNorm*>(module.get()) || dynamic_cast<const nn::LayerNorm*>(module.get()) ||
+      const bool norm = dynamic_cast<const nn::BatchNorm*>(module.get()) ||
+                        dynamic_cast<const nn::LayerNorm*>(module.get()) ||
                         dynamic_cast<const nn::GroupNorm*>(module.get());
       for (const auto& [name, p] : params) {
         if (!p.defined()) continue;
-        if (norm && name == "weight" && options.init_new_layers != InitMethod::Zero) nn::init::ones_(p);
-        else initialise(p, options.init_new_layers);
+        if (norm && name == "weight" && options.init_new_layers != InitMethod::Zero)
+          nn::init::ones_(p);
+        else
+          initialise(p, options.init_new_layers);
         report.newly_initialized.push_back(prefix + name);
       }
     }

@@ -72,8 +72,7 @@ struct Operand {
 };
 template <typename T>
 Operand<T> operand(const Tensor& t) {
-  return {static_cast<T*>(t.raw_data()),
-          {t.strides()[0], t.strides()[1], t.strides()[2], t.strides()[3]}};
+  return {static_cast<T*>(t.raw_data()), {t.strides()[0], t.strides()[1], t.strides()[2], t.strides()[3]}};
 }
 
 // col (K, P) <- the receptive fields of channels [0, Cg) of x (x points at sample n, channel
@@ -161,8 +160,7 @@ void depthwise_plane(const T* x, const int64_t* xs, const T* w, const ConvGeom& 
 }
 
 template <typename T>
-void depthwise_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y,
-                       const ConvGeom& g) {
+void depthwise_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y, const ConvGeom& g) {
   parallel_for(g.N * g.O, g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
     std::vector<T> buf(g.P);
     for (int64_t it = b; it < e; ++it) {
@@ -177,8 +175,7 @@ void depthwise_forward(const Operand<const T>& x, const T* w, const T* bias, con
 }
 
 template <typename T>
-void depthwise_backward_input(const Operand<const T>& dy, const T* w, const Operand<T>& dx,
-                              const ConvGeom& g) {
+void depthwise_backward_input(const Operand<const T>& dy, const T* w, const Operand<T>& dx, const ConvGeom& g) {
   parallel_for(g.N * g.C, g.Og * g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
     std::vector<T> buf(g.H * g.W);
     const int64_t bs[4] = {0, 0, g.W, 1};
@@ -209,8 +206,7 @@ void depthwise_backward_input(const Operand<const T>& dy, const T* w, const Oper
 }
 
 template <typename T>
-void depthwise_backward_weight(const Operand<const T>& dy, const Operand<const T>& x, T* dw,
-                               const ConvGeom& g) {
+void depthwise_backward_weight(const Operand<const T>& dy, const Operand<const T>& x, T* dw, const ConvGeom& g) {
   parallel_for(g.O, g.N * g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o) {
       int64_t c = o / g.Og;
@@ -227,8 +223,7 @@ void depthwise_backward_weight(const Operand<const T>& dy, const Operand<const T
               const T* xr = xp + ih * x.s[2] + (j * g.dw - g.pw) * x.s[3];
               const T* dyr = dyp + oh * dy.s[2];
               T row = 0;
-              for (int64_t ow = rw.lo; ow < rw.hi; ++ow)
-                row += dyr[ow * dy.s[3]] * xr[ow * g.sw * x.s[3]];
+              for (int64_t ow = rw.lo; ow < rw.hi; ++ow) row += dyr[ow * dy.s[3]] * xr[ow * g.sw * x.s[3]];
               acc += row;
             }
           }
@@ -256,8 +251,8 @@ struct Columns {
   int64_t rs, cs;
 };
 template <typename T>
-Columns<T> gather_columns(const Operand<const T>& t, int64_t n0, int64_t m, int64_t c0,
-                          int64_t channels, int64_t Ho, int64_t Wo, std::vector<T>& buf) {
+Columns<T> gather_columns(const Operand<const T>& t, int64_t n0, int64_t m, int64_t c0, int64_t channels, int64_t Ho,
+                          int64_t Wo, std::vector<T>& buf) {
   const T* base = t.p + n0 * t.s[0] + c0 * t.s[1];
   if (m == 1 && t.s[2] == Wo * t.s[3]) return {base, t.s[1], t.s[3]};
   int64_t P = Ho * Wo, cols = m * P;
@@ -272,10 +267,8 @@ Columns<T> gather_columns(const Operand<const T>& t, int64_t n0, int64_t m, int6
 
 // col (K, m*P) <- im2col of samples [n0, n0+m), group gi, of x.
 template <typename T>
-void im2col_samples(const Operand<const T>& x, int64_t n0, int64_t m, int64_t gi, const ConvGeom& g,
-                    T* col) {
-  for (int64_t i = 0; i < m; ++i)
-    im2col(x.p + (n0 + i) * x.s[0] + gi * g.Cg * x.s[1], x.s, g, col + i * g.P, m * g.P);
+void im2col_samples(const Operand<const T>& x, int64_t n0, int64_t m, int64_t gi, const ConvGeom& g, T* col) {
+  for (int64_t i = 0; i < m; ++i) im2col(x.p + (n0 + i) * x.s[0] + gi * g.Cg * x.s[1], x.s, g, col + i * g.P, m * g.P);
 }
 
 // The (K, m*P) matrix of samples [n0, n0+m), group gi, of x: the input itself for a pointwise
@@ -290,8 +283,7 @@ Columns<T> input_columns(const Operand<const T>& x, int64_t n0, int64_t m, int64
 }
 
 template <typename T>
-void conv_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y,
-                  const ConvGeom& g) {
+void conv_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y, const ConvGeom& g) {
   if (g.Cg == 1 && g.G > 1) return depthwise_forward(x, w, bias, y, g);
   const int64_t nb = samples_per_gemm(g, g.N), batches = (g.N + nb - 1) / nb;
   for_items(batches * g.G, nb * g.Og * g.K * g.P, [&](int64_t b, int64_t e) {
@@ -304,8 +296,8 @@ void conv_forward(const Operand<const T>& x, const T* w, const T* bias, const Op
       // Y (Og, cols) = W_g (Og, K) @ B, into y itself when one dense sample, else through out.
       bool in_place = m == 1 && y.s[2] == g.Wo * y.s[3];
       if (!in_place) out.resize(g.Og * cols);
-      gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, in_place ? yg : out.data(),
-              in_place ? y.s[1] : cols, in_place ? y.s[3] : 1, T(0));
+      gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, in_place ? yg : out.data(), in_place ? y.s[1] : cols,
+              in_place ? y.s[3] : 1, T(0));
       if (in_place && !bias) continue;
       for (int64_t o = 0; o < g.Og; ++o) {
         T bv = bias ? bias[gi * g.Og + o] : T(0);
@@ -321,8 +313,7 @@ void conv_forward(const Operand<const T>& x, const T* w, const T* bias, const Op
 }
 
 template <typename T>
-void conv_backward_input(const Operand<const T>& dy, const T* w, const Operand<T>& dx,
-                         const ConvGeom& g) {
+void conv_backward_input(const Operand<const T>& dy, const T* w, const Operand<T>& dx, const ConvGeom& g) {
   if (g.Cg == 1 && g.G > 1) return depthwise_backward_input(dy, w, dx, g);
   const int64_t nb = samples_per_gemm(g, g.N), batches = (g.N + nb - 1) / nb;
   for_items(batches * g.G, nb * g.Og * g.K * g.P, [&](int64_t b, int64_t e) {
@@ -355,8 +346,7 @@ void conv_backward_input(const Operand<const T>& dy, const T* w, const Operand<T
 constexpr int64_t kWeightChunks = 8;
 
 template <typename T>
-void conv_backward_weight(const Operand<const T>& dy, const Operand<const T>& x, T* dw,
-                          const ConvGeom& g) {
+void conv_backward_weight(const Operand<const T>& dy, const Operand<const T>& x, T* dw, const ConvGeom& g) {
   if (g.Cg == 1 && g.G > 1) return depthwise_backward_weight(dy, x, dw, g);
   int64_t chunks = std::min(g.N, kWeightChunks);
   int64_t wsize = g.O * g.K;
@@ -407,8 +397,7 @@ void dispatch_conv(Op op, const KernelArgs& args, F&& f) {
     case DType::BFloat16: {
       std::vector<Tensor> in, out;
       for (const Tensor& t : args.in) in.push_back(t.to(DType::Float32));
-      for (const Tensor& t : args.out)
-        out.push_back(empty_strided(t.shape(), t.strides(), {.dtype = DType::Float32}));
+      for (const Tensor& t : args.out) out.push_back(empty_strided(t.shape(), t.strides(), {.dtype = DType::Float32}));
       f.template operator()<float>(std::span<const Tensor>(in), std::span<Tensor>(out));
       for (size_t i = 0; i < out.size(); ++i) Tensor(args.out[i]).copy_(out[i]);
       return;
@@ -421,41 +410,34 @@ void dispatch_conv(Op op, const KernelArgs& args, F&& f) {
 // in = (input, weight[, bias]) -> out (output).
 void conv2d_kernel(const KernelArgs& args) {
   const auto& p = args.p<Conv2dParams>();
-  dispatch_conv(
-      Op::conv2d, args, [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
-        Tensor w = in[1].contiguous();
-        Tensor bias = in.size() > 2 ? in[2].contiguous() : Tensor();
-        ConvGeom g = conv_geom(in[0].shape(), w.shape(), out[0].shape(), p);
-        conv_forward<T>(operand<const T>(in[0]), w.data_ptr<T>(),
-                        bias.defined() ? bias.data_ptr<T>() : nullptr, operand<T>(out[0]), g);
-      });
+  dispatch_conv(Op::conv2d, args, [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
+    Tensor w = in[1].contiguous();
+    Tensor bias = in.size() > 2 ? in[2].contiguous() : Tensor();
+    ConvGeom g = conv_geom(in[0].shape(), w.shape(), out[0].shape(), p);
+    conv_forward<T>(operand<const T>(in[0]), w.data_ptr<T>(), bias.defined() ? bias.data_ptr<T>() : nullptr,
+                    operand<T>(out[0]), g);
+  });
 }
 
 // in = (grad_output, weight) -> out (grad_input).
 void conv2d_backward_input_kernel(const KernelArgs& args) {
   const auto& p = args.p<Conv2dParams>();
-  dispatch_conv(Op::conv2d_backward_input, args,
-                [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
-                  Tensor w = in[1].contiguous();
-                  ConvGeom g = conv_geom(out[0].shape(), w.shape(), in[0].shape(), p);
-                  conv_backward_input<T>(operand<const T>(in[0]), w.data_ptr<T>(),
-                                         operand<T>(out[0]), g);
-                });
+  dispatch_conv(Op::conv2d_backward_input, args, [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
+    Tensor w = in[1].contiguous();
+    ConvGeom g = conv_geom(out[0].shape(), w.shape(), in[0].shape(), p);
+    conv_backward_input<T>(operand<const T>(in[0]), w.data_ptr<T>(), operand<T>(out[0]), g);
+  });
 }
 
 // in = (grad_output, input) -> out (grad_weight).
 void conv2d_backward_weight_kernel(const KernelArgs& args) {
   const auto& p = args.p<Conv2dParams>();
-  dispatch_conv(Op::conv2d_backward_weight, args,
-                [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
-                  Tensor dw = out[0].is_contiguous()
-                                  ? out[0]
-                                  : empty(out[0].shape(), {.dtype = out[0].dtype()});
-                  ConvGeom g = conv_geom(in[1].shape(), dw.shape(), in[0].shape(), p);
-                  conv_backward_weight<T>(operand<const T>(in[0]), operand<const T>(in[1]),
-                                          dw.data_ptr<T>(), g);
-                  if (!dw.is_same(out[0])) Tensor(out[0]).copy_(dw);
-                });
+  dispatch_conv(Op::conv2d_backward_weight, args, [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
+    Tensor dw = out[0].is_contiguous() ? out[0] : empty(out[0].shape(), {.dtype = out[0].dtype()});
+    ConvGeom g = conv_geom(in[1].shape(), dw.shape(), in[0].shape(), p);
+    conv_backward_weight<T>(operand<const T>(in[0]), operand<const T>(in[1]), dw.data_ptr<T>(), g);
+    if (!dw.is_same(out[0])) Tensor(out[0]).copy_(dw);
+  });
 }
 
 }  // namespace

@@ -25,10 +25,12 @@ void copy_kernel(const KernelArgs& args) {
     dispatch_all(src.dtype(), Op::copy, [&]<typename TIn>() {
       using C = compute_t<TIn>;
       map_elements<TOut, TIn, C, 2>({&dst, &src}, [](C v) {
-        if constexpr (std::is_same_v<TOut, bool>) return v != C(0);
+        if constexpr (std::is_same_v<TOut, bool>)
+          return v != C(0);
         else if constexpr (std::is_same_v<TOut, Half> || std::is_same_v<TOut, BFloat16>)
           return static_cast<float>(v);
-        else return v;
+        else
+          return v;
       });
     });
   });
@@ -90,20 +92,30 @@ C sigmoid_of(C x) {
   return C(1) / (C(1) + std::exp(-x));
 }
 
-void neg_kernel(const KernelArgs& a) { unary_numeric(a, Op::neg, [](auto x) { return -x; }); }
+void neg_kernel(const KernelArgs& a) {
+  unary_numeric(a, Op::neg, [](auto x) { return -x; });
+}
 void abs_kernel(const KernelArgs& a) {
   unary_numeric(a, Op::abs, [](auto x) { return x < 0 ? -x : x; });
 }
 void sign_kernel(const KernelArgs& a) {
   unary_numeric(a, Op::sign, [](auto x) { return (decltype(x)(0) < x) - (x < decltype(x)(0)); });
 }
-void exp_kernel(const KernelArgs& a) { unary_floating(a, Op::exp, [](auto x) { return std::exp(x); }); }
-void log_kernel(const KernelArgs& a) { unary_floating(a, Op::log, [](auto x) { return std::log(x); }); }
-void sqrt_kernel(const KernelArgs& a) { unary_floating(a, Op::sqrt, [](auto x) { return std::sqrt(x); }); }
+void exp_kernel(const KernelArgs& a) {
+  unary_floating(a, Op::exp, [](auto x) { return std::exp(x); });
+}
+void log_kernel(const KernelArgs& a) {
+  unary_floating(a, Op::log, [](auto x) { return std::log(x); });
+}
+void sqrt_kernel(const KernelArgs& a) {
+  unary_floating(a, Op::sqrt, [](auto x) { return std::sqrt(x); });
+}
 void rsqrt_kernel(const KernelArgs& a) {
   unary_floating(a, Op::rsqrt, [](auto x) { return decltype(x)(1) / std::sqrt(x); });
 }
-void erf_kernel(const KernelArgs& a) { unary_floating(a, Op::erf, [](auto x) { return std::erf(x); }); }
+void erf_kernel(const KernelArgs& a) {
+  unary_floating(a, Op::erf, [](auto x) { return std::erf(x); });
+}
 void relu_kernel(const KernelArgs& a) {
   unary_numeric(a, Op::relu, [](auto x) { return x < decltype(x)(0) ? decltype(x)(0) : x; });
 }
@@ -146,7 +158,9 @@ void hardswish_kernel(const KernelArgs& a) {
     return x * std::min(std::max(x + C(3), C(0)), C(6)) / C(6);
   });
 }
-void tanh_kernel(const KernelArgs& a) { unary_floating(a, Op::tanh, [](auto x) { return std::tanh(x); }); }
+void tanh_kernel(const KernelArgs& a) {
+  unary_floating(a, Op::tanh, [](auto x) { return std::tanh(x); });
+}
 void softplus_kernel(const KernelArgs& a) {
   double beta = a.p<UnaryParams>().a, threshold = a.p<UnaryParams>().b;
   unary_floating(a, Op::softplus, [beta, threshold](auto x) {
@@ -208,9 +222,15 @@ void compare(const KernelArgs& args, Op op, F f) {
   });
 }
 
-void add_kernel(const KernelArgs& a) { binary_numeric(a, Op::add, [](auto x, auto y) { return x + y; }); }
-void sub_kernel(const KernelArgs& a) { binary_numeric(a, Op::sub, [](auto x, auto y) { return x - y; }); }
-void mul_kernel(const KernelArgs& a) { binary_numeric(a, Op::mul, [](auto x, auto y) { return x * y; }); }
+void add_kernel(const KernelArgs& a) {
+  binary_numeric(a, Op::add, [](auto x, auto y) { return x + y; });
+}
+void sub_kernel(const KernelArgs& a) {
+  binary_numeric(a, Op::sub, [](auto x, auto y) { return x - y; });
+}
+void mul_kernel(const KernelArgs& a) {
+  binary_numeric(a, Op::mul, [](auto x, auto y) { return x * y; });
+}
 void div_kernel(const KernelArgs& a) {
   if (!is_floating(a.in[0].dtype())) unsupported_dtype(Op::div, a.in[0].dtype(), Device::CPU);
   binary_numeric(a, Op::div, [](auto x, auto y) { return x / y; });
@@ -230,12 +250,24 @@ void extremum_kernel(const KernelArgs& a) {
     return kMax ? (x > y ? x : y) : (x < y ? x : y);
   });
 }
-void eq_kernel(const KernelArgs& a) { compare(a, Op::eq, [](auto x, auto y) { return x == y; }); }
-void ne_kernel(const KernelArgs& a) { compare(a, Op::ne, [](auto x, auto y) { return x != y; }); }
-void lt_kernel(const KernelArgs& a) { compare(a, Op::lt, [](auto x, auto y) { return x < y; }); }
-void le_kernel(const KernelArgs& a) { compare(a, Op::le, [](auto x, auto y) { return x <= y; }); }
-void gt_kernel(const KernelArgs& a) { compare(a, Op::gt, [](auto x, auto y) { return x > y; }); }
-void ge_kernel(const KernelArgs& a) { compare(a, Op::ge, [](auto x, auto y) { return x >= y; }); }
+void eq_kernel(const KernelArgs& a) {
+  compare(a, Op::eq, [](auto x, auto y) { return x == y; });
+}
+void ne_kernel(const KernelArgs& a) {
+  compare(a, Op::ne, [](auto x, auto y) { return x != y; });
+}
+void lt_kernel(const KernelArgs& a) {
+  compare(a, Op::lt, [](auto x, auto y) { return x < y; });
+}
+void le_kernel(const KernelArgs& a) {
+  compare(a, Op::le, [](auto x, auto y) { return x <= y; });
+}
+void gt_kernel(const KernelArgs& a) {
+  compare(a, Op::gt, [](auto x, auto y) { return x > y; });
+}
+void ge_kernel(const KernelArgs& a) {
+  compare(a, Op::ge, [](auto x, auto y) { return x >= y; });
+}
 
 // in = (condition bool, a, b) -> out: condition ? a : b.
 void where_kernel(const KernelArgs& args) {
@@ -245,14 +277,12 @@ void where_kernel(const KernelArgs& args) {
   const Tensor& out = args.out[0];
   TVC_CHECK(cond.dtype() == DType::Bool, "where: condition must be bool, got ", dtype_name(cond.dtype()));
   dispatch_all(a.dtype(), Op::where, [&]<typename T>() {
-    for_each_strided<4>({&out, &cond, &a, &b},
-                        [](std::array<char*, 4> p, const std::array<int64_t, 4>& st, int64_t n) {
-                          for (int64_t i = 0; i < n; ++i) {
-                            bool c = *reinterpret_cast<const bool*>(p[1] + i * st[1]);
-                            *reinterpret_cast<T*>(p[0] + i * st[0]) =
-                                *reinterpret_cast<const T*>(p[c ? 2 : 3] + i * st[c ? 2 : 3]);
-                          }
-                        });
+    for_each_strided<4>({&out, &cond, &a, &b}, [](std::array<char*, 4> p, const std::array<int64_t, 4>& st, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        bool c = *reinterpret_cast<const bool*>(p[1] + i * st[1]);
+        *reinterpret_cast<T*>(p[0] + i * st[0]) = *reinterpret_cast<const T*>(p[c ? 2 : 3] + i * st[c ? 2 : 3]);
+      }
+    });
   });
 }
 
@@ -308,8 +338,8 @@ void lerp_kernel(const KernelArgs& args) {
       for (int64_t k = begin; k < end; ++k) {
         const Piece& piece = pieces[k];
         for (int64_t j = 0; j < piece.count; ++j)
-          piece.out[j] = static_cast<T>(
-              lerp_value(static_cast<C>(piece.start[j]), static_cast<C>(piece.end[j]), w, small_weight));
+          piece.out[j] =
+              static_cast<T>(lerp_value(static_cast<C>(piece.start[j]), static_cast<C>(piece.end[j]), w, small_weight));
       }
     });
   });

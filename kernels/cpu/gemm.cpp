@@ -110,9 +110,8 @@ constexpr int64_t kBInPlaceRows = 128;
 
 // One thread's share: the blocked algorithm of the file comment on C[0:M, 0:N].
 template <typename T, typename Kernel>
-void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs,
-                  int64_t a_cs, const T* B, int64_t b_rs, int64_t b_cs, T* C, int64_t c_rs,
-                  int64_t c_cs, T beta) {
+void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
+                  int64_t b_rs, int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
   const int64_t mr = kn.mr, nr = kn.nr;
   const int64_t MC = std::min((M + mr - 1) / mr * mr, kn.mc);
   const int64_t NC = std::min((N + nr - 1) / nr * nr, kn.nc);
@@ -139,8 +138,8 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
           int64_t m = std::min(mr, mc - ir);
           for (int64_t jr = 0; jr < nc; jr += nr) {
             bool direct = jr < in_place;
-            kn.micro(kc, a_panel, direct ? b_block + jr : bp + (jr - in_place) * kc,
-                     direct ? b_rs : nr, b, c_row + jr * c_cs, c_rs, c_cs, m, std::min(nr, nc - jr));
+            kn.micro(kc, a_panel, direct ? b_block + jr : bp + (jr - in_place) * kc, direct ? b_rs : nr, b,
+                     c_row + jr * c_cs, c_rs, c_cs, m, std::min(nr, nc - jr));
           }
         }
       }
@@ -160,8 +159,8 @@ void scale_c(int64_t M, int64_t N, T* C, int64_t c_rs, int64_t c_cs, T beta) {
 
 // Small products: plain dot products, cheaper than packing. Each element sums over k in order.
 template <typename T>
-void gemm_small(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
-                int64_t b_rs, int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
+void gemm_small(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
+                int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       T s = 0;
@@ -196,8 +195,8 @@ Grid thread_grid(int64_t threads, int64_t mtiles, int64_t ntiles, int64_t mr, in
 }
 
 template <typename T>
-void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
-                 int64_t b_rs, int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
+void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
+                 int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
   const auto& kn = KernelFor<T>::get(active_kernels());
   int64_t mtiles = (M + kn.mr - 1) / kn.mr, ntiles = (N + kn.nr - 1) / kn.nr;
   int64_t threads = 1;
@@ -220,7 +219,7 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
   if (threads == 1) return run(0, 1);
 #ifdef _OPENMP
   RegionErrors errors;
-#pragma omp parallel num_threads(static_cast<int>(threads))
+#pragma omp parallel num_threads(static_cast <int>(threads))
   errors.run([&] { run(omp_get_thread_num(), omp_get_num_threads()); });
   errors.rethrow();
 #endif
@@ -229,21 +228,19 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
 }  // namespace
 
 template <typename T>
-void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
-          int64_t b_rs, int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
+void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
+          int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) return scale_c(M, N, C, c_rs, c_cs, beta);
   // A column-major C is computed as C^T = B^T @ A^T, so the micro-kernel writes along rows.
-  if (c_rs == 1 && c_cs != 1)
-    return gemm(N, M, K, B, b_cs, b_rs, A, a_cs, a_rs, C, c_cs, c_rs, beta);
-  if (M * N * K <= kSmallGemm)
-    return gemm_small(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta);
+  if (c_rs == 1 && c_cs != 1) return gemm(N, M, K, B, b_cs, b_rs, A, a_cs, a_rs, C, c_cs, c_rs, beta);
+  if (M * N * K <= kSmallGemm) return gemm_small(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta);
   gemm_packed(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta);
 }
-template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*,
-                          int64_t, int64_t, float*, int64_t, int64_t, float);
-template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t,
-                           const double*, int64_t, int64_t, double*, int64_t, int64_t, double);
+template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t,
+                          float*, int64_t, int64_t, float);
+template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t, const double*, int64_t, int64_t,
+                           double*, int64_t, int64_t, double);
 
 namespace {
 
@@ -260,9 +257,8 @@ void bmm_kernel(const KernelArgs& args) {
     const T* pb = static_cast<const T*>(tb.raw_data());
     T* pc = static_cast<T*>(tc.raw_data());
     auto one = [&](int64_t i) {
-      gemm<T>(M, N, K, pa + i * ta.strides()[0], ta.strides()[1], ta.strides()[2],
-              pb + i * tb.strides()[0], tb.strides()[1], tb.strides()[2], pc + i * tc.strides()[0],
-              tc.strides()[1], tc.strides()[2], T(0));
+      gemm<T>(M, N, K, pa + i * ta.strides()[0], ta.strides()[1], ta.strides()[2], pb + i * tb.strides()[0],
+              tb.strides()[1], tb.strides()[2], pc + i * tc.strides()[0], tc.strides()[1], tc.strides()[2], T(0));
     };
     if (batch > 1 && M * N * K < 2 * kGemmWorkPerThread) {
       parallel_for(batch, M * N * K, [&](int64_t b0, int64_t b1) {
@@ -273,8 +269,10 @@ void bmm_kernel(const KernelArgs& args) {
     }
   };
   switch (a.dtype()) {
-    case DType::Float32: return run.template operator()<float>(a, b, out);
-    case DType::Float64: return run.template operator()<double>(a, b, out);
+    case DType::Float32:
+      return run.template operator()<float>(a, b, out);
+    case DType::Float64:
+      return run.template operator()<double>(a, b, out);
     case DType::Float16:
     case DType::BFloat16: {
       Tensor a32 = a.to(DType::Float32), b32 = b.to(DType::Float32);
@@ -283,7 +281,8 @@ void bmm_kernel(const KernelArgs& args) {
       Tensor(out).copy_(c32);
       return;
     }
-    default: unsupported_dtype(Op::bmm, a.dtype(), Device::CPU);
+    default:
+      unsupported_dtype(Op::bmm, a.dtype(), Device::CPU);
   }
 }
 

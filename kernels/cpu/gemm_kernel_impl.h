@@ -16,8 +16,8 @@ namespace {
 // See GemmMicroKernelF32. MR rows of A are broadcast, NR = NV * W columns of B are held in NV
 // vectors; the MR x NV accumulators stay in registers over the k loop.
 template <typename T, int W, int MR, int NV>
-void gemm_micro_kernel(int64_t kc, const T* __restrict a, const T* __restrict b, int64_t b_rs,
-                       T beta, T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
+void gemm_micro_kernel(int64_t kc, const T* __restrict a, const T* __restrict b, int64_t b_rs, T beta, T* __restrict c,
+                       int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
   typedef T V __attribute__((vector_size(W * sizeof(T))));
   constexpr int NR = NV * W;
   // Fetch the C tile while the k loop runs.

@@ -16,12 +16,10 @@ namespace tvc::cpu {
 // zero-padded to MR rows) and Bp a B micro-panel of NR full columns (element [k][j] at
 // b[k * b_rs + j]): packed (b_rs = NR, zero-padded) or B itself when its rows are contiguous.
 // Each element's sum runs over k in order.
-using GemmMicroKernelF32 = void (*)(int64_t kc, const float* a, const float* b, int64_t b_rs,
-                                    float beta, float* c, int64_t c_rs, int64_t c_cs, int64_t m,
-                                    int64_t n);
-using GemmMicroKernelF64 = void (*)(int64_t kc, const double* a, const double* b, int64_t b_rs,
-                                    double beta, double* c, int64_t c_rs, int64_t c_cs, int64_t m,
-                                    int64_t n);
+using GemmMicroKernelF32 = void (*)(int64_t kc, const float* a, const float* b, int64_t b_rs, float beta, float* c,
+                                    int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
+using GemmMicroKernelF64 = void (*)(int64_t kc, const double* a, const double* b, int64_t b_rs, double beta, double* c,
+                                    int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
 
 // A micro-kernel and the cache blocking that suits it: the A micro-panel (kc x mr) stays in L1,
 // the packed B block (kc x nc) in L2, the packed A block (mc x kc) in L3.

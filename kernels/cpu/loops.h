@@ -27,16 +27,26 @@ namespace tvc::cpu {
 template <typename F>
 void dispatch_all(DType dtype, Op op, F&& f) {
   switch (dtype) {
-    case DType::Float32: return f.template operator()<float>();
-    case DType::Float64: return f.template operator()<double>();
-    case DType::Float16: return f.template operator()<Half>();
-    case DType::BFloat16: return f.template operator()<BFloat16>();
-    case DType::Int64: return f.template operator()<int64_t>();
-    case DType::Int32: return f.template operator()<int32_t>();
-    case DType::Int16: return f.template operator()<int16_t>();
-    case DType::Int8: return f.template operator()<int8_t>();
-    case DType::UInt8: return f.template operator()<uint8_t>();
-    case DType::Bool: return f.template operator()<bool>();
+    case DType::Float32:
+      return f.template operator()<float>();
+    case DType::Float64:
+      return f.template operator()<double>();
+    case DType::Float16:
+      return f.template operator()<Half>();
+    case DType::BFloat16:
+      return f.template operator()<BFloat16>();
+    case DType::Int64:
+      return f.template operator()<int64_t>();
+    case DType::Int32:
+      return f.template operator()<int32_t>();
+    case DType::Int16:
+      return f.template operator()<int16_t>();
+    case DType::Int8:
+      return f.template operator()<int8_t>();
+    case DType::UInt8:
+      return f.template operator()<uint8_t>();
+    case DType::Bool:
+      return f.template operator()<bool>();
   }
   unsupported_dtype(op, dtype, Device::CPU);
 }
@@ -45,11 +55,16 @@ void dispatch_all(DType dtype, Op op, F&& f) {
 template <typename F>
 void dispatch_floating(DType dtype, Op op, F&& f) {
   switch (dtype) {
-    case DType::Float32: return f.template operator()<float>();
-    case DType::Float64: return f.template operator()<double>();
-    case DType::Float16: return f.template operator()<Half>();
-    case DType::BFloat16: return f.template operator()<BFloat16>();
-    default: unsupported_dtype(op, dtype, Device::CPU);
+    case DType::Float32:
+      return f.template operator()<float>();
+    case DType::Float64:
+      return f.template operator()<double>();
+    case DType::Float16:
+      return f.template operator()<Half>();
+    case DType::BFloat16:
+      return f.template operator()<BFloat16>();
+    default:
+      unsupported_dtype(op, dtype, Device::CPU);
   }
 }
 
@@ -57,12 +72,18 @@ void dispatch_floating(DType dtype, Op op, F&& f) {
 template <typename F>
 void dispatch_numeric(DType dtype, Op op, F&& f) {
   switch (dtype) {
-    case DType::Int64: return f.template operator()<int64_t>();
-    case DType::Int32: return f.template operator()<int32_t>();
-    case DType::Int16: return f.template operator()<int16_t>();
-    case DType::Int8: return f.template operator()<int8_t>();
-    case DType::UInt8: return f.template operator()<uint8_t>();
-    default: return dispatch_floating(dtype, op, std::forward<F>(f));
+    case DType::Int64:
+      return f.template operator()<int64_t>();
+    case DType::Int32:
+      return f.template operator()<int32_t>();
+    case DType::Int16:
+      return f.template operator()<int16_t>();
+    case DType::Int8:
+      return f.template operator()<int8_t>();
+    case DType::UInt8:
+      return f.template operator()<uint8_t>();
+    default:
+      return dispatch_floating(dtype, op, std::forward<F>(f));
   }
 }
 
@@ -100,7 +121,7 @@ void parallel_for(int64_t n, int64_t work_per_item, F&& body) {
   if (threads > 1 && n > 1 && n * work_per_item > kParallelGrain && !omp_in_parallel()) {
     int64_t chunks = std::min<int64_t>(threads, n);
     RegionErrors errors;
-#pragma omp parallel for schedule(static) num_threads(static_cast<int>(chunks))
+#pragma omp parallel for schedule(static) num_threads(static_cast <int>(chunks))
     for (int64_t c = 0; c < chunks; ++c) {
       int64_t b = n * c / chunks, e = n * (c + 1) / chunks;
       errors.run([&] { body(b, e); });
@@ -133,8 +154,7 @@ StridedGeometry<N> make_geometry(const std::array<const Tensor*, N>& ops) {
   StridedGeometry<N> g;
   for (int64_t d : order) {
     std::array<int64_t, N> st;
-    for (size_t k = 0; k < N; ++k)
-      st[k] = ops[k]->strides()[d] * static_cast<int64_t>(ops[k]->element_size());
+    for (size_t k = 0; k < N; ++k) st[k] = ops[k]->strides()[d] * static_cast<int64_t>(ops[k]->element_size());
     if (!g.shape.empty()) {
       // Merge into the previous dim when contiguous across both for every operand.
       bool merge = true;
@@ -210,24 +230,23 @@ void map_elements(const std::array<const Tensor*, N>& ops, F&& f) {
       auto* a = reinterpret_cast<const TIn*>(p[1]);
       auto* b = reinterpret_cast<const TIn*>(p[2]);
       if (contiguous) {
-        for (int64_t i = 0; i < n; ++i)
-          out[i] = static_cast<TOut>(f(static_cast<C>(a[i]), static_cast<C>(b[i])));
+        for (int64_t i = 0; i < n; ++i) out[i] = static_cast<TOut>(f(static_cast<C>(a[i]), static_cast<C>(b[i])));
       } else if (st[0] == sizeof(TOut) && st[1] == sizeof(TIn) && st[2] == 0) {
         C bv = static_cast<C>(*b);
         for (int64_t i = 0; i < n; ++i) out[i] = static_cast<TOut>(f(static_cast<C>(a[i]), bv));
       } else {
         for (int64_t i = 0; i < n; ++i)
-          *reinterpret_cast<TOut*>(p[0] + i * st[0]) = static_cast<TOut>(
-              f(static_cast<C>(*reinterpret_cast<const TIn*>(p[1] + i * st[1])),
-                static_cast<C>(*reinterpret_cast<const TIn*>(p[2] + i * st[2]))));
+          *reinterpret_cast<TOut*>(p[0] + i * st[0]) =
+              static_cast<TOut>(f(static_cast<C>(*reinterpret_cast<const TIn*>(p[1] + i * st[1])),
+                                  static_cast<C>(*reinterpret_cast<const TIn*>(p[2] + i * st[2]))));
       }
     } else {
       static_assert(N == 4, "map_elements supports 1 to 3 inputs");
       for (int64_t i = 0; i < n; ++i)
-        *reinterpret_cast<TOut*>(p[0] + i * st[0]) = static_cast<TOut>(
-            f(static_cast<C>(*reinterpret_cast<const TIn*>(p[1] + i * st[1])),
-              static_cast<C>(*reinterpret_cast<const TIn*>(p[2] + i * st[2])),
-              static_cast<C>(*reinterpret_cast<const TIn*>(p[3] + i * st[3]))));
+        *reinterpret_cast<TOut*>(p[0] + i * st[0]) =
+            static_cast<TOut>(f(static_cast<C>(*reinterpret_cast<const TIn*>(p[1] + i * st[1])),
+                                static_cast<C>(*reinterpret_cast<const TIn*>(p[2] + i * st[2])),
+                                static_cast<C>(*reinterpret_cast<const TIn*>(p[3] + i * st[3]))));
     }
   });
 }

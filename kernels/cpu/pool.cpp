@@ -22,8 +22,7 @@ struct PlaneGeom {
 };
 
 PlaneGeom plane_geom(const Tensor& in, const Tensor& out) {
-  return {in.shape()[0], in.shape()[1],  in.shape()[2],
-          in.shape()[3], out.shape()[2], out.shape()[3]};
+  return {in.shape()[0], in.shape()[1], in.shape()[2], in.shape()[3], out.shape()[2], out.shape()[3]};
 }
 
 // The input positions under output (oh, ow): rows h0, h0+dh, ... < h1 and columns likewise;
@@ -111,8 +110,7 @@ struct MaxForward {
     using C = compute_t<T>;
     PlaneGeom g = plane_geom(x, y);
     int64_t xs2 = x.strides()[2], xs3 = x.strides()[3];
-    int64_t ys2 = y.strides()[2], ys3 = y.strides()[3], is2 = idx.strides()[2],
-            is3 = idx.strides()[3];
+    int64_t ys2 = y.strides()[2], ys3 = y.strides()[3], is2 = idx.strides()[2], is3 = idx.strides()[3];
     for_planes(g, plane_work(p, g), [&](int64_t n, int64_t c) {
       const T* xp = plane_ptr<T>(x, n, c);
       T* yp = plane_ptr<T>(y, n, c);
@@ -153,8 +151,7 @@ struct AvgForward {
           for (int64_t h = win.h0; h < win.h1; ++h)
             for (int64_t w = win.w0; w < win.w1; ++w) sum += static_cast<C>(xp[h * xs2 + w * xs3]);
           bool empty = win.h0 >= win.h1 || win.w0 >= win.w1;
-          yp[oh * ys2 + ow * ys3] =
-              static_cast<T>(empty ? C(0) : sum / static_cast<C>(win.divisor));
+          yp[oh * ys2 + ow * ys3] = static_cast<T>(empty ? C(0) : sum / static_cast<C>(win.divisor));
         }
     });
   }
@@ -187,8 +184,7 @@ void max_backward(const KernelArgs& args) {
   const Tensor& idx = args.in[1];
   const Tensor& dx = args.out[0];
   PlaneGeom g = plane_geom(dx, dy);
-  int64_t ys2 = dy.strides()[2], ys3 = dy.strides()[3], is2 = idx.strides()[2],
-          is3 = idx.strides()[3];
+  int64_t ys2 = dy.strides()[2], ys3 = dy.strides()[3], is2 = idx.strides()[2], is3 = idx.strides()[3];
   scatter_planes<T>(dx, g, g.Ho * g.Wo, [&](int64_t n, int64_t c, compute_t<T>* buf) {
     const T* dyp = plane_ptr<T>(dy, n, c);
     const int64_t* ip = plane_ptr<int64_t>(idx, n, c);
@@ -230,9 +226,8 @@ const Pool2dParams& params_or_none(const KernelArgs& args) {
 // Dispatches Kernel::run<T, window> over the floating dtypes.
 template <Op op, typename Kernel, WindowFn window>
 void windowed_kernel(const KernelArgs& args) {
-  dispatch_floating(args.in[0].dtype(), op, [&]<typename T>() {
-    Kernel::template run<T, window>(args, params_or_none(args));
-  });
+  dispatch_floating(args.in[0].dtype(), op,
+                    [&]<typename T>() { Kernel::template run<T, window>(args, params_or_none(args)); });
 }
 
 template <Op op>
@@ -246,16 +241,12 @@ void register_pool_kernels(KernelRegistry& r) {
   r.set(Op::max_pool2d, Device::CPU, windowed_kernel<Op::max_pool2d, MaxForward, max_window>);
   r.set(Op::max_pool2d_backward, Device::CPU, max_backward_kernel<Op::max_pool2d_backward>);
   r.set(Op::avg_pool2d, Device::CPU, windowed_kernel<Op::avg_pool2d, AvgForward, avg_window>);
-  r.set(Op::avg_pool2d_backward, Device::CPU,
-        windowed_kernel<Op::avg_pool2d_backward, AvgBackward, avg_window>);
-  r.set(Op::adaptive_avg_pool2d, Device::CPU,
-        windowed_kernel<Op::adaptive_avg_pool2d, AvgForward, adaptive_window>);
+  r.set(Op::avg_pool2d_backward, Device::CPU, windowed_kernel<Op::avg_pool2d_backward, AvgBackward, avg_window>);
+  r.set(Op::adaptive_avg_pool2d, Device::CPU, windowed_kernel<Op::adaptive_avg_pool2d, AvgForward, adaptive_window>);
   r.set(Op::adaptive_avg_pool2d_backward, Device::CPU,
         windowed_kernel<Op::adaptive_avg_pool2d_backward, AvgBackward, adaptive_window>);
-  r.set(Op::adaptive_max_pool2d, Device::CPU,
-        windowed_kernel<Op::adaptive_max_pool2d, MaxForward, adaptive_window>);
-  r.set(Op::adaptive_max_pool2d_backward, Device::CPU,
-        max_backward_kernel<Op::adaptive_max_pool2d_backward>);
+  r.set(Op::adaptive_max_pool2d, Device::CPU, windowed_kernel<Op::adaptive_max_pool2d, MaxForward, adaptive_window>);
+  r.set(Op::adaptive_max_pool2d_backward, Device::CPU, max_backward_kernel<Op::adaptive_max_pool2d_backward>);
 }
 
 }  // namespace tvc::cpu

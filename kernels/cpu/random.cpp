@@ -51,9 +51,8 @@ void fill_random(const KernelArgs& args, Op op, Gen gen) {
 }
 
 void uniform_kernel(const KernelArgs& args) {
-  fill_random(args, Op::uniform, [](const Philox& ph, const FillParams& p) {
-    return p.a + (p.b - p.a) * ph.uniform();
-  });
+  fill_random(args, Op::uniform,
+              [](const Philox& ph, const FillParams& p) { return p.a + (p.b - p.a) * ph.uniform(); });
 }
 
 void normal_kernel(const KernelArgs& args) {

@@ -147,8 +147,10 @@ void extremum_kernel(const KernelArgs& args) {
           if (take) best = v, best_i = linear + i;
         }
       });
-      if constexpr (kIndex) static_cast<int64_t*>(out.raw_data())[out_off] = best_i;
-      else static_cast<T*>(out.raw_data())[out_off] = static_cast<T>(best);
+      if constexpr (kIndex)
+        static_cast<int64_t*>(out.raw_data())[out_off] = best_i;
+      else
+        static_cast<T*>(out.raw_data())[out_off] = static_cast<T>(best);
     });
   });
 }
@@ -169,8 +171,7 @@ void topk_kernel(const KernelArgs& args) {
     parallel_for(rows, n, [&](int64_t begin, int64_t end) {
       std::vector<std::pair<C, int64_t>> row(n);
       for (int64_t r = begin; r < end; ++r) {
-        int64_t rem = r, in_off = in0.storage_offset(), v_off = v0.storage_offset(),
-                i_off = i0.storage_offset();
+        int64_t rem = r, in_off = in0.storage_offset(), v_off = v0.storage_offset(), i_off = i0.storage_offset();
         for (int64_t d = nd - 1; d >= 0; --d) {
           int64_t idx = rem % in0.shape()[d];
           rem /= in0.shape()[d];

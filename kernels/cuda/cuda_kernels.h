@@ -8,12 +8,11 @@
 #include "tvc/internal/kernel.h"
 
 // Raises tvc::Error naming the call and CUDA's message when a runtime call fails.
-#define TVC_CUDA_CHECK(call)                                                                  \
-  do {                                                                                        \
-    cudaError_t tvc_cuda_status_ = (call);                                                    \
-    if (tvc_cuda_status_ != cudaSuccess)                                                      \
-      throw ::tvc::Error(::tvc::cat_str("cuda: ", #call, " failed: ",                        \
-                                        cudaGetErrorString(tvc_cuda_status_)));               \
+#define TVC_CUDA_CHECK(call)                                                                                  \
+  do {                                                                                                        \
+    cudaError_t tvc_cuda_status_ = (call);                                                                    \
+    if (tvc_cuda_status_ != cudaSuccess)                                                                      \
+      throw ::tvc::Error(::tvc::cat_str("cuda: ", #call, " failed: ", cudaGetErrorString(tvc_cuda_status_))); \
   } while (0)
 
 namespace tvc::cuda {

@@ -20,8 +20,7 @@ struct Geometry {
 };
 
 __global__ void add_f32_kernel(float* out, const float* a, const float* b, Geometry g) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < g.numel;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < g.numel; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t rest = i, off_out = 0, off_a = 0, off_b = 0;
     for (int d = g.ndim - 1; d >= 0; --d) {
       int64_t idx = rest % g.shape[d];
@@ -37,11 +36,9 @@ __global__ void add_f32_kernel(float* out, const float* a, const float* b, Geome
 void add_kernel(const KernelArgs& args) {
   const Tensor &a = args.in[0], &b = args.in[1];
   Tensor& out = args.out[0];
-  TVC_CHECK(out.device() == Device::CUDA, "add: the output is on ", device_name(out.device()),
-            ", the inputs on cuda");
+  TVC_CHECK(out.device() == Device::CUDA, "add: the output is on ", device_name(out.device()), ", the inputs on cuda");
   if (a.dtype() != DType::Float32) unsupported_dtype(Op::add, a.dtype(), Device::CUDA);
-  TVC_CHECK(out.dim() <= kMaxDims, "add: cuda kernel takes at most ", kMaxDims,
-            " dims, got shape ", out.shape());
+  TVC_CHECK(out.dim() <= kMaxDims, "add: cuda kernel takes at most ", kMaxDims, " dims, got shape ", out.shape());
   Geometry g{};
   g.ndim = static_cast<int>(out.dim());
   g.numel = out.numel();
@@ -53,16 +50,14 @@ void add_kernel(const KernelArgs& args) {
   }
   constexpr int kThreads = 256;
   int64_t blocks = std::min<int64_t>((g.numel + kThreads - 1) / kThreads, 65535);
-  add_f32_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(
-      out.data_ptr<float>(), a.data_ptr<float>(), b.data_ptr<float>(), g);
+  add_f32_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(out.data_ptr<float>(), a.data_ptr<float>(),
+                                                              b.data_ptr<float>(), g);
   TVC_CUDA_CHECK(cudaGetLastError());
   TVC_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace
 
-void register_elementwise_kernels(KernelRegistry& registry) {
-  registry.set(Op::add, Device::CUDA, add_kernel);
-}
+void register_elementwise_kernels(KernelRegistry& registry) { registry.set(Op::add, Device::CUDA, add_kernel); }
 
 }  // namespace tvc::cuda

@@ -26,9 +26,8 @@ void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device,
 }  // namespace
 
 void register_memory(KernelRegistry& registry) {
-  registry.set_memory(Device::CUDA, DeviceMemory{.allocate = cuda_allocate,
-                                                 .release = cuda_release,
-                                                 .copy = cuda_copy});
+  registry.set_memory(Device::CUDA,
+                      DeviceMemory{.allocate = cuda_allocate, .release = cuda_release, .copy = cuda_copy});
 }
 
 }  // namespace tvc::cuda

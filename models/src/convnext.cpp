@@ -74,7 +74,8 @@ class ConvNeXt : public nn::Cloneable<ConvNeXt, Backbone> {
     for (const StageConfig& cnf : stages) {
       auto stage = std::make_shared<nn::Sequential>();
       for (int64_t i = 0; i < cnf.num_layers; ++i, ++block_id) {
-        double sd_prob = stochastic_depth_prob * static_cast<double>(block_id) / (static_cast<double>(total_blocks) - 1.0);
+        double sd_prob =
+            stochastic_depth_prob * static_cast<double>(block_id) / (static_cast<double>(total_blocks) - 1.0);
         stage->append(std::make_shared<CNBlock>(cnf.channels, kLayerScale, sd_prob));
       }
       features->append(stage);
@@ -96,9 +97,12 @@ class ConvNeXt : public nn::Cloneable<ConvNeXt, Backbone> {
     // torchvision: trunc_normal_(std 0.02) for convolution and Linear weights, zero biases.
     for (const auto& m : modules()) {
       Tensor weight, bias;
-      if (auto* conv = dynamic_cast<nn::Conv2d*>(m.get())) weight = conv->weight(), bias = conv->bias();
-      else if (auto* linear = dynamic_cast<nn::Linear*>(m.get())) weight = linear->weight(), bias = linear->bias();
-      else continue;
+      if (auto* conv = dynamic_cast<nn::Conv2d*>(m.get()))
+        weight = conv->weight(), bias = conv->bias();
+      else if (auto* linear = dynamic_cast<nn::Linear*>(m.get()))
+        weight = linear->weight(), bias = linear->bias();
+      else
+        continue;
       nn::init::trunc_normal_(weight, 0, 0.02);
       if (bias.defined()) nn::init::zeros_(bias);
     }

@@ -42,7 +42,8 @@ class DenseLayer : public nn::Cloneable<DenseLayer> {
   // The new features (N, k, H, W) from the block's earlier ones, each (N, *, H, W), through the
   // module call (hooks see the list, as torchvision's layer(features) does).
   Tensor operator()(const std::vector<Tensor>& prev_features) {
-    return call(prev_features, [this](const nn::TensorList& features) { return nn::TensorList{features_of(features)}; })[0];
+    return call(prev_features,
+                [this](const nn::TensorList& features) { return nn::TensorList{features_of(features)}; })[0];
   }
   Tensor forward(const Tensor& x) override { return features_of({x}); }
 
@@ -82,7 +83,8 @@ std::shared_ptr<nn::Sequential> transition(int64_t num_input_features, int64_t n
 // torchvision's _load_state_dict: old weight files name a dense layer's tensors "norm.1.weight",
 // "conv.2.weight", ...; these load as "norm1.weight", "conv2.weight".
 void rename_old_dense_layer_keys(nn::StateDict& state_dict, const std::string& prefix) {
-  static const std::regex pattern(R"(^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$)");
+  static const std::regex pattern(
+      R"(^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$)");
   nn::StateDict renamed;
   for (const auto& [key, value] : state_dict) {
     std::smatch match;
@@ -137,11 +139,9 @@ class DenseNet : public nn::Cloneable<DenseNet, Backbone> {
         nn::init::constant_(linear->bias(), 0);
       }
     }
-    register_load_state_dict_pre_hook([](Module&, nn::StateDict& state_dict, const std::string& prefix, bool,
-                                         std::vector<std::string>&, std::vector<std::string>&,
-                                         std::vector<std::string>&) {
-      rename_old_dense_layer_keys(state_dict, prefix);
-    });
+    register_load_state_dict_pre_hook(
+        [](Module&, nn::StateDict& state_dict, const std::string& prefix, bool, std::vector<std::string>&,
+           std::vector<std::string>&, std::vector<std::string>&) { rename_old_dense_layer_keys(state_dict, prefix); });
   }
 
   // torchvision applies this ReLU and the pooling as functions (DenseNet has no modules for them).

@@ -57,22 +57,25 @@ class MBConv : public nn::Cloneable<MBConv> {
     using Conv = Conv2dNormActivation::Conv;
     if (cnf.fused) {
       if (expanded != cnf.input_channels) {
-        block->append(std::make_shared<Conv2dNormActivation>(cnf.input_channels, expanded,
-                                                             Conv{.kernel = cnf.kernel, .stride = cnf.stride}, norm, silu()));
-        block->append(std::make_shared<Conv2dNormActivation>(expanded, cnf.out_channels, Conv{.kernel = 1}, norm, nullptr));
+        block->append(std::make_shared<Conv2dNormActivation>(
+            cnf.input_channels, expanded, Conv{.kernel = cnf.kernel, .stride = cnf.stride}, norm, silu()));
+        block->append(
+            std::make_shared<Conv2dNormActivation>(expanded, cnf.out_channels, Conv{.kernel = 1}, norm, nullptr));
       } else {
-        block->append(std::make_shared<Conv2dNormActivation>(cnf.input_channels, cnf.out_channels,
-                                                             Conv{.kernel = cnf.kernel, .stride = cnf.stride}, norm, silu()));
+        block->append(std::make_shared<Conv2dNormActivation>(
+            cnf.input_channels, cnf.out_channels, Conv{.kernel = cnf.kernel, .stride = cnf.stride}, norm, silu()));
       }
     } else {
       if (expanded != cnf.input_channels)
-        block->append(std::make_shared<Conv2dNormActivation>(cnf.input_channels, expanded, Conv{.kernel = 1}, norm, silu()));
+        block->append(
+            std::make_shared<Conv2dNormActivation>(cnf.input_channels, expanded, Conv{.kernel = 1}, norm, silu()));
       block->append(std::make_shared<Conv2dNormActivation>(
           expanded, expanded, Conv{.kernel = cnf.kernel, .stride = cnf.stride, .groups = expanded}, norm, silu()));
-      block->append(std::make_shared<detail::SqueezeExcitation>(
-          expanded, std::max<int64_t>(1, cnf.input_channels / 4), std::make_shared<nn::SiLU>(true),
-          std::make_shared<nn::Sigmoid>()));
-      block->append(std::make_shared<Conv2dNormActivation>(expanded, cnf.out_channels, Conv{.kernel = 1}, norm, nullptr));
+      block->append(std::make_shared<detail::SqueezeExcitation>(expanded, std::max<int64_t>(1, cnf.input_channels / 4),
+                                                                std::make_shared<nn::SiLU>(true),
+                                                                std::make_shared<nn::Sigmoid>()));
+      block->append(
+          std::make_shared<Conv2dNormActivation>(expanded, cnf.out_channels, Conv{.kernel = 1}, norm, nullptr));
     }
     register_module("block", block);
     register_module("stochastic_depth", std::make_shared<detail::StochasticDepth>(stochastic_depth_prob, "row"));
@@ -143,7 +146,7 @@ class EfficientNet : public nn::Cloneable<EfficientNet, Backbone> {
 
   Tensor forward(const Tensor& x) override {
     Tensor out = child("avgpool")(child("features")(x)).flatten(1);  // (N, L)
-    return child("classifier")(out);                                  // (N, num_classes)
+    return child("classifier")(out);                                 // (N, num_classes)
   }
 
   // The last block of each resolution stage (H/2 ... H/32), e.g. efficientnet_b0: features.1,
@@ -181,7 +184,7 @@ detail::ModelSpec efficientnet(const std::string& name, const EfficientNetConfig
 }
 
 detail::ModelSpec efficientnet_v1(const std::string& name, double width_mult, double depth_mult, double dropout,
-                                   nn::BatchNormOptions norm = {}) {
+                                  nn::BatchNormOptions norm = {}) {
   return efficientnet(name, {v1_stages(width_mult, depth_mult), dropout, std::nullopt, norm});
 }
 

@@ -74,7 +74,6 @@ class MobileNet : public Backbone {
   // _is_cn start a stage) named as create_feature_extractor names the blocks' outputs.
   std::vector<std::string> stage_nodes() const override { return stages_; }
 
-
  protected:
   explicit MobileNet(std::string name) : Backbone(std::move(name)) {}
 
@@ -208,8 +207,8 @@ class MobileNetV3 : public nn::Cloneable<MobileNetV3, MobileNet> {
     int64_t expanded = cnf.expanded_channels;
     auto block = std::make_shared<nn::Sequential>();
     if (expanded != cnf.input_channels)
-      block->append(std::make_shared<Conv2dNormActivation>(cnf.input_channels, expanded,
-                                                           Conv2dNormActivation::Conv{.kernel = 1}, norm, activation()));
+      block->append(std::make_shared<Conv2dNormActivation>(
+          cnf.input_channels, expanded, Conv2dNormActivation::Conv{.kernel = 1}, norm, activation()));
     block->append(std::make_shared<Conv2dNormActivation>(
         expanded, expanded, Conv2dNormActivation::Conv{.kernel = cnf.kernel, .stride = cnf.stride, .groups = expanded},
         norm, activation()));
@@ -219,8 +218,8 @@ class MobileNetV3 : public nn::Cloneable<MobileNetV3, MobileNet> {
                                                                 std::make_shared<nn::Hardsigmoid>()));
     block->append(std::make_shared<Conv2dNormActivation>(expanded, cnf.out_channels,
                                                          Conv2dNormActivation::Conv{.kernel = 1}, norm, nullptr));
-    return std::make_shared<InvertedResidual>(
-        "block", block, cnf.stride == 1 && cnf.input_channels == cnf.out_channels);
+    return std::make_shared<InvertedResidual>("block", block,
+                                              cnf.stride == 1 && cnf.input_channels == cnf.out_channels);
   }
 };
 
@@ -245,7 +244,7 @@ const MobileNetV3Config kV3Large = {
 };
 
 const MobileNetV3Config kV3Small = {
-    .blocks = {{16, 3, 16, 16, true, false, 2},  // C1
+    .blocks = {{16, 3, 16, 16, true, false, 2},   // C1
                {16, 3, 72, 24, false, false, 2},  // C2
                {24, 3, 88, 24, false, false, 1},
                {24, 5, 96, 40, true, true, 2},  // C3

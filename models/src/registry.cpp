@@ -15,9 +15,8 @@ namespace {
 const std::vector<detail::ModelSpec>& specs() {
   static const std::vector<detail::ModelSpec> all = [] {
     std::vector<detail::ModelSpec> out;
-    for (auto family : {detail::resnet_models, detail::vgg_models, detail::densenet_models,
-                        detail::mobilenet_models, detail::efficientnet_models, detail::convnext_models,
-                        detail::vit_models, detail::swin_models})
+    for (auto family : {detail::resnet_models, detail::vgg_models, detail::densenet_models, detail::mobilenet_models,
+                        detail::efficientnet_models, detail::convnext_models, detail::vit_models, detail::swin_models})
       for (auto& spec : family()) out.push_back(std::move(spec));
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
     return out;
@@ -37,8 +36,7 @@ const ModelSpec& spec(const std::string& name) {
   std::vector<std::string> names;
   for (const auto& s : all) names.push_back(s.name);
   throw Error(cat_str("unknown model '", printable(name), "'; did you mean '", nearest_names(name, names, 1)[0],
-                      "'? (tvc list prints all ",
-                      all.size(), ")"));
+                      "'? (tvc list prints all ", all.size(), ")"));
 }
 
 }  // namespace detail
@@ -60,7 +58,8 @@ BackbonePtr create(const std::string& name, const Options& options, LoadReport* 
   if (options.dropout)
     TVC_CHECK(*options.dropout >= 0 && *options.dropout <= 1, name, ": dropout must be in [0, 1], got ",
               *options.dropout);
-  TVC_CHECK(!options.image_size || s.default_image_size, name, " has no image_size option (it takes images of any "
+  TVC_CHECK(!options.image_size || s.default_image_size, name,
+            " has no image_size option (it takes images of any "
             "size; only the Vision Transformers are built for one)");
   Options o = options;
   if (s.has_dropout && !o.dropout) o.dropout = s.default_dropout;
@@ -68,7 +67,7 @@ BackbonePtr create(const std::string& name, const Options& options, LoadReport* 
   // for 384 and 512 px).
   if (s.default_image_size && !o.image_size)
     o.image_size = is_weights_tag(options.weights) ? weights_tag(name, options.weights).preprocessing.crop_size
-                                                           : s.default_image_size;
+                                                   : s.default_image_size;
   LoadReport loaded;
   nn::StateDict state;
   if (!options.weights.empty()) {

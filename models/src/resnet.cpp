@@ -22,7 +22,8 @@ using nn::BatchNorm2d;
 using nn::Conv2d;
 
 std::shared_ptr<Conv2d> conv3x3(int64_t in, int64_t out, int64_t stride = 1, int64_t groups = 1) {
-  return std::make_shared<Conv2d>(in, out, 3, nn::ConvOptions{.stride = stride, .padding = 1, .groups = groups, .bias = false});
+  return std::make_shared<Conv2d>(in, out, 3,
+                                  nn::ConvOptions{.stride = stride, .padding = 1, .groups = groups, .bias = false});
 }
 
 std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride = 1) {
@@ -60,7 +61,8 @@ class Bottleneck : public nn::Cloneable<Bottleneck> {
   static constexpr int64_t kExpansion = 4;
   Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, nn::ModulePtr downsample, int64_t groups,
              int64_t base_width) {
-    int64_t width = static_cast<int64_t>(static_cast<double>(planes) * (static_cast<double>(base_width) / 64.0)) * groups;
+    int64_t width =
+        static_cast<int64_t>(static_cast<double>(planes) * (static_cast<double>(base_width) / 64.0)) * groups;
     register_module("conv1", conv1x1(inplanes, width));
     register_module("bn1", std::make_shared<BatchNorm2d>(width));
     register_module("conv2", conv3x3(width, width, stride, groups));
@@ -88,7 +90,8 @@ struct ResNetConfig {
 class ResNet : public nn::Cloneable<ResNet, Backbone> {
  public:
   ResNet(std::string name, const ResNetConfig& config, int64_t num_classes) : Cloneable(std::move(name)) {
-    register_module("conv1", std::make_shared<Conv2d>(3, 64, 7, nn::ConvOptions{.stride = 2, .padding = 3, .bias = false}));
+    register_module("conv1",
+                    std::make_shared<Conv2d>(3, 64, 7, nn::ConvOptions{.stride = 2, .padding = 3, .bias = false}));
     register_module("bn1", std::make_shared<BatchNorm2d>(64));
     register_module("relu", std::make_shared<nn::ReLU>());
     register_module("maxpool", std::make_shared<nn::MaxPool2d>(3, nn::MaxPool2dOptions{.stride = 2, .padding = 1}));
@@ -118,7 +121,8 @@ class ResNet : public nn::Cloneable<ResNet, Backbone> {
     register_module("fc", std::make_shared<nn::Linear>(512 * expansion, num_classes));
     // torchvision: kaiming_normal_(fan_out, relu) for convolutions, BatchNorm weight 1, bias 0.
     for (const auto& m : modules())
-      if (auto* conv = dynamic_cast<Conv2d*>(m.get())) nn::init::kaiming_normal_(conv->weight(), 0, FanMode::FanOut, Nonlinearity::Relu);
+      if (auto* conv = dynamic_cast<Conv2d*>(m.get()))
+        nn::init::kaiming_normal_(conv->weight(), 0, FanMode::FanOut, Nonlinearity::Relu);
   }
 
   Tensor forward(const Tensor& x) override {

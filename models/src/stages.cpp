@@ -9,7 +9,8 @@ std::vector<std::pair<std::string, Tensor>> Backbone::forward_stages(const Tenso
   nn::ScopedHooks hooks;  // removed however the forward pass ends
   for (size_t i = 0; i < nodes.size(); ++i)
     hooks.add(get_submodule(nodes[i])->register_forward_hook(
-        [&outputs, i](nn::Module&, const nn::TensorList&, const nn::TensorList& output) -> std::optional<nn::TensorList> {
+        [&outputs, i](nn::Module&, const nn::TensorList&,
+                      const nn::TensorList& output) -> std::optional<nn::TensorList> {
           // The first call's output, copied: a later in-place op (ReLU(inplace)) must not change it.
           if (!outputs[i].defined() && !output.empty()) outputs[i] = output[0].clone();
           return std::nullopt;
@@ -17,8 +18,8 @@ std::vector<std::pair<std::string, Tensor>> Backbone::forward_stages(const Tenso
   (*this)(x);
   std::vector<std::pair<std::string, Tensor>> stages;
   for (size_t i = 0; i < nodes.size(); ++i) {
-    TVC_CHECK(outputs[i].defined(), model_name(), ".forward_stages: the stage node '", nodes[i],
-              "' (", get_submodule(nodes[i])->type_name(), ") did not run in forward");
+    TVC_CHECK(outputs[i].defined(), model_name(), ".forward_stages: the stage node '", nodes[i], "' (",
+              get_submodule(nodes[i])->type_name(), ") did not run in forward");
     stages.emplace_back(nodes[i], outputs[i]);
   }
   return stages;

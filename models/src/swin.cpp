@@ -57,8 +57,8 @@ class ShiftedWindowAttention : public nn::Cloneable<ShiftedWindowAttention> {
     std::vector<int64_t> index;
     for (int64_t i = 0; i < window * window; ++i)
       for (int64_t j = 0; j < window * window; ++j)
-        index.push_back((i / window - j / window + window - 1) * (2 * window - 1) + i % window - j % window +
-                        window - 1);
+        index.push_back((i / window - j / window + window - 1) * (2 * window - 1) + i % window - j % window + window -
+                        1);
     register_buffer("relative_position_index", tensor(index));
   }
 
@@ -75,7 +75,7 @@ class ShiftedWindowAttention : public nn::Cloneable<ShiftedWindowAttention> {
 
     Tensor qkv = child("qkv")(x).reshape({n * windows, tokens, 3, num_heads_, d}).permute({2, 0, 3, 1, 4});
     Tensor q = qkv[0] * std::pow(static_cast<double>(d), -0.5), k = qkv[1], v = qkv[2];  // (B, h, T, d)
-    Tensor attn = matmul(q, k.transpose(-2, -1)) + relative_position_bias();           // (B, h, T, T)
+    Tensor attn = matmul(q, k.transpose(-2, -1)) + relative_position_bias();             // (B, h, T, T)
     if (shifted) {
       Tensor mask = attention_mask(hp, wp, shift, x).unsqueeze(1).unsqueeze(0);  // (1, nW, 1, T, T)
       attn = attn.view({n, windows, num_heads_, tokens, tokens}) + mask;

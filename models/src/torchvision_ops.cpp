@@ -21,7 +21,8 @@ Conv2dNormActivation::Conv2dNormActivation(int64_t in, int64_t out, Conv conv, n
   append(std::make_shared<nn::Conv2d>(in, out, conv.kernel,
                                       nn::ConvOptions{.stride = conv.stride,
                                                       .padding = conv.padding.value_or((conv.kernel - 1) / 2),
-                                                      .groups = conv.groups, .bias = conv.bias}));
+                                                      .groups = conv.groups,
+                                                      .bias = conv.bias}));
   append(std::move(norm));
   if (activation) append(std::move(activation));
 }
@@ -52,8 +53,8 @@ Tensor SqueezeExcitation::forward(const Tensor& x) {
 
 StochasticDepth::StochasticDepth(double p, std::string mode) : p(p), mode(std::move(mode)) {
   TVC_CHECK(p >= 0 && p <= 1, "StochasticDepth: drop probability has to be between 0 and 1, but got ", p);
-  TVC_CHECK(this->mode == "row" || this->mode == "batch", "StochasticDepth: mode has to be either 'batch' or 'row', but got ",
-            this->mode);
+  TVC_CHECK(this->mode == "row" || this->mode == "batch",
+            "StochasticDepth: mode has to be either 'batch' or 'row', but got ", this->mode);
 }
 
 Tensor StochasticDepth::forward(const Tensor& x) {
@@ -66,11 +67,10 @@ Tensor StochasticDepth::forward(const Tensor& x) {
   return x * noise;
 }
 
-std::string StochasticDepth::extra_repr() const {
-  return "p=" + nn::py_float_repr(p) + ", mode=" + mode;
-}
+std::string StochasticDepth::extra_repr() const { return "p=" + nn::py_float_repr(p) + ", mode=" + mode; }
 
-std::shared_ptr<nn::Sequential> gelu_mlp(int64_t in_channels, const std::vector<int64_t>& hidden_channels, double dropout) {
+std::shared_ptr<nn::Sequential> gelu_mlp(int64_t in_channels, const std::vector<int64_t>& hidden_channels,
+                                         double dropout) {
   auto mlp = std::make_shared<nn::Sequential>();
   int64_t in = in_channels;
   for (size_t i = 0; i + 1 < hidden_channels.size(); ++i) {

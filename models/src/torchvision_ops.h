@@ -70,6 +70,7 @@ class Permute : public nn::Cloneable<Permute> {
 // torchvision.ops.MLP with GELU and no norm: for each hidden size but the last, Linear,
 // activation, Dropout(dropout); then Linear to the last size and Dropout(dropout). ViT's
 // MLPBlock and Swin's MLP: keys "0.weight", "3.weight". (*, in) -> (*, hidden.back()).
-std::shared_ptr<nn::Sequential> gelu_mlp(int64_t in_channels, const std::vector<int64_t>& hidden_channels, double dropout);
+std::shared_ptr<nn::Sequential> gelu_mlp(int64_t in_channels, const std::vector<int64_t>& hidden_channels,
+                                         double dropout);
 
 }  // namespace tvc::models::detail

@@ -99,10 +99,10 @@ void interpolate_pos_embedding(const nn::Module& encoder, nn::StateDict& state_d
     return;
   }
   NoGradGuard no_grad;
-  Tensor token = theirs->narrow(1, 0, 1);                                                       // (1, 1, D)
+  Tensor token = theirs->narrow(1, 0, 1);                                                        // (1, 1, D)
   Tensor image = theirs->narrow(1, 1, seq).permute({0, 2, 1}).reshape({1, hidden, grid, grid});  // (1, D, g, g)
   image = interpolate(image, std::array<int64_t, 2>{new_grid, new_grid}, std::nullopt, InterpolateMode::Bicubic, true);
-  *theirs = cat({token, image.reshape({1, hidden, new_seq}).permute({0, 2, 1})}, 1);             // (1, 1 + G^2, D)
+  *theirs = cat({token, image.reshape({1, hidden, new_seq}).permute({0, 2, 1})}, 1);  // (1, 1 + G^2, D)
 }
 
 class Encoder : public nn::Cloneable<Encoder> {
@@ -161,12 +161,12 @@ class VisionTransformer : public nn::Cloneable<VisionTransformer, Backbone> {
     TVC_CHECK(x.dim() == 4, model_name(), ": expected images (N, 3, H, W), got ", x.shape());
     TVC_CHECK(x.size(2) == image_size_ && x.size(3) == image_size_, model_name(), " is built for ", image_size_, "x",
               image_size_, " images (Options::image_size), got ", x.size(2), "x", x.size(3));
-    Tensor tokens = child("conv_proj")(x);                                    // (N, D, G, G)
+    Tensor tokens = child("conv_proj")(x);  // (N, D, G, G)
     const int64_t n = tokens.size(0), hidden = tokens.size(1);
     tokens = tokens.reshape({n, hidden, -1}).permute({0, 2, 1});              // (N, G^2, D)
     tokens = cat({parameter("class_token").expand({n, -1, -1}), tokens}, 1);  // (N, T, D)
     tokens = child("encoder")(tokens);
-    return child("heads")(tokens.select(1, 0));                               // (N, num_classes)
+    return child("heads")(tokens.select(1, 0));  // (N, num_classes)
   }
 
   // The encoder blocks' outputs at a quarter, half and three quarters of the depth, then the

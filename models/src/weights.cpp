@@ -41,7 +41,8 @@ const WeightsTag& weights_tag(const std::string& model, const std::string& tag) 
 std::vector<std::string> weights_search_path() {
   std::vector<std::string> dirs;
   if (const char* v = std::getenv("TVC_WEIGHTS"); v && *v) dirs.push_back(v);
-  if (const char* v = std::getenv("TORCH_HOME"); v && *v) dirs.push_back((fs::path(v) / "hub" / "checkpoints").string());
+  if (const char* v = std::getenv("TORCH_HOME"); v && *v)
+    dirs.push_back((fs::path(v) / "hub" / "checkpoints").string());
   if (const char* v = std::getenv("HOME"); v && *v)
     dirs.push_back((fs::path(v) / ".cache" / "torch" / "hub" / "checkpoints").string());
   return dirs;
@@ -63,9 +64,7 @@ std::string find_weights(const std::string& model, const std::string& tag) {
                       tried.empty() ? std::string("\n  (none of those variables is set)") : tried));
 }
 
-bool is_weights_tag(const std::string& weights) {
-  return weights == "DEFAULT" || weights.rfind("IMAGENET", 0) == 0;
-}
+bool is_weights_tag(const std::string& weights) { return weights == "DEFAULT" || weights.rfind("IMAGENET", 0) == 0; }
 
 std::string weights_file(const std::string& model, const std::string& weights) {
   return is_weights_tag(weights) ? find_weights(model, weights) : weights;

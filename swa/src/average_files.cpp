@@ -73,8 +73,10 @@ std::shared_ptr<nn::Module> module_from_state_dict(const nn::StateDict& state_di
         m = &m->child(part);
       }
       std::string leaf = key.substr(begin);
-      if (is_buffer_entry(key, tensor)) m->register_buffer(leaf, tensor);
-      else m->register_parameter(leaf, tensor, /*requires_grad=*/false);
+      if (is_buffer_entry(key, tensor))
+        m->register_buffer(leaf, tensor);
+      else
+        m->register_parameter(leaf, tensor, /*requires_grad=*/false);
     } catch (const Error& e) {
       throw Error(cat_str("state_dict entry '", printable(key), "' does not fit a module tree: ", e.what()));
     }
@@ -88,7 +90,8 @@ AverageFilesReport average_weight_files(const std::vector<std::string>& paths, c
   io::format_for_extension(out);  // a bad output name fails before any work
 
   AveragedModelOptions averaging{.use_buffers = options.use_buffers};
-  if (options.method == AverageFilesOptions::Method::ema) averaging.multi_avg_fn = get_ema_multi_avg_fn(options.ema_decay);
+  if (options.method == AverageFilesOptions::Method::ema)
+    averaging.multi_avg_fn = get_ema_multi_avg_fn(options.ema_decay);
 
   Layout first_layout;
   std::shared_ptr<AveragedModel> average;

@@ -1,8 +1,8 @@
 // AveragedModel and the averaging functions (see tvc/swa/averaged_model.h).
 #include "tvc/swa/averaged_model.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 
 #include "tvc/autograd.h"
 #include "tvc/ops.h"
@@ -88,7 +88,7 @@ AveragedModel::AveragedModel(const nn::Module& model, AveragedModelOptions optio
   const std::optional<DType> requested = options_.dtype;
   copy->convert_tensors([&requested](const Tensor& t) { return t.to(average_dtype(t.dtype(), requested)); });
   if (options_.device) copy->to(*options_.device);
-  Device device = options_.device ? *options_.device
+  Device device = options_.device               ? *options_.device
                   : !source_parameters_.empty() ? source_parameters_[0].device
                                                 : Device::CPU;
   register_module("module", copy);
@@ -123,8 +123,7 @@ std::vector<AveragedModel::Slot> AveragedModel::pair_tensors(const nn::Module& m
       TVC_CHECK(m[i].first == name, "AveragedModel.update_parameters: ", kind, " ", i, " is '", printable(m[i].first),
                 "' in the model but '", printable(name), "' in the averaged copy");
       TVC_CHECK(mt.shape() == a[i].second.shape(), "AveragedModel.update_parameters: ", kind, " '", printable(name),
-                "' has shape ", mt.shape(), " in the model but ", a[i].second.shape(),
-                " in the averaged copy");
+                "' has shape ", mt.shape(), " in the model but ", a[i].second.shape(), " in the averaged copy");
       TVC_CHECK(mt.dtype() == source[i].dtype, "AveragedModel.update_parameters: ", kind, " '", printable(name),
                 "' is ", dtype_name(mt.dtype()), " in the model but the averaged copy was made from ",
                 dtype_name(source[i].dtype));

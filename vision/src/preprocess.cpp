@@ -135,8 +135,8 @@ bool decode_jpeg_pixels(JpegDecoder* d, uint8_t* rgb) {
 
 Image decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes) {
   JpegDecoder d;
-  TVC_CHECK(decode_jpeg_header(&d, bytes.data(), bytes.size()), "cannot decode JPEG '", printable(path), "': ",
-            printable(d.err.message));
+  TVC_CHECK(decode_jpeg_header(&d, bytes.data(), bytes.size()), "cannot decode JPEG '", printable(path),
+            "': ", printable(d.err.message));
   // PIL's modes: 1 component is "L", 3 are "RGB"; 4 (CMYK, YCCK) need PIL's own conversion.
   TVC_CHECK(d.cinfo.num_components == 1 || d.cinfo.num_components == 3, "cannot decode JPEG '", printable(path),
             "': it has ", d.cinfo.num_components,
@@ -144,8 +144,8 @@ Image decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes) {
   Image image{.height = d.cinfo.image_height, .width = d.cinfo.image_width, .rgb = {}};
   check_size(path, image.width, image.height);
   image.rgb.resize(static_cast<size_t>(image.height * image.width * 3));
-  TVC_CHECK(decode_jpeg_pixels(&d, image.rgb.data()), "cannot decode JPEG '", printable(path), "': ",
-            printable(d.err.message));
+  TVC_CHECK(decode_jpeg_pixels(&d, image.rgb.data()), "cannot decode JPEG '", printable(path),
+            "': ", printable(d.err.message));
   TVC_CHECK(static_cast<int64_t>(d.cinfo.output_width) == image.width &&
                 static_cast<int64_t>(d.cinfo.output_height) == image.height,
             "cannot decode JPEG '", printable(path), "': decoded size differs from the header's");
@@ -244,12 +244,12 @@ Image decode_png(const std::string& path, const std::vector<uint8_t>& bytes) {
   check_size(path, layout.width, layout.height);
   // zlib cannot inflate more than 1032 bytes out of one: a header promising more pixel bytes
   // than the file could hold is refused before the rows are allocated.
-  const double packed_bytes = static_cast<double>(layout.height) *
-                              (1.0 + std::ceil(static_cast<double>(layout.width) * layout.file_channels *
-                                               layout.bit_depth / 8.0));
-  TVC_CHECK(packed_bytes <= 1032.0 * static_cast<double>(bytes.size()) + 4096.0, "cannot decode PNG '",
-            printable(path), "': its header gives ", layout.width, "x", layout.height, " pixels, more than its ",
-            bytes.size(), " bytes can hold");
+  const double packed_bytes =
+      static_cast<double>(layout.height) *
+      (1.0 + std::ceil(static_cast<double>(layout.width) * layout.file_channels * layout.bit_depth / 8.0));
+  TVC_CHECK(packed_bytes <= 1032.0 * static_cast<double>(bytes.size()) + 4096.0, "cannot decode PNG '", printable(path),
+            "': its header gives ", layout.width, "x", layout.height, " pixels, more than its ", bytes.size(),
+            " bytes can hold");
   TVC_CHECK(layout.channels >= 1 && layout.channels <= 4 &&
                 layout.rowbytes == static_cast<size_t>(layout.width) * static_cast<size_t>(layout.channels),
             "cannot decode PNG '", printable(path), "': unexpected sample layout (", layout.channels, " channels, ",
@@ -420,8 +420,8 @@ Image decode_image(const std::string& path) {
   static const uint8_t kPngSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   if (bytes.size() >= 3 && bytes[0] == 0xff && bytes[1] == 0xd8 && bytes[2] == 0xff) return decode_jpeg(path, bytes);
   if (bytes.size() >= 8 && std::memcmp(bytes.data(), kPngSignature, 8) == 0) return decode_png(path, bytes);
-  throw Error(cat_str("cannot decode image '", printable(path), "': ",
-                      bytes.empty() ? "the file is empty" : "not a JPEG or PNG file (unknown first bytes)"));
+  throw Error(cat_str("cannot decode image '", printable(path),
+                      "': ", bytes.empty() ? "the file is empty" : "not a JPEG or PNG file (unknown first bytes)"));
 }
 
 Image resize(const Image& image, int64_t width, int64_t height, Interpolation interpolation) {

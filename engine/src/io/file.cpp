@@ -1,5 +1,4 @@
 #include "io/file.h"
-#include "tvc/serialize.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -13,6 +12,7 @@
 #include <filesystem>
 
 #include "tvc/error.h"
+#include "tvc/serialize.h"
 
 namespace tvc::io {
 
@@ -41,25 +41,23 @@ InputFile::~InputFile() {
 }
 
 void InputFile::read(uint64_t offset, void* dst, size_t n, const std::string& what) const {
-  TVC_CHECK(offset <= size_ && n <= size_ - offset, "'", printable(path_), "': ", what, " (bytes ", offset,
-            " to ", offset + static_cast<uint64_t>(n), ") lies past the end of the file (",
-            size_, " bytes)");
+  TVC_CHECK(offset <= size_ && n <= size_ - offset, "'", printable(path_), "': ", what, " (bytes ", offset, " to ",
+            offset + static_cast<uint64_t>(n), ") lies past the end of the file (", size_, " bytes)");
   auto* out = static_cast<uint8_t*>(dst);
   size_t done = 0;
   while (done < n) {
     ssize_t got = ::pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
     if (got < 0 && errno == EINTR) continue;
     TVC_CHECK(got >= 0, "'", printable(path_), "': reading ", what, " failed: ", errno_text());
-    TVC_CHECK(got > 0, "'", printable(path_), "': the file ended while reading ", what, " at byte ",
-              offset + done, " (it was ", size_, " bytes when opened; was it truncated?)");
+    TVC_CHECK(got > 0, "'", printable(path_), "': the file ended while reading ", what, " at byte ", offset + done,
+              " (it was ", size_, " bytes when opened; was it truncated?)");
     done += static_cast<size_t>(got);
   }
 }
 
 std::vector<uint8_t> InputFile::read(uint64_t offset, size_t n, const std::string& what) const {
-  TVC_CHECK(offset <= size_ && n <= size_ - offset, "'", printable(path_), "': ", what, " (bytes ", offset,
-            " to ", offset + static_cast<uint64_t>(n), ") lies past the end of the file (",
-            size_, " bytes)");
+  TVC_CHECK(offset <= size_ && n <= size_ - offset, "'", printable(path_), "': ", what, " (bytes ", offset, " to ",
+            offset + static_cast<uint64_t>(n), ") lies past the end of the file (", size_, " bytes)");
   std::vector<uint8_t> bytes(n);
   read(offset, bytes.data(), n, what);
   return bytes;
@@ -82,9 +80,7 @@ void remove_stale_temporaries(const std::filesystem::path& dir, const std::strin
     if (entry.compare(0, prefix.size(), prefix) != 0) continue;
     std::string rest = entry.substr(prefix.size());
     size_t dot = rest.find('.');
-    if (dot == 0 || dot == std::string::npos ||
-        rest.find_first_not_of("0123456789") != dot)
-      continue;
+    if (dot == 0 || dot == std::string::npos || rest.find_first_not_of("0123456789") != dot) continue;
     long pid = std::strtol(rest.substr(0, dot).c_str(), nullptr, 10);
     if (pid <= 0 || pid == ::getpid()) continue;
     if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
@@ -116,8 +112,8 @@ AtomicFileWriter::AtomicFileWriter(const std::string& path) : path_(path) {
   std::string temp_name = cat_str(".", name, kTempTag, ::getpid(), ".", counter++);
   temp_path_ = (dir / temp_name).string();
   fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  TVC_CHECK(fd_ >= 0, "cannot write '", printable(path), "': creating '", printable(temp_path_), "' failed: ",
-            errno_text());
+  TVC_CHECK(fd_ >= 0, "cannot write '", printable(path), "': creating '", printable(temp_path_),
+            "' failed: ", errno_text());
   buffer_.reserve(kBufferSize);
 }
 
@@ -166,8 +162,8 @@ void AtomicFileWriter::commit() {
   int rc = ::close(fd_);
   fd_ = -1;
   TVC_CHECK(rc == 0, "cannot close '", printable(temp_path_), "': ", errno_text());
-  TVC_CHECK(::rename(temp_path_.c_str(), path_.c_str()) == 0, "cannot rename '", printable(temp_path_),
-            "' to '", printable(path_), "': ", errno_text());
+  TVC_CHECK(::rename(temp_path_.c_str(), path_.c_str()) == 0, "cannot rename '", printable(temp_path_), "' to '",
+            printable(path_), "': ", errno_text());
   committed_ = true;
   fsync_folder(std::filesystem::path(path_).parent_path(), path_);
 }

@@ -65,8 +65,7 @@ float decode_fields(uint32_t bits, int exp_bits, int man_bits, int bias, bool ha
   uint32_t exp = (bits >> man_bits) & ((1u << exp_bits) - 1);
   bool negative = has_sign && ((bits >> (man_bits + exp_bits)) & 1u);
   float fraction = static_cast<float>(man) / static_cast<float>(1u << man_bits);
-  float value = exp == 0 ? std::ldexp(fraction, 1 - bias)
-                         : std::ldexp(1.0f + fraction, static_cast<int>(exp) - bias);
+  float value = exp == 0 ? std::ldexp(fraction, 1 - bias) : std::ldexp(1.0f + fraction, static_cast<int>(exp) - bias);
   return negative ? -value : value;
 }
 
@@ -155,14 +154,14 @@ void widen_elements(FileDType dtype, const void* src, int64_t numel, void* dst, 
     case FileDType::UInt64:
       for (int64_t i = 0; i < numel; ++i) {
         uint64_t v = load(i, uint64_t{});
-        TVC_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), what,
-                  ": element ", i, " = ", v, " of a U64 tensor does not fit in int64");
+        TVC_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), what, ": element ", i, " = ", v,
+                  " of a U64 tensor does not fit in int64");
         static_cast<int64_t*>(dst)[i] = static_cast<int64_t>(v);
       }
       return;
     default:
-      TVC_CHECK(bit_size(dtype) == 8 && widened_dtype(dtype) == DType::Float32, what,
-                ": cannot widen ", safetensors_name(dtype));
+      TVC_CHECK(bit_size(dtype) == 8 && widened_dtype(dtype) == DType::Float32, what, ": cannot widen ",
+                safetensors_name(dtype));
       for (int64_t i = 0; i < numel; ++i) static_cast<float*>(dst)[i] = decode_small_float(dtype, in[i]);
       return;
   }

@@ -1,12 +1,12 @@
 #include "io/pickle.h"
 
-#include "tvc/internal/tensor_impl.h"
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <unordered_map>
+
+#include "tvc/internal/tensor_impl.h"
 
 namespace tvc::io {
 
@@ -40,7 +40,7 @@ void PickleInput::read(void* dst, size_t n) {
 
 namespace {
 
-constexpr size_t kMaxDepth = 1000;          // nesting of containers, and open marks
+constexpr size_t kMaxDepth = 1000;  // nesting of containers, and open marks
 constexpr size_t kMaxStack = size_t{1} << 20;
 constexpr size_t kMaxMemo = size_t{1} << 20;
 constexpr uint64_t kMaxObjects = uint64_t{1} << 24;  // objects one pickle may create
@@ -85,14 +85,22 @@ struct Obj {
 
 const char* kind_name(const Obj& o) {
   switch (o.kind) {
-    case Obj::Kind::Leaf: return o.leaf.kind_name();
-    case Obj::Kind::List: return "list";
-    case Obj::Kind::Tuple: return "tuple";
-    case Obj::Kind::Set: return "set";
-    case Obj::Kind::Dict: return o.ordered ? "OrderedDict" : "dict";
-    case Obj::Kind::Global: return "class or function";
-    case Obj::Kind::Storage: return "storage";
-    case Obj::Kind::Tensor: return "Tensor";
+    case Obj::Kind::Leaf:
+      return o.leaf.kind_name();
+    case Obj::Kind::List:
+      return "list";
+    case Obj::Kind::Tuple:
+      return "tuple";
+    case Obj::Kind::Set:
+      return "set";
+    case Obj::Kind::Dict:
+      return o.ordered ? "OrderedDict" : "dict";
+    case Obj::Kind::Global:
+      return "class or function";
+    case Obj::Kind::Storage:
+      return "storage";
+    case Obj::Kind::Tensor:
+      return "Tensor";
   }
   return "?";
 }
@@ -102,25 +110,144 @@ bool is_leaf(const Obj& o, Value::Kind kind) { return o.kind == Obj::Kind::Leaf 
 // The opcodes of pickle protocols 0-5 by byte, null for bytes that are none.
 const char* opcode_name(uint8_t op) {
   switch (op) {
-    case '(': return "MARK"; case '.': return "STOP"; case '0': return "POP"; case '1': return "POP_MARK";
-    case '2': return "DUP"; case 'F': return "FLOAT"; case 'I': return "INT"; case 'J': return "BININT";
-    case 'K': return "BININT1"; case 'L': return "LONG"; case 'M': return "BININT2"; case 'N': return "NONE";
-    case 'P': return "PERSID"; case 'Q': return "BINPERSID"; case 'R': return "REDUCE"; case 'S': return "STRING";
-    case 'T': return "BINSTRING"; case 'U': return "SHORT_BINSTRING"; case 'V': return "UNICODE";
-    case 'X': return "BINUNICODE"; case 'a': return "APPEND"; case 'b': return "BUILD"; case 'c': return "GLOBAL";
-    case 'd': return "DICT"; case '}': return "EMPTY_DICT"; case 'e': return "APPENDS"; case 'g': return "GET";
-    case 'h': return "BINGET"; case 'i': return "INST"; case 'j': return "LONG_BINGET"; case 'l': return "LIST";
-    case ']': return "EMPTY_LIST"; case 'o': return "OBJ"; case 'p': return "PUT"; case 'q': return "BINPUT";
-    case 'r': return "LONG_BINPUT"; case 's': return "SETITEM"; case 't': return "TUPLE"; case ')': return "EMPTY_TUPLE";
-    case 'u': return "SETITEMS"; case 'G': return "BINFLOAT"; case 0x80: return "PROTO"; case 0x81: return "NEWOBJ";
-    case 0x82: return "EXT1"; case 0x83: return "EXT2"; case 0x84: return "EXT4"; case 0x85: return "TUPLE1";
-    case 0x86: return "TUPLE2"; case 0x87: return "TUPLE3"; case 0x88: return "NEWTRUE"; case 0x89: return "NEWFALSE";
-    case 0x8a: return "LONG1"; case 0x8b: return "LONG4"; case 'B': return "BINBYTES"; case 'C': return "SHORT_BINBYTES";
-    case 0x8c: return "SHORT_BINUNICODE"; case 0x8d: return "BINUNICODE8"; case 0x8e: return "BINBYTES8";
-    case 0x8f: return "EMPTY_SET"; case 0x90: return "ADDITEMS"; case 0x91: return "FROZENSET"; case 0x92: return "NEWOBJ_EX";
-    case 0x93: return "STACK_GLOBAL"; case 0x94: return "MEMOIZE"; case 0x95: return "FRAME";
-    case 0x96: return "BYTEARRAY8"; case 0x97: return "NEXT_BUFFER"; case 0x98: return "READONLY_BUFFER";
-    default: return nullptr;
+    case '(':
+      return "MARK";
+    case '.':
+      return "STOP";
+    case '0':
+      return "POP";
+    case '1':
+      return "POP_MARK";
+    case '2':
+      return "DUP";
+    case 'F':
+      return "FLOAT";
+    case 'I':
+      return "INT";
+    case 'J':
+      return "BININT";
+    case 'K':
+      return "BININT1";
+    case 'L':
+      return "LONG";
+    case 'M':
+      return "BININT2";
+    case 'N':
+      return "NONE";
+    case 'P':
+      return "PERSID";
+    case 'Q':
+      return "BINPERSID";
+    case 'R':
+      return "REDUCE";
+    case 'S':
+      return "STRING";
+    case 'T':
+      return "BINSTRING";
+    case 'U':
+      return "SHORT_BINSTRING";
+    case 'V':
+      return "UNICODE";
+    case 'X':
+      return "BINUNICODE";
+    case 'a':
+      return "APPEND";
+    case 'b':
+      return "BUILD";
+    case 'c':
+      return "GLOBAL";
+    case 'd':
+      return "DICT";
+    case '}':
+      return "EMPTY_DICT";
+    case 'e':
+      return "APPENDS";
+    case 'g':
+      return "GET";
+    case 'h':
+      return "BINGET";
+    case 'i':
+      return "INST";
+    case 'j':
+      return "LONG_BINGET";
+    case 'l':
+      return "LIST";
+    case ']':
+      return "EMPTY_LIST";
+    case 'o':
+      return "OBJ";
+    case 'p':
+      return "PUT";
+    case 'q':
+      return "BINPUT";
+    case 'r':
+      return "LONG_BINPUT";
+    case 's':
+      return "SETITEM";
+    case 't':
+      return "TUPLE";
+    case ')':
+      return "EMPTY_TUPLE";
+    case 'u':
+      return "SETITEMS";
+    case 'G':
+      return "BINFLOAT";
+    case 0x80:
+      return "PROTO";
+    case 0x81:
+      return "NEWOBJ";
+    case 0x82:
+      return "EXT1";
+    case 0x83:
+      return "EXT2";
+    case 0x84:
+      return "EXT4";
+    case 0x85:
+      return "TUPLE1";
+    case 0x86:
+      return "TUPLE2";
+    case 0x87:
+      return "TUPLE3";
+    case 0x88:
+      return "NEWTRUE";
+    case 0x89:
+      return "NEWFALSE";
+    case 0x8a:
+      return "LONG1";
+    case 0x8b:
+      return "LONG4";
+    case 'B':
+      return "BINBYTES";
+    case 'C':
+      return "SHORT_BINBYTES";
+    case 0x8c:
+      return "SHORT_BINUNICODE";
+    case 0x8d:
+      return "BINUNICODE8";
+    case 0x8e:
+      return "BINBYTES8";
+    case 0x8f:
+      return "EMPTY_SET";
+    case 0x90:
+      return "ADDITEMS";
+    case 0x91:
+      return "FROZENSET";
+    case 0x92:
+      return "NEWOBJ_EX";
+    case 0x93:
+      return "STACK_GLOBAL";
+    case 0x94:
+      return "MEMOIZE";
+    case 0x95:
+      return "FRAME";
+    case 0x96:
+      return "BYTEARRAY8";
+    case 0x97:
+      return "NEXT_BUFFER";
+    case 0x98:
+      return "READONLY_BUFFER";
+    default:
+      return nullptr;
   }
 }
 
@@ -152,7 +279,8 @@ struct Unpickler::State {
   // ---- input
   void need(uint64_t n) const {
     if (n > in->remaining())
-      fail(cat_str("needs ", n, " more bytes but the pickle has ", in->remaining(), " left: past the end (truncated?)"));
+      fail(
+          cat_str("needs ", n, " more bytes but the pickle has ", in->remaining(), " left: past the end (truncated?)"));
   }
   uint64_t read_uint(size_t n) {  // little-endian
     need(n);
@@ -230,7 +358,8 @@ struct Unpickler::State {
       fail(cat_str("the object tree has more than ", kMaxTreeSize, " nodes (shared objects counted at each use)"));
     parent.tree_bytes += child->tree_bytes;
     if (parent.tree_bytes > kMaxTreeBytes)
-      fail(cat_str("the object tree holds more than ", kMaxTreeBytes, " bytes of strings (shared ones counted at each use)"));
+      fail(cat_str("the object tree holds more than ", kMaxTreeBytes,
+                   " bytes of strings (shared ones counted at each use)"));
   }
   ObjPtr sequence(Obj::Kind kind, const std::vector<ObjPtr>& items) {
     ObjPtr o = make(kind);
@@ -250,8 +379,10 @@ struct Unpickler::State {
     adopt(dict, key);
     adopt(dict, value);
     auto [it, added] = dict.index.emplace(text, dict.items.size());
-    if (added) dict.items.emplace_back(key, value);
-    else dict.items[it->second].second = value;  // Python: the last value of a key wins
+    if (added)
+      dict.items.emplace_back(key, value);
+    else
+      dict.items[it->second].second = value;  // Python: the last value of a key wins
   }
   // A text equal for keys Python finds equal (1 == 1.0 == True): dict and set keys must be
   // str, int, float, bool, None, bytes or tuples of those.
@@ -263,12 +394,17 @@ struct Unpickler::State {
       for (const ObjPtr& e : key.elements) s += key_text(*e, what) + ",";
       return s + ")";
     }
-    if (key.kind != Obj::Kind::Leaf) fail(cat_str("a ", what, " is a ", kind_name(key), " (only str, int, float, bool, None, bytes and tuples are allowed)"));
+    if (key.kind != Obj::Kind::Leaf)
+      fail(cat_str("a ", what, " is a ", kind_name(key),
+                   " (only str, int, float, bool, None, bytes and tuples are allowed)"));
     const Value& v = key.leaf;
     switch (v.kind()) {
-      case Value::Kind::None: return "N";
-      case Value::Kind::Bool: return cat_str("i", v.to_bool() ? 1 : 0);
-      case Value::Kind::Int: return cat_str("i", v.to_int());
+      case Value::Kind::None:
+        return "N";
+      case Value::Kind::Bool:
+        return cat_str("i", v.to_bool() ? 1 : 0);
+      case Value::Kind::Int:
+        return cat_str("i", v.to_int());
       case Value::Kind::Float: {
         double f = v.to_float();
         if (f >= -9.2e18 && f <= 9.2e18 && f == static_cast<double>(static_cast<int64_t>(f)))
@@ -278,8 +414,10 @@ struct Unpickler::State {
         return cat_str("f", bits);
       }
       // Length-prefixed, so that tuples of strings cannot collide.
-      case Value::Kind::String: return cat_str("s", v.to_string().size(), ":", v.to_string());
-      default: return cat_str("b", v.to_string().size(), ":", v.to_string());  // bytes
+      case Value::Kind::String:
+        return cat_str("s", v.to_string().size(), ":", v.to_string());
+      default:
+        return cat_str("b", v.to_string().size(), ":", v.to_string());  // bytes
     }
   }
 
@@ -302,14 +440,21 @@ struct Unpickler::State {
 };
 
 void Unpickler::State::global(const std::string& module, const std::string& name) {
-  static const char* const kAllowed[] = {
-      "collections.OrderedDict", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor",
-      "torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state", "_codecs.encode",
-      "builtins.set", "builtins.frozenset", "builtins.bytes", "__builtin__.set", "__builtin__.frozenset",
-      "__builtin__.bytes"};
+  static const char* const kAllowed[] = {"collections.OrderedDict",
+                                         "torch._utils._rebuild_tensor_v2",
+                                         "torch._utils._rebuild_tensor",
+                                         "torch._utils._rebuild_parameter",
+                                         "torch._utils._rebuild_parameter_with_state",
+                                         "_codecs.encode",
+                                         "builtins.set",
+                                         "builtins.frozenset",
+                                         "builtins.bytes",
+                                         "__builtin__.set",
+                                         "__builtin__.frozenset",
+                                         "__builtin__.bytes"};
   std::string full = module + "." + name;
-  bool allowed = std::find_if(std::begin(kAllowed), std::end(kAllowed),
-                              [&](const char* a) { return full == a; }) != std::end(kAllowed);
+  bool allowed = std::find_if(std::begin(kAllowed), std::end(kAllowed), [&](const char* a) { return full == a; }) !=
+                 std::end(kAllowed);
   if (!allowed && module == "torch") allowed = file_dtype_from_torch_storage(name).has_value();
   if (!allowed) fail(cat_str(op, " ", printable(full), " is not allowed (only state_dict/checkpoint types are)"));
   ObjPtr g = make(Obj::Kind::Global);
@@ -319,7 +464,8 @@ void Unpickler::State::global(const std::string& module, const std::string& name
 
 void Unpickler::State::reduce(const Obj& callable, const Obj& args_obj) {
   if (callable.kind != Obj::Kind::Global) fail(cat_str("calls a ", kind_name(callable), ", not a class or function"));
-  if (args_obj.kind != Obj::Kind::Tuple) fail(cat_str("the arguments of ", callable.global, " are a ", kind_name(args_obj), ", not a tuple"));
+  if (args_obj.kind != Obj::Kind::Tuple)
+    fail(cat_str("the arguments of ", callable.global, " are a ", kind_name(args_obj), ", not a tuple"));
   const std::string& f = callable.global;
   const std::vector<ObjPtr>& args = args_obj.elements;
   auto no_args = [&] {
@@ -333,7 +479,8 @@ void Unpickler::State::reduce(const Obj& callable, const Obj& args_obj) {
   } else if (f == "builtins.set" || f == "builtins.frozenset") {
     if (args.empty()) return push(make(Obj::Kind::Set));
     const Obj& items = *args[0];
-    if (args.size() != 1 || (items.kind != Obj::Kind::List && items.kind != Obj::Kind::Tuple && items.kind != Obj::Kind::Set))
+    if (args.size() != 1 ||
+        (items.kind != Obj::Kind::List && items.kind != Obj::Kind::Tuple && items.kind != Obj::Kind::Set))
       fail(cat_str(f, " takes one list, tuple or set"));
     push(sequence(Obj::Kind::Set, items.elements));
   } else if (f == "builtins.bytes") {
@@ -350,7 +497,8 @@ void Unpickler::State::reduce(const Obj& callable, const Obj& args_obj) {
       auto c = static_cast<uint8_t>(utf8[i]);
       if (c < 0x80) {
         bytes += static_cast<char>(c);
-      } else if ((c == 0xc2 || c == 0xc3) && i + 1 < utf8.size() && (static_cast<uint8_t>(utf8[i + 1]) & 0xc0) == 0x80) {
+      } else if ((c == 0xc2 || c == 0xc3) && i + 1 < utf8.size() &&
+                 (static_cast<uint8_t>(utf8[i + 1]) & 0xc0) == 0x80) {
         bytes += static_cast<char>((c & 0x03) << 6 | (static_cast<uint8_t>(utf8[++i]) & 0x3f));
       } else {
         fail("_codecs.encode: the str is not latin-1");
@@ -422,8 +570,10 @@ void Unpickler::State::rebuild_tensor(const std::vector<ObjPtr>& args, const std
   if (!empty) {
     for (size_t i = 0; i < t->sizes.size(); ++i) {
       uint64_t step;
-      overflow = overflow || __builtin_mul_overflow(static_cast<uint64_t>(t->sizes[i] - 1), static_cast<uint64_t>(t->strides[i]), &step) ||
-                 __builtin_add_overflow(last, step, &last);
+      overflow =
+          overflow ||
+          __builtin_mul_overflow(static_cast<uint64_t>(t->sizes[i] - 1), static_cast<uint64_t>(t->strides[i]), &step) ||
+          __builtin_add_overflow(last, step, &last);
     }
   }
   // Element counts must also fit in int64 (tvc's numel).
@@ -488,10 +638,13 @@ void Unpickler::State::run() {
         if (proto < 2 || proto > 5) fail(cat_str("pickle protocol ", proto, " is not supported (2 to 5 are)"));
         break;
       }
-      case 0x95: need(read_uint(8)); break;  // FRAME: a length hint, the opcodes follow as usual
+      case 0x95:
+        need(read_uint(8));
+        break;     // FRAME: a length hint, the opcodes follow as usual
       case '.': {  // STOP
         if (stack.size() != 1 || !marks.empty())
-          fail(cat_str("STOP with ", stack.size(), " objects and ", marks.size(), " marks on the stack (expected one object)"));
+          fail(cat_str("STOP with ", stack.size(), " objects and ", marks.size(),
+                       " marks on the stack (expected one object)"));
         result = pop();
         return;
       }
@@ -500,16 +653,32 @@ void Unpickler::State::run() {
         marks.push_back(stack.size());
         break;
       case '0':  // POP: as Python, an empty frame pops its mark
-        if (stack.size() == frame_start() && !marks.empty()) marks.pop_back();
-        else pop();
+        if (stack.size() == frame_start() && !marks.empty())
+          marks.pop_back();
+        else
+          pop();
         break;
-      case '1': pop_mark(); break;
-      case 'N': push(leaf(Value())); break;
-      case 0x88: push(leaf(Value(true))); break;
-      case 0x89: push(leaf(Value(false))); break;
-      case 'J': push(leaf(Value(static_cast<int64_t>(static_cast<int32_t>(read_uint(4)))))); break;
-      case 'K': push(leaf(Value(static_cast<int64_t>(read_uint(1))))); break;
-      case 'M': push(leaf(Value(static_cast<int64_t>(read_uint(2))))); break;
+      case '1':
+        pop_mark();
+        break;
+      case 'N':
+        push(leaf(Value()));
+        break;
+      case 0x88:
+        push(leaf(Value(true)));
+        break;
+      case 0x89:
+        push(leaf(Value(false)));
+        break;
+      case 'J':
+        push(leaf(Value(static_cast<int64_t>(static_cast<int32_t>(read_uint(4))))));
+        break;
+      case 'K':
+        push(leaf(Value(static_cast<int64_t>(read_uint(1)))));
+        break;
+      case 'M':
+        push(leaf(Value(static_cast<int64_t>(read_uint(2)))));
+        break;
       case 0x8a: {  // LONG1: n bytes of little-endian two's complement
         uint64_t n = read_uint(1);
         if (n > 8) fail(cat_str("an integer of ", n, " bytes is beyond 64 bits"));
@@ -529,40 +698,67 @@ void Unpickler::State::run() {
         push(leaf(Value(d)));
         break;
       }
-      case 'X': push(leaf(Value(read_string(read_uint(4))))); break;
-      case 0x8c: push(leaf(Value(read_string(read_uint(1))))); break;
-      case 0x8d: push(leaf(Value(read_string(read_uint(8))))); break;
-      case 'U': push(leaf(Value(read_string(read_uint(1))))); break;
+      case 'X':
+        push(leaf(Value(read_string(read_uint(4)))));
+        break;
+      case 0x8c:
+        push(leaf(Value(read_string(read_uint(1)))));
+        break;
+      case 0x8d:
+        push(leaf(Value(read_string(read_uint(8)))));
+        break;
+      case 'U':
+        push(leaf(Value(read_string(read_uint(1)))));
+        break;
       case 'T': {
         auto n = static_cast<int32_t>(read_uint(4));
         if (n < 0) fail(cat_str("negative string length ", n));
         push(leaf(Value(read_string(static_cast<uint64_t>(n)))));
         break;
       }
-      case 'B': push(leaf(Value::bytes(read_string(read_uint(4))))); break;
-      case 'C': push(leaf(Value::bytes(read_string(read_uint(1))))); break;
-      case 0x8e: push(leaf(Value::bytes(read_string(read_uint(8))))); break;
-      case ']': push(make(Obj::Kind::List)); break;
-      case ')': push(make(Obj::Kind::Tuple)); break;
-      case '}': push(make(Obj::Kind::Dict)); break;
-      case 0x8f: push(make(Obj::Kind::Set)); break;
-      case 'a': case 'e': {  // APPEND, APPENDS
+      case 'B':
+        push(leaf(Value::bytes(read_string(read_uint(4)))));
+        break;
+      case 'C':
+        push(leaf(Value::bytes(read_string(read_uint(1)))));
+        break;
+      case 0x8e:
+        push(leaf(Value::bytes(read_string(read_uint(8)))));
+        break;
+      case ']':
+        push(make(Obj::Kind::List));
+        break;
+      case ')':
+        push(make(Obj::Kind::Tuple));
+        break;
+      case '}':
+        push(make(Obj::Kind::Dict));
+        break;
+      case 0x8f:
+        push(make(Obj::Kind::Set));
+        break;
+      case 'a':
+      case 'e': {  // APPEND, APPENDS
         std::vector<ObjPtr> items;
-        if (code == 'a') items.push_back(pop());
-        else items = pop_mark();
+        if (code == 'a')
+          items.push_back(pop());
+        else
+          items = pop_mark();
         Obj& list = *top();
         if (list.kind != Obj::Kind::List) fail(cat_str(op, " on a ", kind_name(list), " (only a list takes it)"));
         for (const ObjPtr& item : items) add_element(list, item);
         break;
       }
-      case 's': case 'u': {  // SETITEM, SETITEMS
+      case 's':
+      case 'u': {  // SETITEM, SETITEMS
         std::vector<ObjPtr> items;
         if (code == 's') {
           ObjPtr value = pop();
           items = {pop(), value};
         } else {
           items = pop_mark();
-          if (items.size() % 2 != 0) fail(cat_str("SETITEMS with an odd number (", items.size(), ") of keys and values"));
+          if (items.size() % 2 != 0)
+            fail(cat_str("SETITEMS with an odd number (", items.size(), ") of keys and values"));
         }
         Obj& dict = *top();
         if (dict.kind != Obj::Kind::Dict) fail(cat_str(op, " on a ", kind_name(dict), " (only a dict takes it)"));
@@ -576,19 +772,35 @@ void Unpickler::State::run() {
         for (const ObjPtr& item : items) add_element(set, item);
         break;
       }
-      case 0x91: push(sequence(Obj::Kind::Set, pop_mark())); break;  // FROZENSET
-      case 't': push(sequence(Obj::Kind::Tuple, pop_mark())); break;
-      case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+      case 0x91:
+        push(sequence(Obj::Kind::Set, pop_mark()));
+        break;  // FROZENSET
+      case 't':
+        push(sequence(Obj::Kind::Tuple, pop_mark()));
+        break;
+      case 0x85:
+      case 0x86:
+      case 0x87: {  // TUPLE1..3
         std::vector<ObjPtr> items(code - 0x84);
         for (size_t i = items.size(); i-- > 0;) items[i] = pop();
         push(sequence(Obj::Kind::Tuple, items));
         break;
       }
-      case 'h': memo_get(read_uint(1)); break;
-      case 'j': memo_get(read_uint(4)); break;
-      case 'q': memo_put(read_uint(1)); break;
-      case 'r': memo_put(read_uint(4)); break;
-      case 0x94: memo_put(memo.size()); break;
+      case 'h':
+        memo_get(read_uint(1));
+        break;
+      case 'j':
+        memo_get(read_uint(4));
+        break;
+      case 'q':
+        memo_put(read_uint(1));
+        break;
+      case 'r':
+        memo_put(read_uint(4));
+        break;
+      case 0x94:
+        memo_put(memo.size());
+        break;
       case 'c': {
         std::string module = read_line();
         global(module, read_line());
@@ -609,7 +821,8 @@ void Unpickler::State::run() {
       case 0x81: {  // NEWOBJ: cls.__new__(cls, *args), here only OrderedDict()
         ObjPtr args = pop(), cls = pop();
         if (cls->kind != Obj::Kind::Global || cls->global != "collections.OrderedDict")
-          fail(cat_str("NEWOBJ of ", cls->kind == Obj::Kind::Global ? cls->global : kind_name(*cls), " is not allowed"));
+          fail(
+              cat_str("NEWOBJ of ", cls->kind == Obj::Kind::Global ? cls->global : kind_name(*cls), " is not allowed"));
         reduce(*cls, *args);
         break;
       }
@@ -618,10 +831,12 @@ void Unpickler::State::run() {
         build(*top(), *state);
         break;
       }
-      case 'Q': persistent_id(*pop()); break;
+      case 'Q':
+        persistent_id(*pop());
+        break;
       default:
-        throw Error(cat_str(where(), ": opcode ", op, " (0x", std::hex, int{code}, std::dec, ") at byte ",
-                            op_position, " is not allowed"));
+        throw Error(cat_str(where(), ": opcode ", op, " (0x", std::hex, int{code}, std::dec, ") at byte ", op_position,
+                            " is not allowed"));
     }
   }
 }
@@ -659,14 +874,18 @@ class Converter {
     if (it != done_.end()) return it->second;
     Value v;
     switch (o->kind) {
-      case Obj::Kind::Leaf: return o->leaf;
-      case Obj::Kind::Tensor: v = Value(tensor(*o, path)); break;
+      case Obj::Kind::Leaf:
+        return o->leaf;
+      case Obj::Kind::Tensor:
+        v = Value(tensor(*o, path));
+        break;
       case Obj::Kind::List:
       case Obj::Kind::Tuple:
       case Obj::Kind::Set: {
         std::vector<Value> items;
-        for (size_t i = 0; i < o->elements.size(); ++i) items.push_back(convert(o->elements[i], child(path, std::to_string(i))));
-        v = o->kind == Obj::Kind::List ? Value::list(std::move(items))
+        for (size_t i = 0; i < o->elements.size(); ++i)
+          items.push_back(convert(o->elements[i], child(path, std::to_string(i))));
+        v = o->kind == Obj::Kind::List    ? Value::list(std::move(items))
             : o->kind == Obj::Kind::Tuple ? Value::tuple(std::move(items))
                                           : Value::set(std::move(items));
         break;
@@ -728,16 +947,20 @@ class Converter {
       uint64_t u = 0;
       std::memcpy(&u, src + i * in_size, in_size);  // little-endian file and host
       switch (dtype) {
-        case DType::Int32: static_cast<int32_t*>(out->data())[i] = static_cast<int32_t>(u); break;
+        case DType::Int32:
+          static_cast<int32_t*>(out->data())[i] = static_cast<int32_t>(u);
+          break;
         case DType::Int64:
           TVC_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), "'", printable(file_),
                     "': tensor '", printable(path), "' holds the unsigned value ", u, ", beyond int64");
           static_cast<int64_t*>(out->data())[i] = static_cast<int64_t>(u);
           break;
-        case DType::Float32: static_cast<float*>(out->data())[i] = decode_small_float(t.dtype, static_cast<uint8_t>(u)); break;
+        case DType::Float32:
+          static_cast<float*>(out->data())[i] = decode_small_float(t.dtype, static_cast<uint8_t>(u));
+          break;
         default:
-          throw Error(cat_str("'", printable(file_), "': cannot widen tensor '", printable(path), "' to ",
-                              dtype_name(dtype)));
+          throw Error(
+              cat_str("'", printable(file_), "': cannot widen tensor '", printable(path), "' to ", dtype_name(dtype)));
       }
     }
     widened_.emplace(t.storage.get(), out);
@@ -802,8 +1025,10 @@ class Pickler {
       size_t n = 8;
       while (n > 1) {
         uint8_t last = u >> (8 * (n - 1)) & 0xff, prev_sign = u >> (8 * (n - 2) + 7) & 1;
-        if ((last == 0 && !prev_sign) || (last == 0xff && prev_sign)) --n;
-        else break;
+        if ((last == 0 && !prev_sign) || (last == 0xff && prev_sign))
+          --n;
+        else
+          break;
       }
       op(0x8a);
       put_uint(n, 1);
@@ -835,9 +1060,15 @@ class Pickler {
 
   void save(const Value& v, size_t depth) {  // depth was checked by collect()
     switch (v.kind()) {
-      case Value::Kind::None: op('N'); break;
-      case Value::Kind::Bool: op(v.to_bool() ? 0x88 : 0x89); break;
-      case Value::Kind::Int: save_int(v.to_int()); break;
+      case Value::Kind::None:
+        op('N');
+        break;
+      case Value::Kind::Bool:
+        op(v.to_bool() ? 0x88 : 0x89);
+        break;
+      case Value::Kind::Int:
+        save_int(v.to_int());
+        break;
       case Value::Kind::Float: {
         double d = v.to_float();
         uint64_t bits;
@@ -846,7 +1077,9 @@ class Pickler {
         for (int i = 7; i >= 0; --i) out_ += static_cast<char>(bits >> (8 * i) & 0xff);
         break;
       }
-      case Value::Kind::String: save_str(v.to_string()); break;
+      case Value::Kind::String:
+        save_str(v.to_string());
+        break;
       case Value::Kind::Bytes: {
         // Protocol 2 has no bytes opcode: _codecs.encode(<bytes as a latin-1 str>, 'latin1').
         std::string utf8;
@@ -866,7 +1099,9 @@ class Pickler {
         op('R');
         break;
       }
-      case Value::Kind::Tensor: save_tensor(v.to_tensor()); break;
+      case Value::Kind::Tensor:
+        save_tensor(v.to_tensor());
+        break;
       case Value::Kind::List: {
         op(']');
         batches(v.elements().size(), 'a', 'e', [&](size_t i) { save(v.elements()[i], depth + 1); });
@@ -884,8 +1119,10 @@ class Pickler {
         break;
       }
       case Value::Kind::Dict: {
-        if (v.ordered()) empty_ordered_dict();
-        else op('}');
+        if (v.ordered())
+          empty_ordered_dict();
+        else
+          op('}');
         const Value::Items& items = v.items();
         batches(items.size(), 's', 'u', [&](size_t i) {
           save(items[i].first, depth + 1);
@@ -910,7 +1147,7 @@ class Pickler {
   // A saved storage is a tvc Storage seen as one dtype, cut to the elements its tensors use.
   using StorageKey = std::pair<const Storage*, DType>;
   struct Range {
-    size_t index = 0;  // into storages_
+    size_t index = 0;                                          // into storages_
     int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;  // elements [lo, hi) used
   };
 
@@ -937,7 +1174,9 @@ class Pickler {
         it->second.hi = std::max(it->second.hi, last + 1);
         break;
       }
-      case Value::Kind::List: case Value::Kind::Tuple: case Value::Kind::Set:
+      case Value::Kind::List:
+      case Value::Kind::Tuple:
+      case Value::Kind::Set:
         for (const Value& e : v.elements()) collect(e, depth + 1);
         break;
       case Value::Kind::Dict:
@@ -946,7 +1185,8 @@ class Pickler {
           collect(e, depth + 1);
         }
         break;
-      default: break;
+      default:
+        break;
     }
   }
 

@@ -32,7 +32,7 @@ class PickleInput {
   void read(void* dst, size_t n);
 
  private:
-  const uint8_t* data_ = nullptr;  // memory input
+  const uint8_t* data_ = nullptr;    // memory input
   const InputFile* file_ = nullptr;  // file input: bytes [offset_, file size)
   uint64_t offset_ = 0;
   uint64_t size_ = 0;

@@ -87,8 +87,8 @@ Value load_zip(const std::string& path, const ReadOptions& options) {
 // ---------------------------------------------------------------- legacy format
 
 // pickle.dumps(0x1950a86a20f9469cfc6c, protocol=2): the magic number that opens a legacy file.
-constexpr uint8_t kLegacyMagic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9,
-                                    0x20, 0x6a, 0xa8, 0x50, 0x19, 0x2e};
+constexpr uint8_t kLegacyMagic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
+                                    0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, 0x2e};
 
 Value load_legacy(const std::string& path, const ReadOptions& options) {
   InputFile file(path);
@@ -171,8 +171,7 @@ Value load_pth(const std::string& path, const ReadOptions& options) {
   WeightFormat format = detect_format(path);
   if (format == WeightFormat::PthZip) return load_zip(path, options);
   if (format == WeightFormat::PthLegacy) return load_legacy(path, options);
-  throw Error(
-      cat_str("'", printable(path), "': not a .pth file (neither a zip archive nor a legacy torch.save file)"));
+  throw Error(cat_str("'", printable(path), "': not a .pth file (neither a zip archive nor a legacy torch.save file)"));
 }
 
 void save_pth(const std::string& path, const Value& value) {

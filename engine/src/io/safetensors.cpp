@@ -4,9 +4,8 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "io/file.h"
 #include "io/file_dtype.h"
@@ -52,9 +51,7 @@ class HeaderReader : public nlohmann::json_sax<nlohmann::json> {
     }
     return scalar("a number");
   }
-  bool number_float(number_float_t, const string_t& text) override {
-    return scalar("the non-integer number " + text);
-  }
+  bool number_float(number_float_t, const string_t& text) override { return scalar("the non-integer number " + text); }
   bool string(string_t& v) override {
     if (depth_ == 2 && in_metadata()) {
       metadata[field_] = v;
@@ -160,9 +157,9 @@ class HeaderReader : public nlohmann::json_sax<nlohmann::json> {
   }
 
   std::string path_;
-  int depth_ = 0;          // 1: top object, 2: an entry, 3: an entry's array
-  std::string entry_;      // the current top-level key
-  std::string field_;      // the current key inside an entry
+  int depth_ = 0;      // 1: top object, 2: an entry, 3: an entry's array
+  std::string entry_;  // the current top-level key
+  std::string field_;  // the current key inside an entry
   std::set<std::string> top_keys_, field_keys_, seen_;
   std::vector<uint64_t> numbers_;
 };
@@ -239,11 +236,11 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
               e.begin > next ? " (a hole)" : " (overlapping)");
     uint64_t expected = byte_size(path, e.name, e.dtype, e.shape);
     TVC_CHECK(e.nbytes == expected, "'", printable(path), "': invalid safetensors header: tensor '", printable(e.name),
-              "' of dtype ", safetensors_name(e.dtype), " and shape ", shape_str(e.shape), " needs ",
-              expected, " bytes but its data_offsets span ", e.nbytes);
+              "' of dtype ", safetensors_name(e.dtype), " and shape ", shape_str(e.shape), " needs ", expected,
+              " bytes but its data_offsets span ", e.nbytes);
     TVC_CHECK(e.nbytes <= data_size - next, "'", printable(path), "': tensor '", printable(e.name), "' (data offsets ",
-              e.begin, " to ", e.begin + e.nbytes, ") runs past the end of the file (data section of ",
-              data_size, " bytes)");
+              e.begin, " to ", e.begin + e.nbytes, ") runs past the end of the file (data section of ", data_size,
+              " bytes)");
     next += e.nbytes;
     f.index_[e.name] = i;
   }
@@ -277,8 +274,7 @@ Tensor SafetensorsFile::tensor(const std::string& name, const ReadOptions& optio
   impl->strides = contiguous_strides(e.shape);
   impl->dtype = dtype;
   if (options.map && exact && offset % elem == 0 && mapping_) {
-    if (e.dtype == FileDType::Bool)
-      check_bools(static_cast<const uint8_t*>(mapping_->data()) + offset, e.nbytes, what);
+    if (e.dtype == FileDType::Bool) check_bools(static_cast<const uint8_t*>(mapping_->data()) + offset, e.nbytes, what);
     impl->storage = mapping_;
     impl->offset = static_cast<int64_t>(offset / elem);
     return Tensor(impl);
@@ -287,8 +283,7 @@ Tensor SafetensorsFile::tensor(const std::string& name, const ReadOptions& optio
   if (exact) {
     impl->storage = Storage::allocate(e.nbytes);
     file_->read(offset, impl->storage->data(), e.nbytes, cat_str("the data of tensor '", printable(name), "'"));
-    if (e.dtype == FileDType::Bool)
-      check_bools(static_cast<const uint8_t*>(impl->storage->data()), e.nbytes, what);
+    if (e.dtype == FileDType::Bool) check_bools(static_cast<const uint8_t*>(impl->storage->data()), e.nbytes, what);
   } else {
     std::vector<uint8_t> raw = bytes(name);
     impl->storage = Storage::allocate(static_cast<size_t>(numel) * elem);
@@ -318,16 +313,16 @@ void write_safetensors(const std::string& path, std::vector<PendingTensor> tenso
               "': \"__metadata__\" is reserved and cannot name a tensor");
     TVC_CHECK(names.insert(t.name).second, "save_safetensors '", printable(path), "': tensor name '", printable(t.name),
               "' appears twice");
-    TVC_CHECK(invalid_utf8_at(t.name) == std::string::npos, "save_safetensors '", printable(path),
-              "': tensor name '", printable(t.name), "' is not UTF-8");
+    TVC_CHECK(invalid_utf8_at(t.name) == std::string::npos, "save_safetensors '", printable(path), "': tensor name '",
+              printable(t.name), "' is not UTF-8");
     uint64_t expected = byte_size(path, t.name, t.dtype, t.shape);
     TVC_CHECK(t.nbytes == expected, "save_safetensors '", printable(path), "': tensor '", printable(t.name),
               "' of dtype ", safetensors_name(t.dtype), " and shape ", shape_str(t.shape), " needs ", expected,
               " bytes but has ", t.nbytes);
   }
   for (const auto& [k, v] : metadata)
-    TVC_CHECK(invalid_utf8_at(k) == std::string::npos && invalid_utf8_at(v) == std::string::npos,
-              "save_safetensors '", printable(path), "': metadata entry '", printable(k), "' is not UTF-8");
+    TVC_CHECK(invalid_utf8_at(k) == std::string::npos && invalid_utf8_at(v) == std::string::npos, "save_safetensors '",
+              printable(path), "': metadata entry '", printable(k), "' is not UTF-8");
   // Data ordered by decreasing element size, then name: every tensor starts aligned to its
   // element size, since the data section itself starts at a multiple of 8.
   std::sort(tensors.begin(), tensors.end(), [](const PendingTensor& a, const PendingTensor& b) {
@@ -382,8 +377,7 @@ void save_safetensors(const std::string& path, const nn::StateDict& state_dict,
 void save_safetensors_raw(const std::string& path, const std::vector<std::pair<std::string, RawTensor>>& tensors,
                           const std::map<std::string, std::string>& metadata) {
   std::vector<PendingTensor> pending;
-  for (const auto& [name, t] : tensors)
-    pending.push_back({name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
+  for (const auto& [name, t] : tensors) pending.push_back({name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
   write_safetensors(path, std::move(pending), metadata);
 }
 

@@ -52,17 +52,28 @@ Value Value::dict(Items items, bool ordered) {
 
 const char* Value::kind_name() const {
   switch (kind_) {
-    case Kind::None: return "None";
-    case Kind::Bool: return "bool";
-    case Kind::Int: return "int";
-    case Kind::Float: return "float";
-    case Kind::String: return "str";
-    case Kind::Bytes: return "bytes";
-    case Kind::Tensor: return "Tensor";
-    case Kind::List: return "list";
-    case Kind::Tuple: return "tuple";
-    case Kind::Set: return "set";
-    case Kind::Dict: return ordered_ ? "OrderedDict" : "dict";
+    case Kind::None:
+      return "None";
+    case Kind::Bool:
+      return "bool";
+    case Kind::Int:
+      return "int";
+    case Kind::Float:
+      return "float";
+    case Kind::String:
+      return "str";
+    case Kind::Bytes:
+      return "bytes";
+    case Kind::Tensor:
+      return "Tensor";
+    case Kind::List:
+      return "list";
+    case Kind::Tuple:
+      return "tuple";
+    case Kind::Set:
+      return "set";
+    case Kind::Dict:
+      return ordered_ ? "OrderedDict" : "dict";
   }
   return "?";
 }
@@ -83,8 +94,7 @@ double Value::to_float() const {
 }
 
 const std::string& Value::to_string() const {
-  TVC_CHECK(kind_ == Kind::String || kind_ == Kind::Bytes, "Value: expected a str or bytes, got ",
-            kind_name());
+  TVC_CHECK(kind_ == Kind::String || kind_ == Kind::Bytes, "Value: expected a str or bytes, got ", kind_name());
   return string_;
 }
 
@@ -99,9 +109,7 @@ const std::vector<Value>& Value::elements() const {
   return *elements_;
 }
 
-std::vector<Value>& Value::elements() {
-  return const_cast<std::vector<Value>&>(std::as_const(*this).elements());
-}
+std::vector<Value>& Value::elements() { return const_cast<std::vector<Value>&>(std::as_const(*this).elements()); }
 
 const Value::Items& Value::items() const {
   TVC_CHECK(kind_ == Kind::Dict, "Value: expected a dict, got ", kind_name());
@@ -119,9 +127,7 @@ const Value* Value::find(const std::string& key) const {
 
 namespace {
 
-bool is_number(Value::Kind k) {
-  return k == Value::Kind::Bool || k == Value::Kind::Int || k == Value::Kind::Float;
-}
+bool is_number(Value::Kind k) { return k == Value::Kind::Bool || k == Value::Kind::Int || k == Value::Kind::Float; }
 
 // Python's numeric ==: True == 1 == 1.0, an int and a float compare exactly (no rounding).
 bool numbers_equal(const Value& a, const Value& b) {
@@ -150,12 +156,16 @@ bool Value::operator==(const Value& other) const {
   if (is_number(kind_) && is_number(other.kind_)) return numbers_equal(*this, other);
   if (kind_ != other.kind_) return false;
   switch (kind_) {
-    case Kind::None: return true;
+    case Kind::None:
+      return true;
     case Kind::String:
-    case Kind::Bytes: return string_ == other.string_;
-    case Kind::Tensor: return tensors_equal(tensor_, other.tensor_);
+    case Kind::Bytes:
+      return string_ == other.string_;
+    case Kind::Tensor:
+      return tensors_equal(tensor_, other.tensor_);
     case Kind::List:
-    case Kind::Tuple: return *elements_ == *other.elements_;
+    case Kind::Tuple:
+      return *elements_ == *other.elements_;
     case Kind::Set: {
       // Set elements are unique (hashable and distinct), so equal sizes and inclusion suffice.
       if (elements_->size() != other.elements_->size()) return false;
@@ -180,7 +190,8 @@ bool Value::operator==(const Value& other) const {
       }
       return true;
     }
-    default: return false;  // numbers are handled above
+    default:
+      return false;  // numbers are handled above
   }
 }
 
@@ -188,11 +199,16 @@ namespace {
 
 std::string key_text(const Value& key) {
   switch (key.kind()) {
-    case Value::Kind::String: return key.to_string();
-    case Value::Kind::Int: return std::to_string(key.to_int());
-    case Value::Kind::Bool: return key.to_bool() ? "True" : "False";
-    case Value::Kind::None: return "None";
-    case Value::Kind::Float: return cat_str(key.to_float());
+    case Value::Kind::String:
+      return key.to_string();
+    case Value::Kind::Int:
+      return std::to_string(key.to_int());
+    case Value::Kind::Bool:
+      return key.to_bool() ? "True" : "False";
+    case Value::Kind::None:
+      return "None";
+    case Value::Kind::Float:
+      return cat_str(key.to_float());
     default: {  // a tuple key
       std::string s = "(";
       for (const Value& e : key.elements()) s += (s.size() > 1 ? ", " : "") + key_text(e);

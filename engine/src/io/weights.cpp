@@ -11,9 +11,12 @@ namespace tvc::io {
 
 const char* format_name(WeightFormat format) {
   switch (format) {
-    case WeightFormat::Safetensors: return "safetensors";
-    case WeightFormat::PthZip: return "pth (zip)";
-    case WeightFormat::PthLegacy: return "pth (legacy)";
+    case WeightFormat::Safetensors:
+      return "safetensors";
+    case WeightFormat::PthZip:
+      return "pth (zip)";
+    case WeightFormat::PthLegacy:
+      return "pth (legacy)";
   }
   return "?";
 }
@@ -23,16 +26,15 @@ WeightFormat detect_format(const std::string& path) {
   uint8_t head[9] = {};
   size_t n = static_cast<size_t>(std::min<uint64_t>(in.size(), sizeof head));
   in.read(0, head, n, "the file signature");
-  if (n >= 4 && head[0] == 'P' && head[1] == 'K' &&
-      ((head[2] == 3 && head[3] == 4) || (head[2] == 5 && head[3] == 6)))
+  if (n >= 4 && head[0] == 'P' && head[1] == 'K' && ((head[2] == 3 && head[3] == 4) || (head[2] == 5 && head[3] == 6)))
     return WeightFormat::PthZip;
   // torch.save's legacy format starts with the pickled magic number: PROTO 2, LONG1.
-  if (n >= 3 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5 && head[2] == 0x8a)
-    return WeightFormat::PthLegacy;
+  if (n >= 3 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5 && head[2] == 0x8a) return WeightFormat::PthLegacy;
   // safetensors: the header length, then the JSON header's '{'. Shorter files go to the
   // safetensors reader, which says what is missing.
   if (n < 9 || head[8] == '{') return WeightFormat::Safetensors;
-  throw Error(cat_str("'", printable(path), "': not a weight file tvc reads: it starts neither with a zip signature "
+  throw Error(cat_str("'", printable(path),
+                      "': not a weight file tvc reads: it starts neither with a zip signature "
                       "(torch.save), nor a pickle (legacy torch.save), nor a safetensors header "
                       "length followed by '{'"));
 }
@@ -46,8 +48,10 @@ WeightFormat format_for_extension(const std::string& path) {
 }
 
 void save_state_dict(const std::string& path, const nn::StateDict& state_dict) {
-  if (format_for_extension(path) == WeightFormat::Safetensors) save_safetensors(path, state_dict);
-  else save_pth(path, Value(state_dict));
+  if (format_for_extension(path) == WeightFormat::Safetensors)
+    save_safetensors(path, state_dict);
+  else
+    save_pth(path, Value(state_dict));
 }
 
 Value load(const std::string& path, const ReadOptions& options) {

@@ -21,8 +21,7 @@ std::string size_fault(const zip_stat_t& st, uint64_t file_size) {
   const zip_uint64_t needed = ZIP_STAT_SIZE | ZIP_STAT_COMP_SIZE | ZIP_STAT_COMP_METHOD;
   if ((st.valid & needed) != needed) return "has no size";
   if (st.encryption_method != ZIP_EM_NONE) return "is encrypted";
-  if (st.comp_size > file_size)
-    return cat_str("claims ", st.comp_size, " compressed bytes in a file of ", file_size);
+  if (st.comp_size > file_size) return cat_str("claims ", st.comp_size, " compressed bytes in a file of ", file_size);
   if (st.comp_method == ZIP_CM_STORE) {
     if (st.size != st.comp_size) return cat_str("is stored but declares ", st.size, " bytes and holds ", st.comp_size);
   } else if (st.comp_method == ZIP_CM_DEFLATE) {
@@ -66,8 +65,8 @@ ZipReader::ZipReader(const std::string& path) : path_(path) {
     zip_error_init_with_code(&error, code);
     std::string why = zip_error_strerror(&error);
     zip_error_fini(&error);
-    throw Error(cat_str("'", printable(path), "': not a readable zip archive: ", why,
-                        inconsistent_entry(path, file_size_)));
+    throw Error(
+        cat_str("'", printable(path), "': not a readable zip archive: ", why, inconsistent_entry(path, file_size_)));
   }
   zip_int64_t n = zip_get_num_entries(archive_, 0);
   for (zip_int64_t i = 0; i < n; ++i) {
@@ -105,8 +104,8 @@ void ZipReader::read(const std::string& name, void* dst, uint64_t n) const {
   TVC_CHECK(declared == n, "'", printable(path_), "': zip entry '", printable(name), "' holds ", declared,
             " bytes, expected ", n);
   zip_file_t* file = zip_fopen_index(archive_, entry_index(name), 0);
-  TVC_CHECK(file != nullptr, "'", printable(path_), "': cannot open zip entry '", printable(name), "': ",
-            zip_strerror(archive_));
+  TVC_CHECK(file != nullptr, "'", printable(path_), "': cannot open zip entry '", printable(name),
+            "': ", zip_strerror(archive_));
   std::unique_ptr<zip_file_t, int (*)(zip_file_t*)> closer(file, zip_fclose);
   auto* out = static_cast<uint8_t*>(dst);
   uint64_t done = 0;
@@ -115,8 +114,8 @@ void ZipReader::read(const std::string& name, void* dst, uint64_t n) const {
   for (;;) {
     uint64_t want = done < n ? std::min<uint64_t>(n - done, uint64_t{1} << 30) : 1;
     zip_int64_t got = zip_fread(file, done < n ? out + done : &extra, want);
-    TVC_CHECK(got >= 0, "'", printable(path_), "': reading zip entry '", printable(name), "' failed: ",
-              zip_file_strerror(file));
+    TVC_CHECK(got >= 0, "'", printable(path_), "': reading zip entry '", printable(name),
+              "' failed: ", zip_file_strerror(file));
     if (got == 0) break;
     done += static_cast<uint64_t>(got);
     TVC_CHECK(done <= n, "'", printable(path_), "': zip entry '", printable(name), "' holds more than its declared ", n,

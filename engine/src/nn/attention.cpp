@@ -74,10 +74,9 @@ void MultiheadAttention::reset_parameters() {
 std::array<Tensor, 3> MultiheadAttention::in_projection(const Tensor& query, const Tensor& key,
                                                         const Tensor& value) const {
   Tensor packed = parameter("in_proj_weight"), bias = parameter("in_proj_bias");
-  std::vector<Tensor> w = packed.defined()
-                              ? chunk(packed, 3)
-                              : std::vector<Tensor>{parameter("q_proj_weight"), parameter("k_proj_weight"),
-                                                    parameter("v_proj_weight")};
+  std::vector<Tensor> w = packed.defined() ? chunk(packed, 3)
+                                           : std::vector<Tensor>{parameter("q_proj_weight"), parameter("k_proj_weight"),
+                                                                 parameter("v_proj_weight")};
   std::vector<Tensor> b = bias.defined() ? chunk(bias, 3) : std::vector<Tensor>(3);
   return {linear(query, w[0], b[0]), linear(key, w[1], b[1]), linear(value, w[2], b[2])};
 }
@@ -89,8 +88,8 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(Tensor query, Tensor key, T
             "-D query tensor");
   const bool batched = query.dim() == 3;
   TVC_CHECK(key.dim() == query.dim() && value.dim() == query.dim(), "MultiheadAttention: for ", query.dim(),
-            "-D query, expected key and value to be ", query.dim(), "-D but found ", key.dim(), "-D and ",
-            value.dim(), "-D tensors respectively");
+            "-D query, expected key and value to be ", query.dim(), "-D but found ", key.dim(), "-D and ", value.dim(),
+            "-D tensors respectively");
   Tensor key_padding_mask = args.key_padding_mask, attn_mask = args.attn_mask;
   if (key_padding_mask.defined()) {
     check_mask_dtype(key_padding_mask, "key_padding_mask");
@@ -113,9 +112,8 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(Tensor query, Tensor key, T
             ", but got ", query.size(2));
   TVC_CHECK(key.size(2) == kdim && value.size(2) == vdim, "MultiheadAttention: expected key and value with ", kdim,
             " and ", vdim, " features, got ", key.shape(), " and ", value.shape());
-  TVC_CHECK(key.size(0) == n && value.size(0) == n && value.size(1) == src_len,
-            "MultiheadAttention: key ", key.shape(), " and value ", value.shape(),
-            " do not match each other or the query's batch of ", n);
+  TVC_CHECK(key.size(0) == n && value.size(0) == n && value.size(1) == src_len, "MultiheadAttention: key ", key.shape(),
+            " and value ", value.shape(), " do not match each other or the query's batch of ", n);
   if (attn_mask.defined()) {
     Shape want = attn_mask.dim() == 2 ? Shape{tgt_len, src_len} : Shape{n * heads, tgt_len, src_len};
     TVC_CHECK((attn_mask.dim() == 2 || attn_mask.dim() == 3) && attn_mask.shape() == want,
@@ -154,14 +152,14 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(Tensor query, Tensor key, T
   Tensor scores = bmm(q / std::sqrt(static_cast<double>(d)), k.transpose(1, 2));
   if (attn_mask.defined()) scores = apply_mask(scores, attn_mask);
   if (key_padding_mask.defined())
-    scores = apply_mask(scores, key_padding_mask.reshape({n, 1, 1, src_len})
-                                    .expand({n, heads, 1, src_len})
-                                    .reshape({n * heads, 1, src_len}));
+    scores = apply_mask(
+        scores,
+        key_padding_mask.reshape({n, 1, 1, src_len}).expand({n, heads, 1, src_len}).reshape({n * heads, 1, src_len}));
   Tensor weights = softmax(scores, -1);
   if (is_training() && dropout > 0) weights = tvc::dropout(weights, dropout, true);
-  Tensor out = bmm(weights, v);                                                           // (N*H, L, D)
+  Tensor out = bmm(weights, v);  // (N*H, L, D)
   out = out.reshape({n, heads, tgt_len, d}).permute({0, 2, 1, 3}).reshape({n, tgt_len, embed_dim});
-  out = child("out_proj")(out);                                                           // (N, L, E)
+  out = child("out_proj")(out);  // (N, L, E)
   if (!batched) {
     out = out.squeeze(0);
   } else if (!batch_first) {
@@ -176,8 +174,10 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(Tensor query, Tensor key, T
 std::pair<Tensor, Tensor> MultiheadAttention::operator()(const Tensor& query, const Tensor& key, const Tensor& value,
                                                          const AttentionArgs& args) {
   TensorList out = call({query, key, value, args.key_padding_mask, args.attn_mask}, [&](const TensorList& in) {
-    TVC_CHECK(in.size() == 5, "MultiheadAttention: forward takes (query, key, value, key_padding_mask, attn_mask), "
-              "a pre-hook gave ", in.size(), " tensors");
+    TVC_CHECK(in.size() == 5,
+              "MultiheadAttention: forward takes (query, key, value, key_padding_mask, attn_mask), "
+              "a pre-hook gave ",
+              in.size(), " tensors");
     AttentionArgs given = args;
     given.key_padding_mask = in[3], given.attn_mask = in[4];
     auto [output, weights] = attend(in[0], in[1], in[2], given);

@@ -13,8 +13,8 @@ namespace {
 
 void check_random_target(const Tensor& t, const char* fn) {
   TVC_CHECK(t.defined(), fn, ": the tensor is undefined");
-  TVC_CHECK(is_floating(t.dtype()), fn, ": needs a floating tensor, got ", dtype_name(t.dtype()),
-            " of shape ", t.shape());
+  TVC_CHECK(is_floating(t.dtype()), fn, ": needs a floating tensor, got ", dtype_name(t.dtype()), " of shape ",
+            t.shape());
 }
 
 // Writes value (float64, t's shape) into t without recording autograd.
@@ -40,11 +40,11 @@ double horner(double w, std::initializer_list<double> c) {
 // steps on erf(x) = y (each roughly squares the relative error).
 double erfinv(double y) {
   const double w = -std::log((1.0 - y) * (1.0 + y));
-  double x = w < 5.0 ? horner(w - 2.5, {2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
-                                        0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941})
-                     : horner(std::sqrt(w) - 3.0, {-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
-                                                   0.00573950773, -0.0076224613, 0.00943887047, 1.00167406,
-                                                   2.83297682});
+  double x = w < 5.0
+                 ? horner(w - 2.5, {2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087,
+                                    -0.00125372503, -0.00417768164, 0.246640727, 1.50140941})
+                 : horner(std::sqrt(w) - 3.0, {-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
+                                               0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682});
   x *= y;
   const double two_over_sqrt_pi = 2.0 / std::sqrt(std::numbers::pi);
   for (int i = 0; i < 2; ++i) x -= (std::erf(x) - y) / (std::exp(-x * x) * two_over_sqrt_pi);
@@ -73,8 +73,10 @@ double calculate_gain(Nonlinearity nonlinearity, std::optional<double> param) {
 }
 
 std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t) {
-  TVC_CHECK(t.dim() >= 2, "calculate_fan_in_and_fan_out: fan in and fan out can not be computed for "
-            "a tensor with fewer than 2 dimensions, got shape ", t.shape());
+  TVC_CHECK(t.dim() >= 2,
+            "calculate_fan_in_and_fan_out: fan in and fan out can not be computed for "
+            "a tensor with fewer than 2 dimensions, got shape ",
+            t.shape());
   int64_t receptive = 1;
   for (int64_t d = 2; d < t.dim(); ++d) receptive *= t.shape()[d];
   return {t.shape()[1] * receptive, t.shape()[0] * receptive};

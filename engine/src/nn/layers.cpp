@@ -61,8 +61,10 @@ std::string Sizes::str() const { return scalar ? std::to_string(values[0]) : py_
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
     : in_features(in_features), out_features(out_features) {
-  TVC_CHECK(in_features >= 0 && out_features >= 0, "Linear: in_features and out_features must be "
-            "non-negative, got ", in_features, " and ", out_features);
+  TVC_CHECK(in_features >= 0 && out_features >= 0,
+            "Linear: in_features and out_features must be "
+            "non-negative, got ",
+            in_features, " and ", out_features);
   register_parameter("weight", empty({out_features, in_features}));
   register_parameter("bias", bias ? empty({out_features}) : Tensor());
   reset_parameters();
@@ -73,8 +75,7 @@ void Linear::reset_parameters() { init_weight_and_bias(weight(), bias()); }
 Tensor Linear::forward(const Tensor& x) { return linear(x, weight(), bias()); }
 
 std::string Linear::extra_repr() const {
-  return cat_str("in_features=", in_features, ", out_features=", out_features,
-                 ", bias=", py_bool(bias().defined()));
+  return cat_str("in_features=", in_features, ", out_features=", out_features, ", bias=", py_bool(bias().defined()));
 }
 
 std::string Flatten::extra_repr() const { return cat_str("start_dim=", start_dim, ", end_dim=", end_dim); }
@@ -94,12 +95,12 @@ ConvNd::ConvNd(size_t dims, const std::string& name, int64_t in_channels, int64_
   dilation = o.dilation.expand(dims, name + " dilation");
   padding = o.padding.sizes.expand(dims, name + " padding");
   padding_str = o.padding.mode;
-  TVC_CHECK(padding_str.empty() || padding_str == "same" || padding_str == "valid", name,
-            ": invalid padding string '", padding_str, "', should be one of 'valid', 'same'");
+  TVC_CHECK(padding_str.empty() || padding_str == "same" || padding_str == "valid", name, ": invalid padding string '",
+            padding_str, "', should be one of 'valid', 'same'");
   for (size_t i = 0; i < dims; ++i) {
-    TVC_CHECK(kernel_size[i] > 0 && stride[i] > 0 && dilation[i] > 0 && padding[i] >= 0, name,
-              ": kernel_size ", py_tuple(kernel_size), ", stride ", py_tuple(stride), " and dilation ",
-              py_tuple(dilation), " must be positive and padding ", py_tuple(padding), " non-negative");
+    TVC_CHECK(kernel_size[i] > 0 && stride[i] > 0 && dilation[i] > 0 && padding[i] >= 0, name, ": kernel_size ",
+              py_tuple(kernel_size), ", stride ", py_tuple(stride), " and dilation ", py_tuple(dilation),
+              " must be positive and padding ", py_tuple(padding), " non-negative");
     TVC_CHECK(padding_str != "same" || stride[i] == 1, name,
               ": padding='same' is not supported for strided convolutions");
   }
@@ -113,9 +114,10 @@ ConvNd::ConvNd(size_t dims, const std::string& name, int64_t in_channels, int64_
 void ConvNd::reset_parameters() { init_weight_and_bias(weight(), bias()); }
 
 std::string ConvNd::extra_repr() const {
-  std::string s = cat_str(in_channels, ", ", out_channels, ", kernel_size=", py_tuple(kernel_size),
-                          ", stride=", py_tuple(stride));
-  if (!padding_str.empty()) s += ", padding=" + padding_str;
+  std::string s =
+      cat_str(in_channels, ", ", out_channels, ", kernel_size=", py_tuple(kernel_size), ", stride=", py_tuple(stride));
+  if (!padding_str.empty())
+    s += ", padding=" + padding_str;
   else if (std::any_of(padding.begin(), padding.end(), [](int64_t p) { return p != 0; }))
     s += ", padding=" + py_tuple(padding);
   if (std::any_of(dilation.begin(), dilation.end(), [](int64_t d) { return d != 1; }))
@@ -155,22 +157,23 @@ Tensor Conv1d::forward(const Tensor& x) {
 
 Tensor Conv2d::forward(const Tensor& x) {
   auto [input, p] = padded_input(x);
-  return conv2d(input, weight(), bias(), {stride[0], stride[1]}, {p[0], p[1]},
-                {dilation[0], dilation[1]}, groups);
+  return conv2d(input, weight(), bias(), {stride[0], stride[1]}, {p[0], p[1]}, {dilation[0], dilation[1]}, groups);
 }
 
 // ---------------------------------------------------------------- normalisation
 
 BatchNorm::BatchNorm(int64_t num_features, const BatchNormOptions& o)
-    : num_features(num_features), eps(o.eps), momentum(o.momentum), affine(o.affine),
+    : num_features(num_features),
+      eps(o.eps),
+      momentum(o.momentum),
+      affine(o.affine),
       track_running_stats(o.track_running_stats) {
   TVC_CHECK(num_features > 0, "BatchNorm: num_features must be positive, got ", num_features);
   register_parameter("weight", affine ? empty({num_features}) : Tensor());
   register_parameter("bias", affine ? empty({num_features}) : Tensor());
   register_buffer("running_mean", track_running_stats ? zeros({num_features}) : Tensor());
   register_buffer("running_var", track_running_stats ? ones({num_features}) : Tensor());
-  register_buffer("num_batches_tracked",
-                  track_running_stats ? zeros({}, {.dtype = DType::Int64}) : Tensor());
+  register_buffer("num_batches_tracked", track_running_stats ? zeros({}, {.dtype = DType::Int64}) : Tensor());
   reset_parameters();
   // Files saved before BatchNorm had num_batches_tracked (torch < 0.4.1, which made some of
   // torchvision's weight files) lack it, and PyTorch loads 0 for it. PyTorch decides by the
@@ -207,8 +210,8 @@ Tensor BatchNorm::forward(const Tensor& x) {
   bool use_running = !training_ || track_running_stats;
   std::optional<double> m;
   if (momentum) m = momentum->to_double();
-  return batch_norm(x, use_running ? running_mean() : Tensor(), use_running ? running_var() : Tensor(),
-                    weight(), bias(), use_batch_stats, m, eps.to_double(),
+  return batch_norm(x, use_running ? running_mean() : Tensor(), use_running ? running_var() : Tensor(), weight(),
+                    bias(), use_batch_stats, m, eps.to_double(),
                     training_ && track_running_stats ? num_batches_tracked() : Tensor());
 }
 
@@ -218,8 +221,8 @@ std::string BatchNorm::extra_repr() const {
 }
 
 void BatchNorm1d::check_input_dim(const Tensor& x) const {
-  TVC_CHECK(x.dim() == 2 || x.dim() == 3, "BatchNorm1d: expected 2D or 3D input (got ", x.dim(),
-            "D input of shape ", x.shape(), ")");
+  TVC_CHECK(x.dim() == 2 || x.dim() == 3, "BatchNorm1d: expected 2D or 3D input (got ", x.dim(), "D input of shape ",
+            x.shape(), ")");
 }
 
 void BatchNorm2d::check_input_dim(const Tensor& x) const {
@@ -292,15 +295,16 @@ std::string LeakyReLU::extra_repr() const {
   return "negative_slope=" + py_repr(negative_slope) + (inplace ? ", inplace=True" : "");
 }
 
-std::string Softplus::extra_repr() const {
-  return "beta=" + py_repr(beta) + ", threshold=" + py_repr(threshold);
-}
+std::string Softplus::extra_repr() const { return "beta=" + py_repr(beta) + ", threshold=" + py_repr(threshold); }
 
 // ---------------------------------------------------------------- pooling
 
 MaxPool2d::MaxPool2d(Sizes kernel_size, MaxPool2dOptions o)
-    : kernel_size(kernel_size), stride(o.stride.value_or(kernel_size)), padding(o.padding),
-      dilation(o.dilation), ceil_mode(o.ceil_mode) {}
+    : kernel_size(kernel_size),
+      stride(o.stride.value_or(kernel_size)),
+      padding(o.padding),
+      dilation(o.dilation),
+      ceil_mode(o.ceil_mode) {}
 
 Tensor MaxPool2d::forward(const Tensor& x) {
   return max_pool2d(x, kernel_size.pair("MaxPool2d kernel_size"), stride.pair("MaxPool2d stride"),
@@ -313,8 +317,12 @@ std::string MaxPool2d::extra_repr() const {
 }
 
 AvgPool2d::AvgPool2d(Sizes kernel_size, AvgPool2dOptions o)
-    : kernel_size(kernel_size), stride(o.stride.value_or(kernel_size)), padding(o.padding),
-      ceil_mode(o.ceil_mode), count_include_pad(o.count_include_pad), divisor_override(o.divisor_override) {}
+    : kernel_size(kernel_size),
+      stride(o.stride.value_or(kernel_size)),
+      padding(o.padding),
+      ceil_mode(o.ceil_mode),
+      count_include_pad(o.count_include_pad),
+      divisor_override(o.divisor_override) {}
 
 Tensor AvgPool2d::forward(const Tensor& x) {
   return avg_pool2d(x, kernel_size.pair("AvgPool2d kernel_size"), stride.pair("AvgPool2d stride"),

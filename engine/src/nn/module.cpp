@@ -51,14 +51,16 @@ void RemovableHandle::remove() {
 namespace {
 
 template <typename F>
-RemovableHandle add_hook(const std::shared_ptr<HookStore>& store, std::vector<HookEntry<F>>& list,
-                         F fn, bool prepend, bool always_call = false) {
+RemovableHandle add_hook(const std::shared_ptr<HookStore>& store, std::vector<HookEntry<F>>& list, F fn, bool prepend,
+                         bool always_call = false) {
   static std::atomic<int> next_id{1};
   TVC_CHECK(fn != nullptr, "register hook: the hook is empty");
   HookEntry<F> e{next_id.fetch_add(1), std::move(fn), always_call};
   int id = e.id;
-  if (prepend) list.insert(list.begin(), std::move(e));
-  else list.push_back(std::move(e));
+  if (prepend)
+    list.insert(list.begin(), std::move(e));
+  else
+    list.push_back(std::move(e));
   return RemovableHandle(store, id);
 }
 
@@ -165,7 +167,8 @@ Tensor Module::forward(const Tensor&) {
 }
 
 void Module::set_extra_state(const Tensor&) {
-  throw Error(cat_str(type_name(), ".set_extra_state: the module returns extra state from "
+  throw Error(cat_str(type_name(),
+                      ".set_extra_state: the module returns extra state from "
                       "get_extra_state() but does not override set_extra_state()"));
 }
 
@@ -176,8 +179,7 @@ void Module::check_new_name(const std::string& name, const char* what, const cha
   TVC_CHECK(name.find('.') == std::string::npos, type_name(), ": ", what,
             " name can't contain \".\", got: ", printable(name));
   std::string own = own_dict;
-  bool taken = (own != "parameter" && parameters_.contains(name)) ||
-               (own != "buffer" && buffers_.contains(name)) ||
+  bool taken = (own != "parameter" && parameters_.contains(name)) || (own != "buffer" && buffers_.contains(name)) ||
                (own != "module" && children_.contains(name));
   TVC_CHECK(!taken, type_name(), ": attribute '", printable(name), "' already exists");
 }
@@ -196,15 +198,16 @@ Tensor Module::register_parameter(const std::string& name, Tensor tensor, bool r
 Tensor Module::register_buffer(const std::string& name, Tensor tensor, bool persistent) {
   check_new_name(name, "buffer", "buffer");
   buffers_.insert(name, tensor);
-  if (persistent) non_persistent_buffers_.erase(name);
-  else non_persistent_buffers_.insert(name);
+  if (persistent)
+    non_persistent_buffers_.erase(name);
+  else
+    non_persistent_buffers_.insert(name);
   return tensor;
 }
 
 void Module::add_child(const std::string& name, ModulePtr module) {
   check_new_name(name, "module", "module");
-  TVC_CHECK(module.get() != this, type_name(), ": cannot register a module as its own child '", printable(name),
-            "'");
+  TVC_CHECK(module.get() != this, type_name(), ": cannot register a module as its own child '", printable(name), "'");
   children_.insert(name, std::move(module));
 }
 
@@ -237,8 +240,8 @@ ModulePtr self_ptr(const Module* m) {
 }
 }  // namespace
 
-std::vector<std::pair<std::string, ModulePtr>> Module::named_modules(
-    const std::string& prefix, bool remove_duplicate, std::unordered_set<const Module*>* memo) const {
+std::vector<std::pair<std::string, ModulePtr>> Module::named_modules(const std::string& prefix, bool remove_duplicate,
+                                                                     std::unordered_set<const Module*>* memo) const {
   std::unordered_set<const Module*> local;
   if (!memo) memo = &local;
   std::vector<std::pair<std::string, ModulePtr>> out;
@@ -259,8 +262,10 @@ std::vector<std::pair<std::string, Tensor>> named_members(
     const Module& root, const std::string& prefix, bool recurse, bool remove_duplicate,
     const std::function<std::vector<std::pair<std::string, Tensor>>(const Module&)>& members) {
   std::vector<std::pair<std::string, ModulePtr>> mods;
-  if (recurse) mods = root.named_modules(prefix, remove_duplicate);
-  else mods.emplace_back(prefix, self_ptr(&root));
+  if (recurse)
+    mods = root.named_modules(prefix, remove_duplicate);
+  else
+    mods.emplace_back(prefix, self_ptr(&root));
   std::unordered_set<const TensorImpl*> seen;
   std::vector<std::pair<std::string, Tensor>> out;
   for (const auto& [mprefix, m] : mods) {
@@ -274,16 +279,14 @@ std::vector<std::pair<std::string, Tensor>> named_members(
 }
 }  // namespace
 
-std::vector<std::pair<std::string, Tensor>> Module::named_parameters(const std::string& prefix,
-                                                                     bool recurse,
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters(const std::string& prefix, bool recurse,
                                                                      bool remove_duplicate) const {
   return named_members(*this, prefix, recurse, remove_duplicate, [](const Module& m) {
     return std::vector<std::pair<std::string, Tensor>>(m.parameters_.begin(), m.parameters_.end());
   });
 }
 
-std::vector<std::pair<std::string, Tensor>> Module::named_buffers(const std::string& prefix,
-                                                                  bool recurse,
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers(const std::string& prefix, bool recurse,
                                                                   bool remove_duplicate) const {
   return named_members(*this, prefix, recurse, remove_duplicate, [](const Module& m) {
     return std::vector<std::pair<std::string, Tensor>>(m.buffers_.begin(), m.buffers_.end());
@@ -339,8 +342,8 @@ ModulePtr Module::get_submodule(const std::string& target) const {
       TVC_CHECK(false, "get_submodule('", printable(target), "'): ", mod->type_name(), " at ", where,
                 other ? " has '" : " has no attribute '", printable(item), other ? "' but it is not a module" : "'");
     }
-    TVC_CHECK(*c != nullptr, "get_submodule('", printable(target), "'): '", printable(item), "' of ",
-              mod->type_name(), " at ", where, " is None");
+    TVC_CHECK(*c != nullptr, "get_submodule('", printable(target), "'): '", printable(item), "' of ", mod->type_name(),
+              " at ", where, " is None");
     mod = *c;
     path = join_name(path, item);
     if (end == std::string::npos) return mod;
@@ -354,11 +357,10 @@ void Module::set_submodule(const std::string& target, ModulePtr module, bool str
   size_t dot = target.rfind('.');
   ModulePtr parent = get_submodule(dot == std::string::npos ? "" : target.substr(0, dot));
   std::string name = dot == std::string::npos ? target : target.substr(dot + 1);
-  TVC_CHECK(!strict || parent->children_.contains(name), "set_submodule('", printable(target), "'): ",
-            parent->type_name(), " has no attribute '", printable(name), "' (strict)");
-  TVC_CHECK(!parent->parameters_.contains(name) && !parent->buffers_.contains(name),
-            "set_submodule('", printable(target), "'): '", printable(name), "' of ", parent->type_name(),
-            " is not a module");
+  TVC_CHECK(!strict || parent->children_.contains(name), "set_submodule('", printable(target),
+            "'): ", parent->type_name(), " has no attribute '", printable(name), "' (strict)");
+  TVC_CHECK(!parent->parameters_.contains(name) && !parent->buffers_.contains(name), "set_submodule('",
+            printable(target), "'): '", printable(name), "' of ", parent->type_name(), " is not a module");
   parent->add_child(name, std::move(module));
 }
 
@@ -372,9 +374,8 @@ std::pair<ModulePtr, std::string> split_target(const Module& m, const std::strin
 
 Tensor Module::get_parameter(const std::string& target) const {
   auto [mod, name] = split_target(*this, target);
-  TVC_CHECK(mod->has_parameter(name) || mod->has_buffer(name) || mod->has_child(name),
-            "get_parameter('", printable(target), "'): ", mod->type_name(), " has no attribute '", printable(name),
-            "'");
+  TVC_CHECK(mod->has_parameter(name) || mod->has_buffer(name) || mod->has_child(name), "get_parameter('",
+            printable(target), "'): ", mod->type_name(), " has no attribute '", printable(name), "'");
   TVC_CHECK(mod->has_parameter(name), "get_parameter('", printable(target), "'): '", printable(name), "' of ",
             mod->type_name(), " is not a parameter");
   Tensor t = mod->parameter(name);
@@ -385,14 +386,13 @@ Tensor Module::get_parameter(const std::string& target) const {
 
 Tensor Module::get_buffer(const std::string& target) const {
   auto [mod, name] = split_target(*this, target);
-  TVC_CHECK(mod->has_parameter(name) || mod->has_buffer(name) || mod->has_child(name),
-            "get_buffer('", printable(target), "'): ", mod->type_name(), " has no attribute '", printable(name),
-            "'");
+  TVC_CHECK(mod->has_parameter(name) || mod->has_buffer(name) || mod->has_child(name), "get_buffer('",
+            printable(target), "'): ", mod->type_name(), " has no attribute '", printable(name), "'");
   TVC_CHECK(mod->has_buffer(name), "get_buffer('", printable(target), "'): '", printable(name), "' of ",
             mod->type_name(), " is not a buffer");
   Tensor t = mod->buffer(name);
-  TVC_CHECK(t.defined(), "get_buffer('", printable(target), "'): buffer '", printable(name), "' of ",
-            mod->type_name(), " is None");
+  TVC_CHECK(t.defined(), "get_buffer('", printable(target), "'): buffer '", printable(name), "' of ", mod->type_name(),
+            " is None");
   return t;
 }
 
@@ -440,8 +440,7 @@ struct LoadPlan {
   std::vector<Module*> post_order;
 
   void visit(Module& m, const std::string& prefix) {
-    for (const auto& h : std::vector(m.hooks_->load_pre))
-      h.fn(m, sd, prefix, strict, missing, unexpected, errors);
+    for (const auto& h : std::vector(m.hooks_->load_pre)) h.fn(m, sd, prefix, strict, missing, unexpected, errors);
     std::vector<std::tuple<std::string, Tensor, bool>> local;
     for (const auto& [name, t] : m.parameters_)
       if (t.defined()) local.emplace_back(name, t, true);
@@ -458,17 +457,18 @@ struct LoadPlan {
         errors.push_back(cat_str("While copying the parameter named \"", printable(key),
                                  "\": the value in state_dict is an undefined tensor."));
       } else if (src->shape() != t.shape()) {
-        errors.push_back(cat_str("size mismatch for ", printable(key), ": copying a param with shape ",
-                                 src->shape(), " from checkpoint, the shape in current model is ",
-                                 t.shape(), "."));
+        errors.push_back(cat_str("size mismatch for ", printable(key), ": copying a param with shape ", src->shape(),
+                                 " from checkpoint, the shape in current model is ", t.shape(), "."));
       } else {
         writes.push_back({&m, is_param, name, *src});
       }
     }
     std::string extra_key = prefix + "_extra_state";
     if (m.get_extra_state().defined()) {
-      if (const Tensor* src = sd.find(extra_key)) extra_states.emplace_back(&m, *src);
-      else missing.push_back(extra_key);
+      if (const Tensor* src = sd.find(extra_key))
+        extra_states.emplace_back(&m, *src);
+      else
+        missing.push_back(extra_key);
     } else if (sd.contains(extra_key)) {
       unexpected.push_back(extra_key);
     }
@@ -551,8 +551,10 @@ void Module::zero_grad(bool set_to_none) {
       p.set_grad(Tensor());
       continue;
     }
-    if (g.grad_fn()) g.detach_();
-    else g.requires_grad_(false);
+    if (g.grad_fn())
+      g.detach_();
+    else
+      g.requires_grad_(false);
     g.zero_();
   }
 }
@@ -566,8 +568,7 @@ Module& Module::apply(const std::function<void(Module&)>& fn) {
 // ---------------------------------------------------------------- conversions
 
 void Module::apply_to_tensors(const std::function<Tensor(const Tensor&)>& fn,
-                              const std::function<bool(const Tensor&)>& select, bool with_grads,
-                              bool recurse) {
+                              const std::function<bool(const Tensor&)>& select, bool with_grads, bool recurse) {
   if (recurse)
     for (auto& c : children()) c->apply_to_tensors(fn, select, with_grads, recurse);
   auto convert = [&](const Tensor& t) {
@@ -598,8 +599,8 @@ namespace {
 bool floating(const Tensor& t) { return is_floating(t.dtype()); }
 bool any_tensor(const Tensor&) { return true; }
 void check_floating_target(DType dtype) {
-  TVC_CHECK(is_floating(dtype), "Module.to only accepts floating point dtypes, but got desired dtype=",
-            dtype_name(dtype));
+  TVC_CHECK(is_floating(dtype),
+            "Module.to only accepts floating point dtypes, but got desired dtype=", dtype_name(dtype));
 }
 }  // namespace
 
@@ -700,8 +701,8 @@ std::vector<size_t> grad_indices(const TensorList& ts) {
 std::shared_ptr<autograd::Node> wrap_identity(TensorList& ts, const std::vector<size_t>& idx) {
   TensorList ins, outs;
   for (size_t i : idx) ins.push_back(ts[i]), outs.push_back(ts[i].detach());
-  auto node = autograd::record("BackwardHookFunctionBackward", ins, outs,
-                               [](const autograd::GradList& g) { return g; });
+  auto node =
+      autograd::record("BackwardHookFunctionBackward", ins, outs, [](const autograd::GradList& g) { return g; });
   for (size_t k = 0; k < idx.size(); ++k) ts[idx[k]] = outs[k];
   return node;
 }
@@ -724,20 +725,20 @@ void wrap_inputs(TensorList& args, const std::shared_ptr<BackwardHookState>& sta
   state->input_requires_grad = !idx.empty();
   if (idx.empty() || state->hooks.empty()) return;
   auto node = wrap_identity(args, idx);
-  node->post_hooks.push_back([state, idx](const autograd::GradList& grad_inputs,
-                                          const autograd::GradList&) -> autograd::GradList {
-    ModulePtr m = state->module.lock();
-    if (!m) return grad_inputs;
-    TensorList full = scatter(grad_inputs, idx, state->n_args);
-    for (const auto& hook : state->hooks) {
-      if (auto r = hook(*m, full, state->grad_outputs)) {
-        TVC_CHECK(r->size() == state->n_args, m->type_name(), ": backward hook returned ", r->size(),
-                  " gradients for ", state->n_args, " inputs");
-        full = *r;
-      }
-    }
-    return gather(full, idx);
-  });
+  node->post_hooks.push_back(
+      [state, idx](const autograd::GradList& grad_inputs, const autograd::GradList&) -> autograd::GradList {
+        ModulePtr m = state->module.lock();
+        if (!m) return grad_inputs;
+        TensorList full = scatter(grad_inputs, idx, state->n_args);
+        for (const auto& hook : state->hooks) {
+          if (auto r = hook(*m, full, state->grad_outputs)) {
+            TVC_CHECK(r->size() == state->n_args, m->type_name(), ": backward hook returned ", r->size(),
+                      " gradients for ", state->n_args, " inputs");
+            full = *r;
+          }
+        }
+        return gather(full, idx);
+      });
 }
 
 void wrap_outputs(TensorList& out, const std::shared_ptr<BackwardHookState>& state) {
@@ -751,8 +752,8 @@ void wrap_outputs(TensorList& out, const std::shared_ptr<BackwardHookState>& sta
     TensorList full = scatter(grads, idx, n_out);
     for (const auto& hook : state->pre_hooks) {
       if (auto r = hook(*m, full)) {
-        TVC_CHECK(r->size() == n_out, m->type_name(), ": backward pre-hook returned ", r->size(),
-                  " gradients for ", n_out, " outputs");
+        TVC_CHECK(r->size() == n_out, m->type_name(), ": backward pre-hook returned ", r->size(), " gradients for ",
+                  n_out, " outputs");
         full = *r;
       }
     }
@@ -762,8 +763,8 @@ void wrap_outputs(TensorList& out, const std::shared_ptr<BackwardHookState>& sta
       TensorList none(state->n_args);
       for (const auto& hook : state->hooks) {
         auto r = hook(*m, none, full);
-        TVC_CHECK(!r || std::none_of(r->begin(), r->end(), [](const Tensor& t) { return t.defined(); }),
-                  m->type_name(), ": a backward hook of a module whose inputs need no gradient must "
+        TVC_CHECK(!r || std::none_of(r->begin(), r->end(), [](const Tensor& t) { return t.defined(); }), m->type_name(),
+                  ": a backward hook of a module whose inputs need no gradient must "
                   "return nothing or only undefined gradients");
       }
     }
@@ -773,8 +774,7 @@ void wrap_outputs(TensorList& out, const std::shared_ptr<BackwardHookState>& sta
 
 }  // namespace
 
-TensorList Module::call(const TensorList& args_in,
-                        const std::function<TensorList(const TensorList&)>& forward_fn) {
+TensorList Module::call(const TensorList& args_in, const std::function<TensorList(const TensorList&)>& forward_fn) {
   const HookStore& h = *hooks_;
   if (h.forward_pre.empty() && h.forward.empty() && h.backward.empty() && h.backward_pre.empty())
     return forward_fn(args_in);
@@ -788,7 +788,8 @@ TensorList Module::call(const TensorList& args_in,
   if (!h.backward.empty() || !h.backward_pre.empty()) {
     bw = std::make_shared<BackwardHookState>();
     bw->module = weak_from_this();
-    TVC_CHECK(!bw->module.expired(), type_name(), ": backward hooks need the module to be owned by a "
+    TVC_CHECK(!bw->module.expired(), type_name(),
+              ": backward hooks need the module to be owned by a "
               "std::shared_ptr");
     for (const auto& e : h.backward) bw->hooks.push_back(e.fn);
     for (const auto& e : h.backward_pre) bw->pre_hooks.push_back(e.fn);
@@ -822,8 +823,7 @@ Tensor Module::operator()(const Tensor& x) {
     TVC_CHECK(args.size() == 1, type_name(), ": forward takes 1 tensor, a pre-hook gave ", args.size());
     return TensorList{forward(args[0])};
   });
-  TVC_CHECK(out.size() == 1, type_name(), ": a forward hook returned ", out.size(),
-            " outputs where 1 is expected");
+  TVC_CHECK(out.size() == 1, type_name(), ": a forward hook returned ", out.size(), " outputs where 1 is expected");
   return out[0];
 }
 
@@ -834,8 +834,7 @@ std::string Module::repr() const {
   std::string extra = extra_repr();
   if (!extra.empty()) lines = split_lines(extra);
   size_t n_extra = lines.size();
-  for (const auto& [name, c] : children_)
-    lines.push_back("(" + name + "): " + add_indent(c ? c->repr() : "None", 2));
+  for (const auto& [name, c] : children_) lines.push_back("(" + name + "): " + add_indent(c ? c->repr() : "None", 2));
   std::string s = type_name() + "(";
   if (!lines.empty()) {
     if (n_extra == 1 && lines.size() == 1) {
@@ -854,8 +853,8 @@ std::ostream& operator<<(std::ostream& os, const Module& module) { return os << 
 // ---------------------------------------------------------------- cloning
 
 ModulePtr Module::make_copy() const {
-  TVC_CHECK(typeid(*this) == typeid(Module), "clone: ", type_name(),
-            " must derive from nn::Cloneable<", type_name(), "> to be cloned");
+  TVC_CHECK(typeid(*this) == typeid(Module), "clone: ", type_name(), " must derive from nn::Cloneable<", type_name(),
+            "> to be cloned");
   return ModulePtr(new Module(*this));
 }
 

@@ -22,13 +22,13 @@ namespace tvc::nn {
 
 // PyTorch's constructor arguments after num_heads, in its order.
 struct MultiheadAttentionOptions {
-  double dropout = 0;               // dropout on the attention weights (training only)
-  bool bias = true;                 // in_proj_bias and out_proj.bias
-  bool add_bias_kv = false;         // bias_k, bias_v (1, 1, E) appended to the key/value sequences
-  bool add_zero_attn = false;       // a zero key/value appended to each head's sequence
-  std::optional<int64_t> kdim{};    // key features (default E)
-  std::optional<int64_t> vdim{};    // value features (default E)
-  bool batch_first = false;         // (N, L, E) instead of (L, N, E)
+  double dropout = 0;             // dropout on the attention weights (training only)
+  bool bias = true;               // in_proj_bias and out_proj.bias
+  bool add_bias_kv = false;       // bias_k, bias_v (1, 1, E) appended to the key/value sequences
+  bool add_zero_attn = false;     // a zero key/value appended to each head's sequence
+  std::optional<int64_t> kdim{};  // key features (default E)
+  std::optional<int64_t> vdim{};  // value features (default E)
+  bool batch_first = false;       // (N, L, E) instead of (L, N, E)
 };
 
 // The keyword arguments of MultiheadAttention's call, with PyTorch's defaults.

@@ -54,8 +54,8 @@ class ModuleSequence : public Cloneable<Derived> {
   // Inserts before position index (-size..size).
   Derived& insert(int64_t index, ModulePtr module) {
     std::vector<ModulePtr> ms = list();
-    ms.insert(ms.begin() + static_cast<std::ptrdiff_t>(
-                               detail::wrap_index(index, size(), true, this->type_name() + ".insert")),
+    ms.insert(ms.begin() +
+                  static_cast<std::ptrdiff_t>(detail::wrap_index(index, size(), true, this->type_name() + ".insert")),
               std::move(module));
     renumber(ms);
     return static_cast<Derived&>(*this);

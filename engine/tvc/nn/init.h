@@ -26,8 +26,7 @@ Tensor normal_(Tensor t, double mean = 0, double std = 1, Generator* gen = nullp
 // N(mean, std^2) truncated to [a, b], by the inverse CDF as PyTorch: u ~ U(cdf(a), cdf(b)),
 // x = mean + std * sqrt(2) * erfinv(2u - 1), clamped to [a, b]. erfinv is computed from tvc
 // ops (Giles' approximation refined by two Newton steps on erf), accurate to float64 rounding.
-Tensor trunc_normal_(Tensor t, double mean = 0, double std = 1, double a = -2, double b = 2,
-                     Generator* gen = nullptr);
+Tensor trunc_normal_(Tensor t, double mean = 0, double std = 1, double a = -2, double b = 2, Generator* gen = nullptr);
 Tensor constant_(Tensor t, double value);
 Tensor zeros_(Tensor t);
 Tensor ones_(Tensor t);

@@ -74,9 +74,9 @@ struct ConvPadding {
   Sizes sizes = 0;
   std::string mode{};  // "", "same" or "valid"
   template <std::integral I>
-  ConvPadding(I v) : sizes(static_cast<int64_t>(v)) {}           // NOLINT
-  ConvPadding(std::initializer_list<int64_t> v) : sizes(v) {}    // NOLINT
-  ConvPadding(const char* m) : sizes(0), mode(m) {}              // NOLINT
+  ConvPadding(I v) : sizes(static_cast<int64_t>(v)) {}         // NOLINT
+  ConvPadding(std::initializer_list<int64_t> v) : sizes(v) {}  // NOLINT
+  ConvPadding(const char* m) : sizes(0), mode(m) {}            // NOLINT
 };
 struct ConvOptions {
   Sizes stride = 1;
@@ -103,8 +103,8 @@ class ConvNd : public Module {
   PaddingMode padding_mode;
 
  protected:
-  ConvNd(size_t dims, const std::string& name, int64_t in_channels, int64_t out_channels,
-         const Sizes& kernel_size, const ConvOptions& options);
+  ConvNd(size_t dims, const std::string& name, int64_t in_channels, int64_t out_channels, const Sizes& kernel_size,
+         const ConvOptions& options);
   // The input padded as padding_mode (or asymmetric "same") needs, and the padding left for
   // the convolution itself.
   std::pair<Tensor, std::vector<int64_t>> padded_input(const Tensor& x) const;

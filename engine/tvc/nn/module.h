@@ -113,22 +113,20 @@ struct IncompatibleKeys {
 // the inputs (pre-hook), the output (forward hook), grad_output (backward pre-hook) or
 // grad_input (backward hook). Entries of grad lists are undefined where PyTorch gives None.
 using ForwardPreHook = std::function<std::optional<TensorList>(Module& module, const TensorList& args)>;
-using ForwardHook = std::function<std::optional<TensorList>(Module& module, const TensorList& args,
-                                                            const TensorList& output)>;
-using BackwardHook = std::function<std::optional<TensorList>(
-    Module& module, const TensorList& grad_input, const TensorList& grad_output)>;
-using BackwardPreHook =
-    std::function<std::optional<TensorList>(Module& module, const TensorList& grad_output)>;
+using ForwardHook =
+    std::function<std::optional<TensorList>(Module& module, const TensorList& args, const TensorList& output)>;
+using BackwardHook = std::function<std::optional<TensorList>(Module& module, const TensorList& grad_input,
+                                                             const TensorList& grad_output)>;
+using BackwardPreHook = std::function<std::optional<TensorList>(Module& module, const TensorList& grad_output)>;
 using StateDictPreHook = std::function<void(Module& module, const std::string& prefix, bool keep_vars)>;
 // May modify state_dict in place.
-using StateDictPostHook =
-    std::function<void(Module& module, StateDict& state_dict, const std::string& prefix)>;
+using StateDictPostHook = std::function<void(Module& module, StateDict& state_dict, const std::string& prefix)>;
 // Runs before the module's keys are checked; may modify state_dict (rename keys, convert
 // values) and add to missing_keys, unexpected_keys or error_msgs (an error message fails the load).
-using LoadStateDictPreHook = std::function<void(
-    Module& module, StateDict& state_dict, const std::string& prefix, bool strict,
-    std::vector<std::string>& missing_keys, std::vector<std::string>& unexpected_keys,
-    std::vector<std::string>& error_msgs)>;
+using LoadStateDictPreHook =
+    std::function<void(Module& module, StateDict& state_dict, const std::string& prefix, bool strict,
+                       std::vector<std::string>& missing_keys, std::vector<std::string>& unexpected_keys,
+                       std::vector<std::string>& error_msgs)>;
 // May edit incompatible_keys; a strict load checks the edited keys.
 using LoadStateDictPostHook = std::function<void(Module& module, IncompatibleKeys& incompatible_keys)>;
 
@@ -218,19 +216,17 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // ---- iteration (torch names; vectors instead of iterators) ----
   // With remove_duplicate a tensor or module reached twice is listed once (the first name).
-  std::vector<std::pair<std::string, Tensor>> named_parameters(const std::string& prefix = "",
-                                                               bool recurse = true,
+  std::vector<std::pair<std::string, Tensor>> named_parameters(const std::string& prefix = "", bool recurse = true,
                                                                bool remove_duplicate = true) const;
-  std::vector<std::pair<std::string, Tensor>> named_buffers(const std::string& prefix = "",
-                                                            bool recurse = true,
+  std::vector<std::pair<std::string, Tensor>> named_buffers(const std::string& prefix = "", bool recurse = true,
                                                             bool remove_duplicate = true) const;
   // Direct children that are not None, each once.
   std::vector<std::pair<std::string, ModulePtr>> named_children() const;
   // This module (named prefix) and all descendants, pre-order. memo, when given, holds modules
   // already listed (and receives the new ones), as PyTorch's memo argument.
-  std::vector<std::pair<std::string, ModulePtr>> named_modules(
-      const std::string& prefix = "", bool remove_duplicate = true,
-      std::unordered_set<const Module*>* memo = nullptr) const;
+  std::vector<std::pair<std::string, ModulePtr>> named_modules(const std::string& prefix = "",
+                                                               bool remove_duplicate = true,
+                                                               std::unordered_set<const Module*>* memo = nullptr) const;
   TensorList parameters(bool recurse = true) const;
   TensorList buffers(bool recurse = true) const;
   std::vector<ModulePtr> children() const;
@@ -363,8 +359,8 @@ class Cloneable : public Base {
  public:
   using Base::Base;
   ModulePtr make_copy() const override {
-    TVC_CHECK(typeid(*this) == typeid(Derived), "clone: ", this->type_name(),
-              " must derive from nn::Cloneable<", this->type_name(), ", ...> to be cloned");
+    TVC_CHECK(typeid(*this) == typeid(Derived), "clone: ", this->type_name(), " must derive from nn::Cloneable<",
+              this->type_name(), ", ...> to be cloned");
     return std::make_shared<Derived>(static_cast<const Derived&>(*this));
   }
 };

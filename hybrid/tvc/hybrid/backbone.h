@@ -19,18 +19,18 @@ namespace tvc::hybrid {
 // ViT's class-token steps, become modules of the stem and head). Stages: layer1..layer4 for the
 // ResNet family, [features] for the CNN families, Swin and ConvNeXt, [encoder] for ViT.
 struct Tiers {
-  nn::ModulePtr stem{};               // Identity where the family has no stem of its own
+  nn::ModulePtr stem{};  // Identity where the family has no stem of its own
   std::vector<nn::ModulePtr> stages{};
-  nn::ModulePtr head{};               // a Sequential
+  nn::ModulePtr head{};  // a Sequential
 };
 Tiers extract_tiers(const models::Backbone& model);
 
 // The structure of a backbone (the Python library's BackboneInfo, its stage_channels filled).
 struct BackboneInfo {
   std::string name{};
-  std::vector<std::string> stem_parts{};  // "conv1", "bn1", "relu", "maxpool"
+  std::vector<std::string> stem_parts{};   // "conv1", "bn1", "relu", "maxpool"
   std::vector<std::string> stage_parts{};  // "layer1", ..., or "features"
-  std::vector<std::string> head_parts{};  // "avgpool", "fc"
+  std::vector<std::string> head_parts{};   // "avgpool", "fc"
   int64_t total_params = 0;
   int64_t trainable_params = 0;
   // The channels of each resolution stage's output (HybridModel::get_stage_outputs' stages),

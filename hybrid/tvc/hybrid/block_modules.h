@@ -43,8 +43,7 @@ class Block : public nn::Module {
   std::optional<int64_t> output_channels() const { return output_channels_; }
 
  protected:
-  Block(Layout layout, std::optional<int64_t> output_channels)
-      : layout_(layout), output_channels_(output_channels) {}
+  Block(Layout layout, std::optional<int64_t> output_channels) : layout_(layout), output_channels_(output_channels) {}
   Layout layout_;
   std::optional<int64_t> output_channels_;
 };
@@ -56,8 +55,7 @@ class MapBlock : public Block {
   Tensor forward(const Tensor& x) final;
 
  protected:
-  MapBlock(Layout layout, std::optional<int64_t> output_channels)
-      : Block(layout, output_channels) {}
+  MapBlock(Layout layout, std::optional<int64_t> output_channels) : Block(layout, output_channels) {}
   // The computation on x (N, C, H, W).
   virtual Tensor forward_map(const Tensor& x) = 0;
 };
@@ -87,9 +85,7 @@ class PReLU : public nn::Cloneable<PReLU> {
  public:
   explicit PReLU(int64_t num_parameters = 1, double init = 0.25);
   Tensor forward(const Tensor& x) override;
-  std::string extra_repr() const override {
-    return "num_parameters=" + std::to_string(num_parameters);
-  }
+  std::string extra_repr() const override { return "num_parameters=" + std::to_string(num_parameters); }
   int64_t num_parameters;
 };
 
@@ -110,9 +106,7 @@ class Dropout2d : public nn::Cloneable<Dropout2d> {
  public:
   explicit Dropout2d(double p = 0.5);
   Tensor forward(const Tensor& x) override;
-  std::string extra_repr() const override {
-    return "p=" + nn::py_float_repr(p) + ", inplace=False";
-  }
+  std::string extra_repr() const override { return "p=" + nn::py_float_repr(p) + ", inplace=False"; }
   double p;
 };
 
@@ -187,8 +181,8 @@ struct DepthwiseBlockOptions {
 };
 class DepthwiseBlock : public nn::Cloneable<DepthwiseBlock, MapBlock> {
  public:
-  DepthwiseBlock(int64_t in_channels, int64_t out_channels,
-                 const DepthwiseBlockOptions& options = {}, Layout layout = Layout::NCHW);
+  DepthwiseBlock(int64_t in_channels, int64_t out_channels, const DepthwiseBlockOptions& options = {},
+                 Layout layout = Layout::NCHW);
   bool add_residual;  // options.add_residual and in_channels == out_channels
 
  protected:
@@ -255,8 +249,8 @@ class BottleneckBlock : public MapBlock {
 // activation="relu", norm_type="batch", use_downsample=false); mid = max(1, out / expansion).
 class StandardBottleneck : public nn::Cloneable<StandardBottleneck, BottleneckBlock> {
  public:
-  StandardBottleneck(int64_t in_channels, int64_t out_channels,
-                     const BottleneckOptions& options = {}, Layout layout = Layout::NCHW);
+  StandardBottleneck(int64_t in_channels, int64_t out_channels, const BottleneckOptions& options = {},
+                     Layout layout = Layout::NCHW);
 };
 
 // wide_bottleneck: WideBottleneck(in_channels, out_channels, width_multiplier=1.0, stride,
@@ -342,8 +336,7 @@ struct MBConvOptions {
 };
 class MBConv : public nn::Cloneable<MBConv, InvertedResidualBlock> {
  public:
-  MBConv(int64_t in_channels, int64_t out_channels, const MBConvOptions& options = {},
-         Layout layout = Layout::NCHW);
+  MBConv(int64_t in_channels, int64_t out_channels, const MBConvOptions& options = {}, Layout layout = Layout::NCHW);
 };
 
 // fused_mbconv: FusedMBConv(in_channels, out_channels, expansion=4, stride=1, kernel_size=3,
@@ -403,8 +396,8 @@ class SpatialAttention : public nn::Cloneable<SpatialAttention, MapBlock> {
 // spatial_attn(channel_attn(x)) (ChannelAttention, SpatialAttention).
 class ChannelSpatialAttention : public nn::Cloneable<ChannelSpatialAttention, MapBlock> {
  public:
-  ChannelSpatialAttention(int64_t channels, int64_t channel_reduction = 16,
-                          int64_t spatial_kernel = 7, Layout layout = Layout::NCHW);
+  ChannelSpatialAttention(int64_t channels, int64_t channel_reduction = 16, int64_t spatial_kernel = 7,
+                          Layout layout = Layout::NCHW);
 
  protected:
   Tensor forward_map(const Tensor& x) override;
@@ -417,8 +410,7 @@ class ChannelSpatialAttention : public nn::Cloneable<ChannelSpatialAttention, Ma
 // spatial_conv, sigmoid.
 class CBAMBlock : public nn::Cloneable<CBAMBlock, MapBlock> {
  public:
-  CBAMBlock(int64_t channels, int64_t reduction = 16, int64_t spatial_kernel = 7,
-            Layout layout = Layout::NCHW);
+  CBAMBlock(int64_t channels, int64_t reduction = 16, int64_t spatial_kernel = 7, Layout layout = Layout::NCHW);
 
  protected:
   Tensor forward_map(const Tensor& x) override;
@@ -430,8 +422,8 @@ class CBAMBlock : public nn::Cloneable<CBAMBlock, MapBlock> {
 // Children avg_pool, conv (weight (1, 1, k)), sigmoid.
 class ECABlock : public nn::Cloneable<ECABlock, MapBlock> {
  public:
-  ECABlock(int64_t channels, std::optional<int64_t> kernel_size = std::nullopt, double gamma = 2,
-           double beta = 1, Layout layout = Layout::NCHW);
+  ECABlock(int64_t channels, std::optional<int64_t> kernel_size = std::nullopt, double gamma = 2, double beta = 1,
+           Layout layout = Layout::NCHW);
   int64_t kernel_size;
 
  protected:
@@ -444,10 +436,8 @@ class ECABlock : public nn::Cloneable<ECABlock, MapBlock> {
 // gate). Children avg_pool, fc.
 class SqueezeExcitation : public nn::Cloneable<SqueezeExcitation, MapBlock> {
  public:
-  SqueezeExcitation(int64_t channels, int64_t reduction = 16,
-                    const std::string& activation = "relu",
-                    const std::string& gate_activation = "sigmoid", bool use_bn = false,
-                    Layout layout = Layout::NCHW);
+  SqueezeExcitation(int64_t channels, int64_t reduction = 16, const std::string& activation = "relu",
+                    const std::string& gate_activation = "sigmoid", bool use_bn = false, Layout layout = Layout::NCHW);
 
  protected:
   Tensor forward_map(const Tensor& x) override;
@@ -480,8 +470,7 @@ struct AttentionBlockOptions {
 };
 class AttentionBlock : public nn::Cloneable<AttentionBlock, MapBlock> {
  public:
-  explicit AttentionBlock(int64_t channels, const AttentionBlockOptions& options = {},
-                          Layout layout = Layout::NCHW);
+  explicit AttentionBlock(int64_t channels, const AttentionBlockOptions& options = {}, Layout layout = Layout::NCHW);
 
  protected:
   Tensor forward_map(const Tensor& x) override;
@@ -521,8 +510,7 @@ class Mish : public nn::Cloneable<Mish, Block> {
 // (N, H, W, C) -> (N, 1, 1, C)).
 class GeM : public nn::Cloneable<GeM, MapBlock> {
  public:
-  explicit GeM(double p = 3, double eps = 1e-6, bool learnable = true,
-               Layout layout = Layout::NCHW);
+  explicit GeM(double p = 3, double eps = 1e-6, bool learnable = true, Layout layout = Layout::NCHW);
   std::string extra_repr() const override;
   double eps;
 

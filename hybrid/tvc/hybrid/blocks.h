@@ -48,11 +48,11 @@ enum class ChannelRole { In, Out };
 
 // One parameter a block type accepts.
 struct ParamSpec {
-  std::string name{};                      // "reduction"
+  std::string name{};  // "reduction"
   ParamKind kind = ParamKind::Int;
   std::optional<ParamValue> default_value{};  // unset: required (Channels: inferred)
-  ChannelRole role = ChannelRole::Out;      // for Channels: the inferred count it takes
-  std::vector<std::string> choices{};       // for String: the allowed values (empty: any)
+  ChannelRole role = ChannelRole::Out;        // for Channels: the inferred count it takes
+  std::vector<std::string> choices{};         // for String: the allowed values (empty: any)
   // Without default_value: may be left out, standing for Python's None ("auto": ECA's
   // kernel_size, ConvBNAct's padding); the block asks BlockArgs::has.
   bool optional = false;
@@ -65,7 +65,7 @@ struct ParamSpec {
 class BlockArgs {
  public:
   BlockArgs(const std::string& block, const BlockParams& given, const InferredChannels& inferred);
-  int64_t get_int(const std::string& name) const;  // Int and Channels
+  int64_t get_int(const std::string& name) const;   // Int and Channels
   double get_float(const std::string& name) const;  // Float (an Int given for it converts)
   bool get_bool(const std::string& name) const;
   const std::string& get_string(const std::string& name) const;
@@ -84,12 +84,12 @@ class BlockArgs {
 
 // A block type: its names, parameters and constructor.
 struct BlockType {
-  std::string name{};                 // canonical name: "se"
+  std::string name{};                  // canonical name: "se"
   std::vector<std::string> aliases{};  // "squeeze_excitation", "seblock", "SEBlock"
-  std::string category{};             // "block", "attention" or "other"
-  std::string class_name{};           // the library's class: "SEBlock"
-  std::string description{};          // one line, shown by `tvc blocks`
-  std::vector<ParamSpec> params{};    // accepted parameters, in the class's argument order
+  std::string category{};              // "block", "attention" or "other"
+  std::string class_name{};            // the library's class: "SEBlock"
+  std::string description{};           // one line, shown by `tvc blocks`
+  std::vector<ParamSpec> params{};     // accepted parameters, in the class's argument order
   // The layouts the block takes; a patch whose target has another layout is an error naming
   // both. Blocks on NCHW maps also take NHWC ones (they permute around their computation).
   std::vector<Layout> layouts = {Layout::NCHW, Layout::NHWC};

@@ -41,7 +41,7 @@ const char* patch_op_name(PatchOp op);  // "wrap", "inject", "replace"
 struct Patch {
   std::string target{};  // a dotted module path of the torchvision model: "layer3", "features.5"
   PatchOp op = PatchOp::Wrap;
-  std::string block{};  // a block name or alias of the registry (blocks.h)
+  std::string block{};   // a block name or alias of the registry (blocks.h)
   BlockParams params{};  // the block's parameters; channels not given are inferred
 };
 
@@ -77,8 +77,8 @@ struct HybridLayout {
 // is stem.*, stages.N.*, head.* (docs/hybrid.md lists each family's names).
 class HybridModel : public nn::Cloneable<HybridModel> {
  public:
-  HybridModel(nn::ModulePtr stem, std::shared_ptr<nn::ModuleList> stages, nn::ModulePtr head,
-              std::string backbone_name, std::vector<std::string> modifications, HybridLayout layout);
+  HybridModel(nn::ModulePtr stem, std::shared_ptr<nn::ModuleList> stages, nn::ModulePtr head, std::string backbone_name,
+              std::vector<std::string> modifications, HybridLayout layout);
 
   // images (N, 3, H, W) -> logits (N, num_classes)
   Tensor forward(const Tensor& x) override;
@@ -143,9 +143,9 @@ struct BuildOptions {
   double dropout = 0;  // before the new classifier (a Dropout only when > 0)
   bool freeze_backbone = false;
   std::vector<int64_t> unfreeze_stages{};  // with freeze_backbone: stages kept trainable
-  bool freeze_batchnorm = false;         // with freeze_backbone: frozen BatchNorms stay in eval
-  bool verbose = true;                   // print what was loaded, patched and initialised
-  std::optional<int64_t> image_size{};   // ViT only: the input size it is built for (224)
+  bool freeze_batchnorm = false;           // with freeze_backbone: frozen BatchNorms stay in eval
+  bool verbose = true;                     // print what was loaded, patched and initialised
+  std::optional<int64_t> image_size{};     // ViT only: the input size it is built for (224)
 };
 
 struct CheckpointOptions {

@@ -26,9 +26,9 @@ struct ShapeMismatch {
 struct WeightLoadingReport {
   std::vector<std::string> loaded{};
   std::vector<ShapeMismatch> skipped_shape_mismatch{};
-  std::vector<std::string> skipped_missing{};   // the model's keys the source lacks
+  std::vector<std::string> skipped_missing{};     // the model's keys the source lacks
   std::vector<std::string> skipped_unexpected{};  // the source's keys the model lacks
-  std::vector<std::string> newly_initialized{};  // parameters initialised by init_new_layers
+  std::vector<std::string> newly_initialized{};   // parameters initialised by init_new_layers
 
   int64_t total_loaded() const { return static_cast<int64_t>(loaded.size()); }
   int64_t total_skipped() const {
@@ -66,8 +66,8 @@ WeightLoadingReport partial_load(nn::Module& model, const nn::StateDict& state_d
 
 struct TransferOptions {
   std::map<std::string, std::string> layer_mapping{};  // source key -> target key
-  std::vector<std::string> include_patterns{};  // regular expressions (std::regex ECMAScript,
-  std::vector<std::string> exclude_patterns{};  // searched anywhere in the source key)
+  std::vector<std::string> include_patterns{};         // regular expressions (std::regex ECMAScript,
+  std::vector<std::string> exclude_patterns{};         // searched anywhere in the source key)
 };
 
 // Copies source's state_dict into target by name: only source keys matching an include pattern

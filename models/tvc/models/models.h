@@ -66,7 +66,7 @@ std::vector<std::string> list();
 
 // What create() or load_weights() (tvc/models/weights.h) loaded.
 struct LoadReport {
-  std::string file{};                // the file loaded ("" without weights)
+  std::string file{};                  // the file loaded ("" without weights)
   std::vector<std::string> skipped{};  // classifier tensors not loaded (num_classes != the file's)
 };
 

@@ -35,9 +35,9 @@ struct Preprocessing {
 
 // One of torchvision's weights for a model.
 struct WeightsTag {
-  std::string model{};    // "resnet50"
-  std::string tag{};      // "IMAGENET1K_V2"
-  bool is_default{};      // what "DEFAULT" names
+  std::string model{};      // "resnet50"
+  std::string tag{};        // "IMAGENET1K_V2"
+  bool is_default{};        // what "DEFAULT" names
   std::string file_name{};  // torchvision's file, "resnet50-11ad3fa6.pth"
   Preprocessing preprocessing{};
 };

@@ -35,8 +35,8 @@ namespace tvc::swa {
 using AvgFn = std::function<Tensor(const Tensor& averaged, const Tensor& current, int64_t num_averaged)>;
 // A multi-tensor averaging function: updates averaged[i] in place from current[i] for every i
 // (tensors of one dtype and device per call; current[i] already in that dtype).
-using MultiAvgFn = std::function<void(const std::vector<Tensor>& averaged, const std::vector<Tensor>& current,
-                                      int64_t num_averaged)>;
+using MultiAvgFn =
+    std::function<void(const std::vector<Tensor>& averaged, const std::vector<Tensor>& current, int64_t num_averaged)>;
 
 // A warm-up of the EMA decay, for averages started from a model far from converged.
 // With t the number of models already averaged in (t = step - 1 when updating every step):

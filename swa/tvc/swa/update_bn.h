@@ -28,11 +28,13 @@ int64_t update_bn(const std::function<std::optional<Tensor>()>& next_input, nn::
 namespace detail {
 template <typename E>
 const Tensor& batch_input(const E& batch) {
-  if constexpr (std::is_convertible_v<const E&, const Tensor&>) return batch;
+  if constexpr (std::is_convertible_v<const E&, const Tensor&>)
+    return batch;
   else if constexpr (std::is_same_v<E, std::vector<Tensor>>) {
     TVC_CHECK(!batch.empty(), "update_bn: a batch is an empty list (expected [input, ...])");
     return batch.front();
-  } else return std::get<0>(batch);  // std::pair / std::tuple: (input, target, ...)
+  } else
+    return std::get<0>(batch);  // std::pair / std::tuple: (input, target, ...)
 }
 }  // namespace detail
 

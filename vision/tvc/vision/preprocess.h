@@ -46,7 +46,8 @@ Image resize(const Image& image, int64_t width, int64_t height, models::Interpol
 
 // torchvision's F.resize(img, [size], interpolation) of a PIL image: the shorter side becomes
 // size, the longer int(size * long / short); an image already that size is returned as it is.
-Image resize_shorter_side(const Image& image, int64_t size, models::Interpolation interpolation = models::Interpolation::Bilinear);
+Image resize_shorter_side(const Image& image, int64_t size,
+                          models::Interpolation interpolation = models::Interpolation::Bilinear);
 
 // torchvision's F.center_crop(img, [size]) of a PIL image: zero padding (left/top get the
 // smaller half) where the image is smaller than size, then the crop at

@@ -63,8 +63,7 @@ class Node : public std::enable_shared_from_this<Node> {
   // Hooks on all grad outputs before apply (may replace them) and on (grad_inputs,
   // grad_outputs) after apply (may replace grad_inputs). Used by module backward hooks.
   std::vector<std::function<GradList(const GradList& grad_outputs)>> pre_hooks;
-  std::vector<std::function<GradList(const GradList& grad_inputs, const GradList& grad_outputs)>>
-      post_hooks;
+  std::vector<std::function<GradList(const GradList& grad_inputs, const GradList& grad_outputs)>> post_hooks;
   // Tensors whose .grad should receive output i's gradient (retain_grad).
   std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained;
 };
@@ -101,8 +100,7 @@ Edge gradient_edge(const Tensor& t);
 void check_inplace(const Tensor& self, const char* op);
 // After an in-place op on self that used other inputs: bumps the version and, when grad is
 // needed, makes self's history go through a node with backward fn.
-void record_inplace(const std::string& name, Tensor& self, const std::vector<Tensor>& others,
-                    BackwardFn fn);
+void record_inplace(const std::string& name, Tensor& self, const std::vector<Tensor>& others, BackwardFn fn);
 
 }  // namespace autograd
 }  // namespace tvc

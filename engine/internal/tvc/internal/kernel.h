@@ -48,8 +48,7 @@ struct DeviceMemory {
   void* (*allocate)(size_t nbytes) = nullptr;  // nbytes > 0
   void (*release)(void* data) = nullptr;       // never throws
   // Copies nbytes from src (on src_device) to dst (on dst_device); one side may be the CPU.
-  void (*copy)(void* dst, Device dst_device, const void* src, Device src_device,
-               size_t nbytes) = nullptr;
+  void (*copy)(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) = nullptr;
 };
 
 class KernelRegistry {
@@ -80,8 +79,7 @@ void add_backend(BackendRegistration registration);
 const DeviceMemory& device_memory(Device device, const char* op);
 
 // Runs op's kernel for the device of the first input (or output).
-void run_kernel(Op op, std::span<const Tensor> in, std::span<Tensor> out,
-                const void* params = nullptr);
+void run_kernel(Op op, std::span<const Tensor> in, std::span<Tensor> out, const void* params = nullptr);
 
 // Makes the calling thread's OpenMP thread count the one set_num_threads set (run_kernel calls
 // it before every kernel, so a setting made on any thread reaches every thread).

@@ -12,121 +12,121 @@
 
 #include <cstdint>
 
-#define TVC_OP_LIST(X)                    \
-  /* memory */                            \
-  X(copy, KERNEL)                         \
-  X(fill, KERNEL)                         \
-  X(uniform, KERNEL)                      \
-  X(normal, KERNEL)                       \
-  X(randint, KERNEL)                      \
-  X(bernoulli, COMPOSED)                  \
-  X(arange, KERNEL)                       \
-  X(linspace, COMPOSED)                   \
-  /* views */                             \
-  X(view, COMPOSED)                       \
-  X(reshape, COMPOSED)                    \
-  X(permute, COMPOSED)                    \
-  X(transpose, COMPOSED)                  \
-  X(slice, COMPOSED)                      \
-  X(narrow, COMPOSED)                     \
-  X(select, COMPOSED)                     \
-  X(expand, COMPOSED)                     \
-  X(unsqueeze, COMPOSED)                  \
-  X(squeeze, COMPOSED)                    \
-  X(flatten, COMPOSED)                    \
-  X(contiguous, COMPOSED)                 \
-  X(to_dtype, COMPOSED)                   \
-  /* elementwise unary */                 \
-  X(neg, KERNEL)                          \
-  X(abs, KERNEL)                          \
-  X(sign, KERNEL)                         \
-  X(exp, KERNEL)                          \
-  X(log, KERNEL)                          \
-  X(sqrt, KERNEL)                         \
-  X(rsqrt, KERNEL)                        \
-  X(erf, KERNEL)                          \
-  X(relu, KERNEL)                         \
-  X(relu6, COMPOSED)                      \
-  X(leaky_relu, KERNEL)                   \
-  X(gelu, KERNEL)                         \
-  X(silu, KERNEL)                         \
-  X(sigmoid, KERNEL)                      \
-  X(hardsigmoid, KERNEL)                  \
-  X(hardswish, KERNEL)                    \
-  X(tanh, KERNEL)                         \
-  X(softplus, KERNEL)                     \
-  X(mish, COMPOSED)                       \
-  X(clamp, KERNEL)                        \
-  X(pow_scalar, KERNEL)                   \
-  /* elementwise binary, broadcasting */  \
-  X(add, KERNEL)                          \
-  X(sub, KERNEL)                          \
-  X(mul, KERNEL)                          \
-  X(div, KERNEL)                          \
-  X(pow, KERNEL)                          \
-  X(maximum, KERNEL)                      \
-  X(minimum, KERNEL)                      \
-  X(eq, KERNEL)                           \
-  X(ne, KERNEL)                           \
-  X(lt, KERNEL)                           \
-  X(le, KERNEL)                           \
-  X(gt, KERNEL)                           \
-  X(ge, KERNEL)                           \
-  X(where, KERNEL)                        \
-  X(lerp, KERNEL)                         \
-  X(masked_fill, COMPOSED)                \
-  /* reductions */                        \
-  X(sum, KERNEL)                          \
-  X(mean, COMPOSED)                       \
-  X(var, COMPOSED)                        \
-  X(std, COMPOSED)                        \
-  X(amax, KERNEL)                         \
-  X(amin, KERNEL)                         \
-  X(max, COMPOSED)                        \
-  X(min, COMPOSED)                        \
-  X(argmax, KERNEL)                       \
-  X(argmin, KERNEL)                       \
-  X(topk, KERNEL)                         \
-  /* linear algebra */                    \
-  X(bmm, KERNEL)                          \
-  X(matmul, COMPOSED)                     \
-  X(linear, COMPOSED)                     \
-  /* convolution and pooling, N,C,H,W */  \
-  X(conv2d, KERNEL)                       \
-  X(conv2d_backward_input, BACKWARD)      \
-  X(conv2d_backward_weight, BACKWARD)     \
-  X(conv1d, COMPOSED)                     \
-  X(max_pool2d, KERNEL)                   \
-  X(max_pool2d_backward, BACKWARD)        \
-  X(avg_pool2d, KERNEL)                   \
-  X(avg_pool2d_backward, BACKWARD)        \
-  X(adaptive_avg_pool2d, KERNEL)          \
+#define TVC_OP_LIST(X)                      \
+  /* memory */                              \
+  X(copy, KERNEL)                           \
+  X(fill, KERNEL)                           \
+  X(uniform, KERNEL)                        \
+  X(normal, KERNEL)                         \
+  X(randint, KERNEL)                        \
+  X(bernoulli, COMPOSED)                    \
+  X(arange, KERNEL)                         \
+  X(linspace, COMPOSED)                     \
+  /* views */                               \
+  X(view, COMPOSED)                         \
+  X(reshape, COMPOSED)                      \
+  X(permute, COMPOSED)                      \
+  X(transpose, COMPOSED)                    \
+  X(slice, COMPOSED)                        \
+  X(narrow, COMPOSED)                       \
+  X(select, COMPOSED)                       \
+  X(expand, COMPOSED)                       \
+  X(unsqueeze, COMPOSED)                    \
+  X(squeeze, COMPOSED)                      \
+  X(flatten, COMPOSED)                      \
+  X(contiguous, COMPOSED)                   \
+  X(to_dtype, COMPOSED)                     \
+  /* elementwise unary */                   \
+  X(neg, KERNEL)                            \
+  X(abs, KERNEL)                            \
+  X(sign, KERNEL)                           \
+  X(exp, KERNEL)                            \
+  X(log, KERNEL)                            \
+  X(sqrt, KERNEL)                           \
+  X(rsqrt, KERNEL)                          \
+  X(erf, KERNEL)                            \
+  X(relu, KERNEL)                           \
+  X(relu6, COMPOSED)                        \
+  X(leaky_relu, KERNEL)                     \
+  X(gelu, KERNEL)                           \
+  X(silu, KERNEL)                           \
+  X(sigmoid, KERNEL)                        \
+  X(hardsigmoid, KERNEL)                    \
+  X(hardswish, KERNEL)                      \
+  X(tanh, KERNEL)                           \
+  X(softplus, KERNEL)                       \
+  X(mish, COMPOSED)                         \
+  X(clamp, KERNEL)                          \
+  X(pow_scalar, KERNEL)                     \
+  /* elementwise binary, broadcasting */    \
+  X(add, KERNEL)                            \
+  X(sub, KERNEL)                            \
+  X(mul, KERNEL)                            \
+  X(div, KERNEL)                            \
+  X(pow, KERNEL)                            \
+  X(maximum, KERNEL)                        \
+  X(minimum, KERNEL)                        \
+  X(eq, KERNEL)                             \
+  X(ne, KERNEL)                             \
+  X(lt, KERNEL)                             \
+  X(le, KERNEL)                             \
+  X(gt, KERNEL)                             \
+  X(ge, KERNEL)                             \
+  X(where, KERNEL)                          \
+  X(lerp, KERNEL)                           \
+  X(masked_fill, COMPOSED)                  \
+  /* reductions */                          \
+  X(sum, KERNEL)                            \
+  X(mean, COMPOSED)                         \
+  X(var, COMPOSED)                          \
+  X(std, COMPOSED)                          \
+  X(amax, KERNEL)                           \
+  X(amin, KERNEL)                           \
+  X(max, COMPOSED)                          \
+  X(min, COMPOSED)                          \
+  X(argmax, KERNEL)                         \
+  X(argmin, KERNEL)                         \
+  X(topk, KERNEL)                           \
+  /* linear algebra */                      \
+  X(bmm, KERNEL)                            \
+  X(matmul, COMPOSED)                       \
+  X(linear, COMPOSED)                       \
+  /* convolution and pooling, N,C,H,W */    \
+  X(conv2d, KERNEL)                         \
+  X(conv2d_backward_input, BACKWARD)        \
+  X(conv2d_backward_weight, BACKWARD)       \
+  X(conv1d, COMPOSED)                       \
+  X(max_pool2d, KERNEL)                     \
+  X(max_pool2d_backward, BACKWARD)          \
+  X(avg_pool2d, KERNEL)                     \
+  X(avg_pool2d_backward, BACKWARD)          \
+  X(adaptive_avg_pool2d, KERNEL)            \
   X(adaptive_avg_pool2d_backward, BACKWARD) \
-  X(adaptive_max_pool2d, KERNEL)          \
+  X(adaptive_max_pool2d, KERNEL)            \
   X(adaptive_max_pool2d_backward, BACKWARD) \
-  /* normalisation */                     \
-  X(batch_norm, COMPOSED)                 \
-  X(layer_norm, COMPOSED)                 \
-  X(group_norm, COMPOSED)                 \
-  X(softmax, COMPOSED)                    \
-  X(log_softmax, COMPOSED)                \
-  X(dropout, COMPOSED)                    \
-  /* shape and indexing */                \
-  X(cat, COMPOSED)                        \
-  X(stack, COMPOSED)                      \
-  X(split, COMPOSED)                      \
-  X(chunk, COMPOSED)                      \
-  X(index_select, KERNEL)                 \
-  X(index_add, BACKWARD)                  \
-  X(gather, KERNEL)                       \
-  X(scatter_add, BACKWARD)                \
-  X(pad, COMPOSED)                        \
-  X(roll, COMPOSED)                       \
-  X(interpolate, COMPOSED)                \
-  /* losses */                            \
-  X(cross_entropy, COMPOSED)              \
-  X(nll_loss, COMPOSED)                   \
-  X(mse_loss, COMPOSED)                   \
+  /* normalisation */                       \
+  X(batch_norm, COMPOSED)                   \
+  X(layer_norm, COMPOSED)                   \
+  X(group_norm, COMPOSED)                   \
+  X(softmax, COMPOSED)                      \
+  X(log_softmax, COMPOSED)                  \
+  X(dropout, COMPOSED)                      \
+  /* shape and indexing */                  \
+  X(cat, COMPOSED)                          \
+  X(stack, COMPOSED)                        \
+  X(split, COMPOSED)                        \
+  X(chunk, COMPOSED)                        \
+  X(index_select, KERNEL)                   \
+  X(index_add, BACKWARD)                    \
+  X(gather, KERNEL)                         \
+  X(scatter_add, BACKWARD)                  \
+  X(pad, COMPOSED)                          \
+  X(roll, COMPOSED)                         \
+  X(interpolate, COMPOSED)                  \
+  /* losses */                              \
+  X(cross_entropy, COMPOSED)                \
+  X(nll_loss, COMPOSED)                     \
+  X(mse_loss, COMPOSED)                     \
   X(binary_cross_entropy_with_logits, COMPOSED)
 
 namespace tvc {

@@ -26,7 +26,7 @@ struct TensorImpl {
   uint32_t output_nr = 0;                   // which output of grad_fn this is
   std::weak_ptr<autograd::Node> grad_accumulator;
   std::vector<std::pair<int, TensorHook>> leaf_hooks;  // hooks of a leaf, by handle
-  std::shared_ptr<TensorImpl> view_base;              // set on views made by view ops
+  std::shared_ptr<TensorImpl> view_base;               // set on views made by view ops
 };
 
 }  // namespace tvc
