@@ -4,7 +4,8 @@
 // The input is the whole file. It goes through detect_format, load_pth (whatever the detected
 // format: the reader must refuse a non-.pth file cleanly too), load (which dispatches on the
 // detected format, so safetensors-looking inputs reach that reader as well) and
-// load_state_dict with unwrap (checkpoint unwrapping and flattening). Every tensor of every
+// load_state_dict with unwrap (checkpoint unwrapping, flattening and whole-model state_dicts),
+// load_pth and load_state_dict in opaque mode as well as strict. Every tensor of every
 // value returned is checked to lie inside its storage and read in full. tvc::Error is the
 // expected answer to a malformed file; any other exception, a crash, a sanitizer report, a
 // leaked descriptor or a tensor outside its storage is a finding.
@@ -37,6 +38,17 @@ void walk(const Value& v) {
         walk(e);
       }
       break;
+    case Value::Kind::Object: {
+      const tvc::io::OpaqueObject& o = v.object();
+      for (const Value& a : o.args) walk(a);
+      walk(o.state);
+      for (const Value& e : o.appended) walk(e);
+      for (const auto& [k, e] : o.set_items) {
+        walk(k);
+        walk(e);
+      }
+      break;
+    }
     default:
       (void)v.kind_name();
   }
@@ -46,6 +58,7 @@ void walk(const Value& v) {
 void use(const Value& v) {
   walk(v);
   (void)(v == v);  // not asserted: Python's NaN != NaN holds for float values
+  (void)tvc::io::repr(v);
   try {
     for (const auto& [name, t] : tvc::io::flatten_tensors(v)) tvc_fuzz::check_tensor(t, name);
   } catch (const tvc::Error&) {
@@ -68,9 +81,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return tvc_fuzz::run_on_file(data, size, [](const std::string& path) {
     attempt([&] { (void)tvc::io::format_name(tvc::io::detect_format(path)); });
     attempt([&] { use(tvc::io::load_pth(path)); });
+    attempt([&] { use(tvc::io::load_pth(path, {.opaque_objects = true})); });
     attempt([&] { use(tvc::io::load(path, {.widen = true})); });
     attempt([&] {
-      tvc::nn::StateDict sd = tvc::io::load_state_dict(path, {.read = {.widen = true}, .unwrap = true});
+      tvc::nn::StateDict sd =
+          tvc::io::load_state_dict(path, {.read = {.widen = true, .opaque_objects = true}, .unwrap = true});
       for (const auto& [name, t] : sd) tvc_fuzz::check_tensor(t, name);
     });
   });

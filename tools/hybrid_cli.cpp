@@ -85,14 +85,19 @@ void run_hybrid(const HybridRunOptions& options) {
                                                                   .patches = patches,
                                                                   .num_classes = h.num_classes,
                                                                   .dropout = h.dropout,
-                                                                  .verbose = false});
+                                                                  .verbose = false,
+                                                                  .read = {.opaque_objects = options.opaque}});
     std::fprintf(stderr, "%s: weights %s, new layers initialised\n", h.backbone.c_str(),
                  printable(options.weights).c_str());
   } else {
     hybrid::WeightLoadingReport report;
-    model = hybrid::HybridBuilder().from_checkpoint(
-        options.weights, h.backbone,
-        {.patches = patches, .num_classes = h.num_classes, .dropout = h.dropout, .verbose = false, .report = &report});
+    model = hybrid::HybridBuilder().from_checkpoint(options.weights, h.backbone,
+                                                    {.patches = patches,
+                                                     .num_classes = h.num_classes,
+                                                     .dropout = h.dropout,
+                                                     .verbose = false,
+                                                     .report = &report,
+                                                     .read = {.opaque_objects = options.opaque}});
     std::fprintf(stderr, "%s: %lld tensors from %s", h.backbone.c_str(), static_cast<long long>(report.total_loaded()),
                  printable(options.weights).c_str());
     std::string kept;

@@ -29,6 +29,7 @@ struct HybridRunOptions {
   std::string input;    // safetensors file holding float32 `input` (N, 3, H, W)
   std::string output;   // safetensors file to write: `output`, and with features `stage.K`
   bool features = false;
+  bool opaque = false;  // read the weights file with io::ReadOptions::opaque_objects
 };
 // Builds the hybrid, loads the weights (what did not load is reported on stderr), runs it in
 // eval mode and writes the output file.

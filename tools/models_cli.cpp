@@ -19,10 +19,11 @@ void list_models() {
 
 namespace {
 
-models::BackbonePtr load_model(const std::string& name, const std::string& weights,
-                               std::optional<int64_t> num_classes) {
+models::BackbonePtr load_model(const std::string& name, const std::string& weights, std::optional<int64_t> num_classes,
+                               bool opaque) {
   models::LoadReport report;
-  models::BackbonePtr model = models::create(name, {.num_classes = num_classes, .weights = weights}, &report);
+  models::BackbonePtr model = models::create(
+      name, {.num_classes = num_classes, .weights = weights, .read = {.opaque_objects = opaque}}, &report);
   std::fprintf(stderr, "%s: weights from %s", name.c_str(), printable(report.file).c_str());
   if (!report.skipped.empty()) {
     std::fprintf(stderr, " (kept initial values of the classifier, whose size differs:");
@@ -41,7 +42,7 @@ void run_model(const RunOptions& options) {
   TVC_CHECK(input.dtype() == DType::Float32 && input.dim() == 4 && input.shape()[1] == 3, "'", printable(options.input),
             "': tensor 'input' must be float32 (N, 3, H, W), got ", dtype_name(input.dtype()), " ",
             shape_str(input.shape()));
-  models::BackbonePtr model = load_model(options.model, options.weights, options.num_classes);
+  models::BackbonePtr model = load_model(options.model, options.weights, options.num_classes, options.opaque);
   if (options.train_mode)
     models::train_without_dropout(*model);  // batch statistics, but no dropout or stochastic depth
   else
@@ -70,7 +71,7 @@ void predict(const PredictOptions& options) {
   std::vector<Tensor> inputs;
   for (const auto& path : options.images) inputs.push_back(vision::preprocess(vision::decode_image(path), prep));
 
-  models::BackbonePtr model = load_model(options.model, options.weights, 1000);
+  models::BackbonePtr model = load_model(options.model, options.weights, 1000, options.opaque);
   model->eval();
   NoGradGuard no_grad;
   print_top_classes(options.images, softmax(model->forward(stack(inputs)), 1), models::imagenet_categories(), 5);

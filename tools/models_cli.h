@@ -21,6 +21,7 @@ struct RunOptions {
   std::optional<int64_t> num_classes;  // unset: the weights' class count
   bool train_mode = false;             // batch statistics, dropout off
   bool features = false;               // also write forward_stages under their node names
+  bool opaque = false;                 // read the weights file with io::ReadOptions::opaque_objects
 };
 
 // Runs the model on the input file and writes the output file (crash-safe); a line on stdout
@@ -32,6 +33,7 @@ struct PredictOptions {
   std::string weights;              // a tag or a .pth/.safetensors path
   std::string preprocess_tag;       // whose preprocessing; "": the weights' tag, or DEFAULT for a file
   std::vector<std::string> images;  // JPEG or PNG files
+  bool opaque = false;              // read the weights file with io::ReadOptions::opaque_objects
 };
 
 // Classifies the images (one batch, eval mode) with the preprocessing of the weights' tag and

@@ -114,4 +114,5 @@ def main():
             json.dump(describe(obj, {}), f)
 
 
-main()
+if __name__ == "__main__":
+    main()

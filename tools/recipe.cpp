@@ -190,6 +190,7 @@ const std::vector<Key>& keys() {
       {"num_classes", [](Recipe& r, const YAML::Node& n, const std::string& k) { r.num_classes = integer(n, k, 0, 1000000); }},
       {"dropout", [](Recipe& r, const YAML::Node& n, const std::string& k) { r.dropout = number_in(n, k, 0, 0.999999, "[0, 1)"); }},
       {"freeze_backbone", [](Recipe& r, const YAML::Node& n, const std::string& k) { r.freeze_backbone = boolean(n, k); }},
+      {"opaque_weights", [](Recipe& r, const YAML::Node& n, const std::string& k) { r.opaque_weights = boolean(n, k); }},
       {"unfreeze_stages",
        [](Recipe& r, const YAML::Node& n, const std::string& k) {
          r.unfreeze_stages.clear();
@@ -377,6 +378,7 @@ std::string recipe_to_yaml(const Recipe& r) {
   y << YAML::BeginMap;
   y << YAML::Key << "backbone" << YAML::Value << r.backbone;
   y << YAML::Key << "weights" << YAML::Value << r.weights;
+  y << YAML::Key << "opaque_weights" << YAML::Value << r.opaque_weights;
   y << YAML::Key << "patches" << YAML::Value << YAML::Load(r.patches);
   y << YAML::Key << "num_classes" << YAML::Value << r.num_classes;
   y << YAML::Key << "dropout" << YAML::Value << r.dropout;

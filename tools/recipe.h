@@ -42,9 +42,10 @@ struct SwaRecipe {
 struct Recipe {
   // The model.
   std::string backbone = "small_cnn";
-  std::string weights;         // a torchvision tag or a weight file; "": random init
-  std::string patches = "{}";  // the patches as JSON (hybrid::parse_patches)
-  int64_t num_classes = 0;     // 0: the data's class count
+  std::string weights;          // a torchvision tag or a weight file; "": random init
+  bool opaque_weights = false;  // read the weights file with io::ReadOptions::opaque_objects
+  std::string patches = "{}";   // the patches as JSON (hybrid::parse_patches)
+  int64_t num_classes = 0;      // 0: the data's class count
   double dropout = 0;
   bool freeze_backbone = false;
   std::vector<int64_t> unfreeze_stages;

@@ -119,7 +119,7 @@ for i in "${!fuzzers[@]}"; do
 done
 
 # ThreadSanitizer: the threads test (tests/test_threads.cpp) in its own build, which compiles only
-# the core, the models and that test. LLVM's OpenMP loads its Archer tool (OMP_TOOL_LIBRARIES),
+# the core and that test. LLVM's OpenMP loads its Archer tool (OMP_TOOL_LIBRARIES),
 # which tells TSan about OpenMP's barriers and locks; its verbose line shows that it did.
 # ignore_noninstrumented_modules: the OpenMP runtime itself is not instrumented (Archer's advice).
 tsan_build=build-tsan

@@ -150,15 +150,15 @@ Transform eval_transform(const Recipe& r) {
 
 hybrid::HybridModelPtr build_model(const Recipe& r, int64_t num_classes, const std::string& weights, bool verbose) {
   return hybrid::HybridBuilder().from_torchvision(
-      r.backbone,
-      {.weights = weights,
-       .patches = hybrid::parse_patches(r.patches),
-       .num_classes = num_classes,
-       .dropout = r.dropout,
-       .freeze_backbone = r.freeze_backbone,
-       .unfreeze_stages = r.unfreeze_stages,
-       .verbose = verbose,
-       .image_size = r.backbone.rfind("vit", 0) == 0 ? std::optional<int64_t>(r.image_size) : std::nullopt});
+      r.backbone, {.weights = weights,
+                   .patches = hybrid::parse_patches(r.patches),
+                   .num_classes = num_classes,
+                   .dropout = r.dropout,
+                   .freeze_backbone = r.freeze_backbone,
+                   .unfreeze_stages = r.unfreeze_stages,
+                   .verbose = verbose,
+                   .image_size = r.backbone.rfind("vit", 0) == 0 ? std::optional<int64_t>(r.image_size) : std::nullopt,
+                   .read = {.opaque_objects = r.opaque_weights}});
 }
 
 // The weights to export: torchvision's names for a hybrid without patches (they load into
@@ -699,10 +699,10 @@ int train_recipe(const Recipe& recipe, const std::string& resume_dir) {
 namespace {
 
 // The recipe's model with weights of train's exports (torchvision's names or the HybridModel's).
-hybrid::HybridModelPtr load_trained(const Recipe& r, int64_t num_classes, const std::string& weights) {
+hybrid::HybridModelPtr load_trained(const Recipe& r, int64_t num_classes, const std::string& weights, bool opaque) {
   manual_seed(r.seed);
   hybrid::HybridModelPtr model = build_model(r, num_classes, "", /*verbose=*/false);
-  nn::StateDict file = io::load_state_dict(weights, {.unwrap = true});
+  nn::StateDict file = io::load_state_dict(weights, {.read = {.opaque_objects = opaque}, .unwrap = true});
   const bool torchvision_names = model->modifications().empty() && !file.contains(model->state_dict().begin()->first);
   io::load_converted(*model, torchvision_names ? model->from_torchvision_names(file) : file);
   model->eval();
@@ -719,7 +719,8 @@ Recipe run_recipe(const std::string& run_or_recipe) {
 
 }  // namespace
 
-void predict_with_recipe(const std::string& run, const std::string& weights, const std::vector<std::string>& images) {
+void predict_with_recipe(const std::string& run, const std::string& weights, const std::vector<std::string>& images,
+                         bool opaque) {
   TVC_CHECK(!images.empty(), "predict: no image given");
   TVC_CHECK(fs::is_directory(run), "predict --recipe ", printable(run), ": not a tvc train output folder");
   Recipe r = run_recipe(run);
@@ -730,7 +731,7 @@ void predict_with_recipe(const std::string& run, const std::string& weights, con
     for (std::string line; std::getline(in, line);) classes.push_back(line);
   }
   hybrid::HybridModelPtr model =
-      load_trained(r, r.num_classes > 0 ? r.num_classes : static_cast<int64_t>(classes.size()), weights);
+      load_trained(r, r.num_classes > 0 ? r.num_classes : static_cast<int64_t>(classes.size()), weights, opaque);
   const Transform t = eval_transform(r);
   SampleRng unused(0, 0, 0);  // the eval transform draws nothing
   std::vector<Tensor> inputs;
@@ -747,7 +748,7 @@ void evaluate(const EvalOptions& o) {
   }
   Data d = load_data(r, /*need_train=*/false);
   const int64_t num_classes = r.num_classes > 0 ? r.num_classes : static_cast<int64_t>(d.classes.size());
-  hybrid::HybridModelPtr model = load_trained(r, num_classes, o.weights);
+  hybrid::HybridModelPtr model = load_trained(r, num_classes, o.weights, o.opaque);
   BatchLoader loader(d.test, d.test_indices, eval_loader_options(r, o.batch_size > 0 ? o.batch_size : r.batch_size));
   auto [predicted, labels] = predict_all(*model, loader);
   const size_t k = d.classes.size();

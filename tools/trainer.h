@@ -35,12 +35,14 @@ struct EvalOptions {
   std::string data;        // an image folder; "": the recipe's test data
   std::string svg_out;     // confusion matrix as SVG
   int64_t batch_size = 0;  // 0: the recipe's
+  bool opaque = false;     // read the weights file with io::ReadOptions::opaque_objects
 };
 void evaluate(const EvalOptions& options);
 
 // `tvc predict --recipe RUN`: the images (JPEG/PNG) through the eval transform of the run's
 // recipe and the weights, printing each image's five likeliest of the run's classes
 // (RUN/classes.txt) with probabilities, as `tvc predict` does.
-void predict_with_recipe(const std::string& run, const std::string& weights, const std::vector<std::string>& images);
+void predict_with_recipe(const std::string& run, const std::string& weights, const std::vector<std::string>& images,
+                         bool opaque = false);
 
 }  // namespace tvc::tools

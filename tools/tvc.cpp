@@ -11,8 +11,8 @@
 //   tvc explain BACKBONE [--patches JSON] [--num-classes N] [--dropout P]
 //   tvc predict MODEL --weights W [--preprocess-tag TAG] IMAGE...
 //   tvc predict --recipe RUN --weights W IMAGE...
-//   tvc inspect FILE [--widen]
-//   tvc convert IN OUT [--dtype float16|bfloat16|float32] [--widen] [--unwrap]
+//   tvc inspect FILE [--widen] [--opaque]
+//   tvc convert IN OUT [--dtype float16|bfloat16|float32] [--widen] [--unwrap] [--opaque]
 //   tvc average --out OUT [--swa | --ema DECAY] [--use-buffers] [--plain] FILE...
 //
 // Exit status: 0 on success, 1 on an error (printed as `error: <message>` on stderr), 2 on a
@@ -38,6 +38,10 @@
 #include "weights_cli.h"
 
 namespace {
+
+constexpr const char* kOpaqueHelp =
+    "Read objects of classes outside the allow-list (Lightning and timm checkpoints, whole-model saves) as data: "
+    "nothing from the file is imported or run";
 
 // `tvc train`: the recipe (the file, or small_cnn without --recipe and --backbone) with the
 // flags' keys applied, run by the small CNN's loop or the trainer. A bad key or value is a usage
@@ -137,6 +141,7 @@ int run(int argc, char** argv) {
       ->add_option("--weights", eval.weights, "A .safetensors/.pth of tvc train's exports (final, best, final_ema...)")
       ->required();
   eval_cmd->add_option("--data", eval.data, "An image folder to evaluate on instead of the recipe's test data");
+  eval_cmd->add_flag("--opaque", eval.opaque, kOpaqueHelp);
   eval_cmd->add_option("--svg", eval.svg_out, "Also write the confusion matrix as an SVG file");
   eval_cmd->add_option("--batch-size", eval.batch_size, "Images per forward pass (default: the recipe's)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -148,6 +153,7 @@ int run(int argc, char** argv) {
   inspect_cmd->add_option("FILE", inspect_path, "A safetensors file or a torch.save .pth (zip or legacy)")->required();
   inspect_cmd->add_flag("--widen", inspect.widen,
                         "Show .pth element types tvc lacks (uint16, float8...) widened instead of failing");
+  inspect_cmd->add_flag("--opaque", inspect.opaque, kOpaqueHelp);
 
   std::string convert_in, convert_out, convert_dtype;
   tvc::tools::ConvertOptions convert;
@@ -161,6 +167,7 @@ int run(int argc, char** argv) {
                         "Load element types tvc lacks (uint16/32/64, float8) widened (int32/int64/float32)");
   convert_cmd->add_flag("--unwrap", convert.unwrap,
                         "Keep only the weights of a training checkpoint (state_dict/model, no module. prefix)");
+  convert_cmd->add_flag("--opaque", convert.opaque, kOpaqueHelp);
 
   std::vector<std::string> average_files;
   std::string average_out;
@@ -177,6 +184,7 @@ int run(int argc, char** argv) {
       ->excludes(swa_flag);
   average_cmd->add_flag("--use-buffers", average.use_buffers,
                         "Average floating buffers (BatchNorm statistics) too; else they are the last file's");
+  average_cmd->add_flag("--opaque", average.read.opaque_objects, kOpaqueHelp);
   average_cmd->add_flag("--plain", average.plain,
                         "Write the averaged model's own state_dict (loads into torchvision) instead of "
                         "AveragedModel's (module.*, n_averaged)");
@@ -199,6 +207,7 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
   run_cmd->add_flag("--train-mode", run.train_mode,
                     "Batch norm uses batch statistics (dropout and stochastic depth stay off)");
+  run_cmd->add_flag("--opaque", run.opaque, kOpaqueHelp);
   run_cmd->add_flag("--features", run.features,
                     "Also write each stage's output under its node name (with --hybrid: stage.K, the stem's first)");
   bool run_hybrid = false;
@@ -241,6 +250,7 @@ int run(int argc, char** argv) {
                           "The tag whose preprocessing (resize, crop, normalisation) to apply; default: the weights' "
                           "tag, or DEFAULT when the weights are a file");
   predict_cmd->add_option("IMAGE", predict.images, "JPEG or PNG files");
+  predict_cmd->add_flag("--opaque", predict.opaque, kOpaqueHelp);
 
   try {
     app.parse(argc, argv);
@@ -270,7 +280,8 @@ int run(int argc, char** argv) {
                             .weights = run.weights,
                             .input = run.input,
                             .output = run.output,
-                            .features = run.features});
+                            .features = run.features,
+                            .opaque = run.opaque});
   } else if (run_cmd->parsed()) {
     TVC_CHECK(run_hybrid_options.patches == "{}" && run_hybrid_options.dropout == 0,
               "run: --patches and --dropout need --hybrid");
@@ -283,7 +294,7 @@ int run(int argc, char** argv) {
   if (predict_cmd->parsed() && !predict_run.empty()) {
     // Without MODEL, CLI11 gave the first image to MODEL.
     predict.images.insert(predict.images.begin(), predict.model);
-    tvc::tools::predict_with_recipe(predict_run, predict.weights, predict.images);
+    tvc::tools::predict_with_recipe(predict_run, predict.weights, predict.images, predict.opaque);
   } else if (predict_cmd->parsed()) {
     tvc::tools::predict(predict);
   }

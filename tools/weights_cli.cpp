@@ -20,31 +20,6 @@ std::string grouped(uint64_t n) {
   return out;
 }
 
-std::string repr(const io::Value& v) {
-  switch (v.kind()) {
-    case io::Value::Kind::None:
-      return "None";
-    case io::Value::Kind::Bool:
-      return v.to_bool() ? "True" : "False";
-    case io::Value::Kind::Int:
-      return std::to_string(v.to_int());
-    case io::Value::Kind::Float: {
-      std::ostringstream s;
-      s.precision(17);
-      s << v.to_float();
-      return s.str();
-    }
-    case io::Value::Kind::String:
-      return cat_str("'", printable(v.to_string()), "'");
-    case io::Value::Kind::Bytes:
-      return cat_str("<", v.to_string().size(), " bytes>");
-    case io::Value::Kind::Set:
-      return cat_str("<set of ", v.elements().size(), ">");
-    default:
-      return cat_str("<", v.kind_name(), ">");
-  }
-}
-
 struct Row {
   std::string name, dtype, shape;
 };
@@ -76,13 +51,13 @@ void inspect_safetensors(const std::string& path) {
 }
 
 void inspect_pth(const std::string& path, io::WeightFormat format, const InspectOptions& options) {
-  io::Value value = io::load_pth(path, {.widen = options.widen});
+  io::Value value = io::load_pth(path, {.widen = options.widen, .opaque_objects = options.opaque});
   std::vector<Row> rows;
   std::vector<std::pair<std::string, std::string>> others;
   uint64_t elements = 0, bytes = 0;
   for (const auto& [name, leaf] : io::flatten(value)) {
     if (leaf.kind() != io::Value::Kind::Tensor) {
-      others.emplace_back(name.empty() ? "(file)" : printable(name), repr(leaf));
+      others.emplace_back(name.empty() ? "(file)" : printable(name), io::repr(leaf));
       continue;
     }
     const Tensor& t = leaf.to_tensor();
@@ -91,6 +66,8 @@ void inspect_pth(const std::string& path, io::WeightFormat format, const Inspect
     bytes += static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype());
   }
   print_table(path, io::format_name(format), rows, elements, bytes);
+  if (io::is_module(value))
+    std::printf("whole-model save of %s: the tensors are its state_dict\n", printable(value.object().global).c_str());
   std::printf("values:%s\n", others.empty() ? " none" : "");
   for (const auto& [k, v] : others) std::printf("  %s: %s\n", k.c_str(), v.c_str());
 }
@@ -139,7 +116,7 @@ void convert_weights(const std::string& in, const std::string& out, const Conver
     std::printf("wrote %s: %zu tensors, safetensors (bytes copied)\n", printable(out).c_str(), tensors.size());
     return;
   }
-  io::ReadOptions read{.widen = options.widen};
+  io::ReadOptions read{.widen = options.widen, .opaque_objects = options.opaque};
   io::Value value =
       options.unwrap ? io::Value(io::load_state_dict(in, {.read = read, .unwrap = true})) : io::load(in, read);
   if (options.dtype) value = cast_floating(value, *options.dtype);

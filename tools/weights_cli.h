@@ -11,11 +11,13 @@
 namespace tvc::tools {
 
 struct InspectOptions {
-  bool widen = false;  // show element types tvc lacks (uint16, float8, ...) of .pth files widened
+  bool widen = false;   // show element types tvc lacks (uint16, float8, ...) of .pth files widened
+  bool opaque = false;  // read other classes' objects as data (io::ReadOptions::opaque_objects)
 };
 
 // Prints the file's format, then one line per tensor (dotted name, dtype, shape), the totals
-// (tensors, elements, bytes), the safetensors metadata and the non-tensor values of a checkpoint.
+// (tensors, elements, bytes), the safetensors metadata and the non-tensor values of a checkpoint
+// (io::repr: opaque objects by their class name and recorded fields).
 // The whole file is validated (and, for .pth, read); a malformed file throws naming the fault.
 void inspect_weights(const std::string& path, const InspectOptions& options);
 
@@ -23,6 +25,7 @@ struct ConvertOptions {
   std::optional<DType> dtype;  // floating tensors converted to it; integer tensors kept
   bool widen = false;          // load element types tvc lacks as their widened dtype
   bool unwrap = false;         // keep only the weights of a training checkpoint
+  bool opaque = false;         // read other classes' objects as data (io::ReadOptions::opaque_objects)
 };
 
 // Converts between safetensors and .pth (zip), by the output's extension: .safetensors, or

@@ -4,7 +4,10 @@
 // checked against the file before memory is allocated, and a malformed file raises tvc::Error
 // naming the file and the fault (the tensor, pickle opcode, zip entry or header field). Pickles
 // go through a restricted unpickler that builds only dicts, lists, tuples, sets, numbers,
-// strings, bytes and tensors; any other global is refused by name, never executed.
+// strings, bytes, tensors and NumPy arrays and scalars; any other global is refused by name,
+// never executed, or with ReadOptions::opaque_objects read as a named placeholder holding the
+// arguments and state the pickle gave it (OpaqueObject), still without importing or calling
+// anything.
 //
 // Writers are crash-safe: the file is written under a temporary name in the same folder,
 // fsynced, renamed over the real name, and the folder fsynced, so an interrupted save leaves the
@@ -93,16 +96,27 @@ struct ReadOptions {
   // file truncated by another process while mapped views exist makes touching them fault, so
   // the default copies, which reads with pread() and reports a shrunk file as an error.
   bool map = false;
+  // .pth only: a class or function outside the allow-list (argparse.Namespace, a model's own
+  // classes, os.system...) becomes an OpaqueObject recording its name and what the pickle passed
+  // to it (REDUCE/NEWOBJ arguments, BUILD state, items), instead of failing the load. Nothing is
+  // imported or called; a placeholder never becomes a tensor, a storage or a callable. Reads
+  // Lightning and timm training checkpoints and whole-model saves (torch.save(model)).
+  bool opaque_objects = false;
 };
 
 // ---------------------------------------------------------------- checkpoint values
 
+struct OpaqueObject;
+
 // A value of a PyTorch checkpoint: what torch.load(weights_only=True) returns, restricted to
-// what tvc represents. Dicts keep insertion order; keys are strings or ints. Tensors read from
-// one storage share one tvc Storage (views keep their offsets and strides).
+// what tvc represents, plus the placeholders of ReadOptions::opaque_objects. Dicts keep
+// insertion order; keys are strings or ints. Tensors read from one storage share one tvc Storage
+// (views keep their offsets and strides). NumPy arrays whose dtype tvc has (or widens to) are
+// tensors, NumPy scalars are numbers; other NumPy data is an OpaqueObject "numpy.ndarray" or
+// "numpy.scalar" whose state is {"dtype": "<c16", "shape": (...), "data": bytes}.
 class Value {
  public:
-  enum class Kind : uint8_t { None, Bool, Int, Float, String, Bytes, Tensor, List, Tuple, Set, Dict };
+  enum class Kind : uint8_t { None, Bool, Int, Float, String, Bytes, Tensor, List, Tuple, Set, Dict, Object };
   using Items = std::vector<std::pair<Value, Value>>;
 
   Value() = default;  // None
@@ -121,6 +135,7 @@ class Value {
   static Value set(std::vector<Value> items = {});
   // ordered: an OrderedDict (pickled as collections.OrderedDict) rather than a dict.
   static Value dict(Items items = {}, bool ordered = false);
+  static Value object(OpaqueObject object);
 
   Kind kind() const { return kind_; }
   const char* kind_name() const;  // "None", "bool", "int", "float", "str", "bytes", "Tensor", ...
@@ -134,6 +149,7 @@ class Value {
   std::vector<Value>& elements();
   const Items& items() const;  // Dict
   Items& items();
+  const OpaqueObject& object() const;  // Object
   bool ordered() const { return ordered_; }
   // Dict lookup by string key; null when absent or not a dict.
   const Value* find(const std::string& key) const;
@@ -150,10 +166,45 @@ class Value {
   Tensor tensor_;
   std::shared_ptr<std::vector<Value>> elements_;
   std::shared_ptr<Items> items_;
+  std::shared_ptr<const OpaqueObject> object_;
 };
 
-// Every leaf of a nested value (anything but a dict, list or tuple) under its dotted path: dict
-// keys and list/tuple indices joined by "." ("optimizer.state.0.exp_avg"), in order.
+// A class instance or call result a pickle describes, read as data (ReadOptions::opaque_objects):
+// what unpickling would have done, recorded instead of done.
+struct OpaqueObject {
+  enum class Made : uint8_t {
+    Global,  // the class or function itself (GLOBAL alone), e.g. a model's norm_layer class
+    Call,    // global(*args) (REDUCE), e.g. os.system('...'), torch.device('cpu')
+    New,     // global.__new__(global, *args) (NEWOBJ): an instance, e.g. argparse.Namespace
+  };
+  std::string global{};  // "module.name" as the pickle names it: "argparse.Namespace"
+  Made made = Made::Global;
+  std::vector<Value> args{};      // of the call or of __new__
+  Value state{};                  // BUILD's state (usually the instance's __dict__); None if none
+  std::vector<Value> appended{};  // APPEND(S) onto the instance (a list subclass)
+  Value::Items set_items{};       // SETITEM(S) onto the instance (a dict subclass, defaultdict)
+
+  bool operator==(const OpaqueObject& other) const;
+};
+
+// Python-like text of a value for listings, strings escaped (printable), cut to about
+// max_chars: 'x', 3, 0.10000000000000001, [1, 2], {'lr': 0.1}, tensor(float32, [3, 4]),
+// argparse.Namespace(lr=0.1, name='x'), os.system('touch f').
+std::string repr(const Value& value, size_t max_chars = 300);
+
+// Whole-model saves (torch.save(model), read with ReadOptions::opaque_objects): whether value is
+// a torch.nn.Module instance (an object whose state holds _parameters, _buffers and _modules).
+bool is_module(const Value& value);
+// The state_dict PyTorch's module.state_dict() gives: each module's parameters, then its
+// persistent buffers (those not in _non_persistent_buffers_set), then its children's, depth
+// first in registration order, skipping None entries; tensors detached. Classes that override
+// state_dict or _save_to_state_dict (quantized modules, get_extra_state) are not replayed:
+// their code is not run. file names the file in errors.
+nn::StateDict module_state_dict(const Value& module, const std::string& file = "");
+
+// Every leaf of a nested value (anything but a dict, list, tuple or module) under its dotted
+// path: dict keys and list/tuple indices joined by "." ("optimizer.state.0.exp_avg"), in order.
+// A whole module (is_module) flattens to its module_state_dict under its path.
 std::vector<std::pair<std::string, Value>> flatten(const Value& value);
 // The tensor leaves of flatten(value).
 std::vector<std::pair<std::string, Tensor>> flatten_tensors(const Value& value);
@@ -238,7 +289,8 @@ Value load_pth(const std::string& path, const ReadOptions& options = {});
 // torch.save's zip format, pickle protocol 2, storages stored (not deflated) and aligned to 64
 // bytes, top-level folder "archive". Tensors sharing a tvc Storage share one saved storage;
 // strides and offsets are kept. torch.load(path, weights_only=True) reads it back equal.
-// Supported values: everything Value holds; bytes need torch >= 2.1 to load with weights_only.
+// Supported values: everything Value holds but opaque objects (an error naming their path);
+// bytes need torch >= 2.1 to load with weights_only.
 void save_pth(const std::string& path, const Value& value);
 
 // ---------------------------------------------------------------- any format
@@ -249,8 +301,9 @@ Value load(const std::string& path, const ReadOptions& options = {});
 
 // A state_dict from a weight file of any format. unwrap: take the weights out of a training
 // checkpoint ({"state_dict": ...}, {"model_state_dict": ...}, {"model": ...}, descending while
-// one applies) and drop a "module." prefix that every key has (DataParallel/DDP). Nested dicts
-// flatten to dotted names; a non-tensor leaf is an error naming its path.
+// one applies) and drop a "module." prefix that every key has (DataParallel/DDP). A whole-model
+// save (read with read.opaque_objects) gives its module_state_dict, also where unwrap finds one.
+// Nested dicts flatten to dotted names; a non-tensor leaf is an error naming its path.
 struct StateDictOptions {
   ReadOptions read{};
   bool unwrap = false;

@@ -20,3 +20,18 @@ void use_weight_files(tvc::nn::Module& model) {
     std::cout << path << " " << t.shape() << "\n";
   // [end doc]
 }
+
+void read_any_checkpoint();
+
+void read_any_checkpoint() {
+  // [doc]
+  // A Lightning checkpoint: argparse.Namespace, NumPy values, the model's weights.
+  tvc::io::Value ckpt = tvc::io::load_pth("epoch=9.ckpt", {.opaque_objects = true});
+  std::cout << tvc::io::repr(*ckpt.find("hyper_parameters")) << "\n";  // argparse.Namespace(lr=0.1, ...)
+  tvc::nn::StateDict weights =
+      tvc::io::load_state_dict("epoch=9.ckpt", {.read = {.opaque_objects = true}, .unwrap = true});
+
+  // torch.save(model): the state_dict model.state_dict() gives.
+  tvc::nn::StateDict whole = tvc::io::load_state_dict("model.pt", {.read = {.opaque_objects = true}});
+  // [end doc]
+}

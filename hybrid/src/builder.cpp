@@ -458,7 +458,7 @@ HybridModelPtr HybridBuilder::from_torchvision(const std::string& backbone, cons
   if (options.weights.empty()) {
     log << "Loaded " << backbone << " (random initialization)\n";
   } else {
-    const models::LoadReport report = models::load_weights(*model, options.weights);
+    const models::LoadReport report = models::load_weights(*model, options.weights, options.read);
     log << "Loaded " << backbone << " with " << printable(options.weights) << " weights (" << printable(report.file)
         << ")\n";
     if (!report.skipped.empty()) {
@@ -477,7 +477,7 @@ HybridModelPtr HybridBuilder::from_torchvision(const std::string& backbone, cons
 HybridModelPtr HybridBuilder::from_checkpoint(const std::string& path, const std::string& backbone,
                                               const CheckpointOptions& options) const {
   check_backbone(backbone);
-  nn::StateDict file = io::load_state_dict(path, {.unwrap = true});
+  nn::StateDict file = io::load_state_dict(path, {.read = options.read, .unwrap = true});
   std::ostringstream log;
   detail::BuiltHybrid built = detail::build_hybrid(models::create(backbone, {.image_size = options.image_size}),
                                                    options.patches, options.num_classes, options.dropout, &log);

@@ -72,7 +72,7 @@ BackbonePtr create(const std::string& name, const Options& options, LoadReport* 
   nn::StateDict state;
   if (!options.weights.empty()) {
     loaded.file = weights_file(name, options.weights);
-    state = io::load_state_dict(loaded.file);
+    state = io::load_state_dict(loaded.file, {.read = options.read});
     // Without num_classes, the classifier takes the weights' class count.
     const Tensor* classifier = state.find(s.classifier + ".weight");
     if (!o.num_classes && classifier && classifier->dim() >= 1) o.num_classes = classifier->shape()[0];

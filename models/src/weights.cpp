@@ -92,10 +92,10 @@ void load_state(Backbone& model, nn::StateDict state, LoadReport& report) {
 
 }  // namespace detail
 
-LoadReport load_weights(Backbone& model, const std::string& weights) {
+LoadReport load_weights(Backbone& model, const std::string& weights, const io::ReadOptions& read) {
   LoadReport report;
   report.file = weights_file(model.model_name(), weights);
-  detail::load_state(model, io::load_state_dict(report.file), report);
+  detail::load_state(model, io::load_state_dict(report.file, {.read = read}), report);
   return report;
 }
 

@@ -22,7 +22,9 @@ bool is_buffer_entry(const std::string& key, const Tensor& t) {
   return leaf == "running_mean" || leaf == "running_var" || leaf == "num_batches_tracked" || !is_floating(t.dtype());
 }
 
-nn::StateDict load_file(const std::string& path) { return io::load_state_dict(path, {.unwrap = true}); }
+nn::StateDict load_file(const std::string& path, const io::ReadOptions& read) {
+  return io::load_state_dict(path, {.read = read, .unwrap = true});
+}
 
 // The key, shape and dtype of every tensor of the first file, in its order.
 struct Layout {
@@ -99,7 +101,7 @@ AverageFilesReport average_weight_files(const std::vector<std::string>& paths, c
   for (const std::string& path : paths) {
     std::shared_ptr<nn::Module> model;
     if (!average) {
-      nn::StateDict first = load_file(path);
+      nn::StateDict first = load_file(path, options.read);
       TVC_CHECK(!first.empty(), "'", printable(path), "': holds no tensors");
       first_layout = layout_of(first, path);
       model = module_from_state_dict(first);
@@ -108,7 +110,7 @@ AverageFilesReport average_weight_files(const std::vector<std::string>& paths, c
       for (const auto& [name, t] : model->named_buffers())
         (options.use_buffers && is_floating(t.dtype()) ? report.averaged : report.copied) += 1;
     } else {
-      model = module_from_state_dict(match_first(load_file(path), path, first_layout));
+      model = module_from_state_dict(match_first(load_file(path, options.read), path, first_layout));
     }
     try {
       average->update_parameters(*model);

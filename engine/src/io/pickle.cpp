@@ -1,9 +1,11 @@
 #include "io/pickle.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <unordered_map>
 
 #include "tvc/internal/tensor_impl.h"
@@ -57,14 +59,28 @@ using ObjPtr = std::shared_ptr<Obj>;
 
 // An object on the unpickler's stack or inside its containers.
 struct Obj {
-  enum class Kind { Leaf, List, Tuple, Set, Dict, Global, Storage, Tensor };
+  enum class Kind { Leaf, List, Tuple, Set, Dict, Global, Storage, Tensor, Object, NumpyDType, NumpyArray };
   Kind kind = Kind::Leaf;
   Value leaf;                                     // Leaf: None, bool, int, float, str, bytes
-  std::vector<ObjPtr> elements;                   // List, Tuple, Set
-  std::vector<std::pair<ObjPtr, ObjPtr>> items;   // Dict
-  std::unordered_map<std::string, size_t> index;  // Dict: key text -> item; Set: element text
+  std::vector<ObjPtr> elements;                   // List, Tuple, Set; Object: appended items
+  std::vector<std::pair<ObjPtr, ObjPtr>> items;   // Dict; Object: set items
+  std::unordered_map<std::string, size_t> index;  // Dict, Object: key text -> item; Set: element text
   bool ordered = false;                           // Dict: an OrderedDict
-  std::string global;                             // Global: "module.name"
+  std::string global;                             // Global, Object: "module.name"
+  bool opaque = false;                            // Global: outside the allow-list (opaque mode)
+  // Object: how the placeholder was made, and what the pickle gave it.
+  OpaqueObject::Made made = OpaqueObject::Made::Global;
+  std::vector<ObjPtr> args;
+  ObjPtr state;  // BUILD's, null until then
+  // NumpyDType: NumPy's type code ("f8", "U10", "O8"), byte order ('<', '>', '|') and item size
+  // (0 until known); structured dtypes (with fields) are kept only as opaque data.
+  std::string np_code;
+  char np_order = '|';
+  uint64_t np_itemsize = 0;
+  bool np_structured = false;
+  // Tensor made from a NumPy array: its dtype text ("<u4"), for the raw fallback when tvc has no
+  // dtype for it (see Converter).
+  std::string np_dtype;
   // Storage and Tensor
   std::shared_ptr<Storage> storage;
   FileDType dtype = FileDType::Float32;
@@ -101,6 +117,12 @@ const char* kind_name(const Obj& o) {
       return "storage";
     case Obj::Kind::Tensor:
       return "Tensor";
+    case Obj::Kind::Object:
+      return "opaque object";
+    case Obj::Kind::NumpyDType:
+      return "numpy.dtype";
+    case Obj::Kind::NumpyArray:
+      return "numpy.ndarray";
   }
   return "?";
 }
@@ -251,6 +273,115 @@ const char* opcode_name(uint8_t op) {
   }
 }
 
+// Python 3 reads protocol 0-2 pickles with fix_imports: Python 2 names become Python 3's
+// (_compat_pickle's NAME_MAPPING, its exceptions.* -> builtins.*, then IMPORT_MAPPING). Protocol 2
+// writers apply the reverse (subprocess.Popen is written commands.Popen), so the allow-list and
+// the placeholders go by the name Python 3 would resolve.
+std::string python3_name(const std::string& module, const std::string& name) {
+  static const std::unordered_map<std::string, std::string> kNames = {
+      {"__builtin__.xrange", "builtins.range"},
+      {"__builtin__.reduce", "functools.reduce"},
+      {"__builtin__.intern", "sys.intern"},
+      {"__builtin__.unichr", "builtins.chr"},
+      {"__builtin__.unicode", "builtins.str"},
+      {"__builtin__.long", "builtins.int"},
+      {"itertools.izip", "builtins.zip"},
+      {"itertools.imap", "builtins.map"},
+      {"itertools.ifilter", "builtins.filter"},
+      {"itertools.ifilterfalse", "itertools.filterfalse"},
+      {"itertools.izip_longest", "itertools.zip_longest"},
+      {"UserDict.IterableUserDict", "collections.UserDict"},
+      {"UserList.UserList", "collections.UserList"},
+      {"UserString.UserString", "collections.UserString"},
+      {"whichdb.whichdb", "dbm.whichdb"},
+      {"_socket.fromfd", "socket.fromfd"},
+      {"_multiprocessing.Connection", "multiprocessing.connection.Connection"},
+      {"multiprocessing.process.Process", "multiprocessing.context.Process"},
+      {"multiprocessing.forking.Popen", "multiprocessing.popen_fork.Popen"},
+      {"urllib.ContentTooShortError", "urllib.error.ContentTooShortError"},
+      {"urllib.getproxies", "urllib.request.getproxies"},
+      {"urllib.pathname2url", "urllib.request.pathname2url"},
+      {"urllib.quote_plus", "urllib.parse.quote_plus"},
+      {"urllib.quote", "urllib.parse.quote"},
+      {"urllib.unquote_plus", "urllib.parse.unquote_plus"},
+      {"urllib.unquote", "urllib.parse.unquote"},
+      {"urllib.url2pathname", "urllib.request.url2pathname"},
+      {"urllib.urlcleanup", "urllib.request.urlcleanup"},
+      {"urllib.urlencode", "urllib.parse.urlencode"},
+      {"urllib.urlopen", "urllib.request.urlopen"},
+      {"urllib.urlretrieve", "urllib.request.urlretrieve"},
+      {"urllib2.HTTPError", "urllib.error.HTTPError"},
+      {"urllib2.URLError", "urllib.error.URLError"},
+      {"multiprocessing.AuthenticationError", "multiprocessing.context.AuthenticationError"},
+      {"multiprocessing.BufferTooShort", "multiprocessing.context.BufferTooShort"},
+      {"multiprocessing.ProcessError", "multiprocessing.context.ProcessError"},
+      {"multiprocessing.TimeoutError", "multiprocessing.context.TimeoutError"},
+      {"__builtin__.basestring", "builtins.str"},
+      {"exceptions.StandardError", "builtins.Exception"},
+      {"UserDict.UserDict", "collections.UserDict"},
+      {"socket._socketobject", "socket.SocketType"}};
+  static const std::unordered_map<std::string, std::string> kModules = {{"__builtin__", "builtins"},
+                                                                        {"copy_reg", "copyreg"},
+                                                                        {"Queue", "queue"},
+                                                                        {"SocketServer", "socketserver"},
+                                                                        {"ConfigParser", "configparser"},
+                                                                        {"repr", "reprlib"},
+                                                                        {"tkFileDialog", "tkinter.filedialog"},
+                                                                        {"tkSimpleDialog", "tkinter.simpledialog"},
+                                                                        {"tkColorChooser", "tkinter.colorchooser"},
+                                                                        {"tkCommonDialog", "tkinter.commondialog"},
+                                                                        {"Dialog", "tkinter.dialog"},
+                                                                        {"Tkdnd", "tkinter.dnd"},
+                                                                        {"tkFont", "tkinter.font"},
+                                                                        {"tkMessageBox", "tkinter.messagebox"},
+                                                                        {"ScrolledText", "tkinter.scrolledtext"},
+                                                                        {"Tkconstants", "tkinter.constants"},
+                                                                        {"Tix", "tkinter.tix"},
+                                                                        {"ttk", "tkinter.ttk"},
+                                                                        {"Tkinter", "tkinter"},
+                                                                        {"markupbase", "_markupbase"},
+                                                                        {"_winreg", "winreg"},
+                                                                        {"thread", "_thread"},
+                                                                        {"dummy_thread", "_dummy_thread"},
+                                                                        {"dbhash", "dbm.bsd"},
+                                                                        {"dumbdbm", "dbm.dumb"},
+                                                                        {"dbm", "dbm.ndbm"},
+                                                                        {"gdbm", "dbm.gnu"},
+                                                                        {"xmlrpclib", "xmlrpc.client"},
+                                                                        {"SimpleXMLRPCServer", "xmlrpc.server"},
+                                                                        {"httplib", "http.client"},
+                                                                        {"htmlentitydefs", "html.entities"},
+                                                                        {"HTMLParser", "html.parser"},
+                                                                        {"Cookie", "http.cookies"},
+                                                                        {"cookielib", "http.cookiejar"},
+                                                                        {"BaseHTTPServer", "http.server"},
+                                                                        {"test.test_support", "test.support"},
+                                                                        {"commands", "subprocess"},
+                                                                        {"urlparse", "urllib.parse"},
+                                                                        {"robotparser", "urllib.robotparser"},
+                                                                        {"urllib2", "urllib.request"},
+                                                                        {"anydbm", "dbm"},
+                                                                        {"_abcoll", "collections.abc"},
+                                                                        {"cPickle", "pickle"},
+                                                                        {"_elementtree", "xml.etree.ElementTree"},
+                                                                        {"FileDialog", "tkinter.filedialog"},
+                                                                        {"SimpleDialog", "tkinter.simpledialog"},
+                                                                        {"DocXMLRPCServer", "xmlrpc.server"},
+                                                                        {"SimpleHTTPServer", "http.server"},
+                                                                        {"CGIHTTPServer", "http.server"},
+                                                                        {"UserDict", "collections"},
+                                                                        {"UserList", "collections"},
+                                                                        {"UserString", "collections"},
+                                                                        {"whichdb", "dbm"},
+                                                                        {"StringIO", "io"},
+                                                                        {"cStringIO", "io"}};
+  std::string full = module + "." + name;
+  if (auto it = kNames.find(full); it != kNames.end()) return it->second;
+  if (module == "exceptions") return "builtins." + name;
+  if (auto it = kModules.find(module); it != kModules.end()) return it->second + "." + name;
+  return full;
+}
+
 size_t element_bytes(FileDType dtype) { return static_cast<size_t>(bit_size(dtype) / 8); }
 
 }  // namespace
@@ -260,6 +391,7 @@ size_t element_bytes(FileDType dtype) { return static_cast<size_t>(bit_size(dtyp
 struct Unpickler::State {
   std::string file, source;
   PersistentLoad persistent_load;
+  bool opaque = false;  // ReadOptions::opaque_objects
   PickleInput* in = nullptr;
   uint64_t op_position = 0;  // of the opcode being run
   const char* op = "";
@@ -436,7 +568,18 @@ struct Unpickler::State {
   void reduce(const Obj& callable, const Obj& args);
   void rebuild_tensor(const std::vector<ObjPtr>& args, const std::string& function);
   void persistent_id(const Obj& pid);
-  void build(Obj& target, const Obj& state);
+  void build(Obj& target, const ObjPtr& state);
+  // Opaque placeholders: a call or instance of an opaque global, and the items put into one.
+  void opaque_object(const Obj& global, OpaqueObject::Made made, const Obj& args);
+  static bool takes_items(const Obj& o) { return o.kind == Obj::Kind::Object && o.made != OpaqueObject::Made::Global; }
+  // NumPy: dtype(code, align, copy); the ndarray state (version, shape, dtype, fortran, data)
+  // into a tensor or raw data; scalar(dtype, data) into a number or raw data.
+  void numpy_dtype(const std::vector<ObjPtr>& args);
+  void numpy_dtype_state(Obj& dtype, const Obj& state);
+  ObjPtr numpy_array(const Obj& state);
+  ObjPtr numpy_scalar(const std::vector<ObjPtr>& args);
+  ObjPtr numpy_raw(const char* global, const std::string& dtype_text, const Shape* shape, const ObjPtr& data);
+  std::optional<FileDType> numpy_numeric(const Obj& dtype) const;
 };
 
 void Unpickler::State::global(const std::string& module, const std::string& name) {
@@ -448,22 +591,43 @@ void Unpickler::State::global(const std::string& module, const std::string& name
                                          "_codecs.encode",
                                          "builtins.set",
                                          "builtins.frozenset",
-                                         "builtins.bytes",
-                                         "__builtin__.set",
-                                         "__builtin__.frozenset",
-                                         "__builtin__.bytes"};
-  std::string full = module + "." + name;
-  bool allowed = std::find_if(std::begin(kAllowed), std::end(kAllowed), [&](const char* a) { return full == a; }) !=
-                 std::end(kAllowed);
+                                         "builtins.bytes"};
+  // NumPy's data types (NumPy 2 renamed numpy.core to numpy._core): decoded, never called.
+  static const char* const kNumpy[] = {"numpy.core.multiarray._reconstruct", "numpy.core.multiarray.scalar",
+                                       "numpy.ndarray", "numpy.dtype"};
+  std::string full = python3_name(module, name);
+  if (full.rfind("numpy._core.", 0) == 0) full = "numpy.core." + full.substr(12);
+  auto listed = [&](const auto& list) {
+    return std::find_if(std::begin(list), std::end(list), [&](const char* a) { return full == a; }) != std::end(list);
+  };
+  bool allowed = listed(kAllowed) || listed(kNumpy);
   if (!allowed && module == "torch") allowed = file_dtype_from_torch_storage(name).has_value();
-  if (!allowed) fail(cat_str(op, " ", printable(full), " is not allowed (only state_dict/checkpoint types are)"));
+  if (!allowed && !opaque)
+    fail(cat_str(op, " ", printable(full),
+                 " is not allowed (only state_dict/checkpoint types are; ReadOptions::opaque_objects, `--opaque` on "
+                 "the command line, reads such objects as data without importing or running anything)"));
   ObjPtr g = make(Obj::Kind::Global);
-  g->global = module == "__builtin__" ? "builtins." + name : full;
+  g->global = full;
+  g->opaque = !allowed;
   push(std::move(g));
+}
+
+void Unpickler::State::opaque_object(const Obj& global, OpaqueObject::Made made, const Obj& args) {
+  if (args.kind != Obj::Kind::Tuple)
+    fail(cat_str("the arguments of ", printable(global.global), " are a ", kind_name(args), ", not a tuple"));
+  ObjPtr o = make(Obj::Kind::Object);
+  o->global = global.global;
+  o->made = made;
+  for (const ObjPtr& a : args.elements) {
+    adopt(*o, a);
+    o->args.push_back(a);
+  }
+  push(std::move(o));
 }
 
 void Unpickler::State::reduce(const Obj& callable, const Obj& args_obj) {
   if (callable.kind != Obj::Kind::Global) fail(cat_str("calls a ", kind_name(callable), ", not a class or function"));
+  if (callable.opaque) return opaque_object(callable, OpaqueObject::Made::Call, args_obj);
   if (args_obj.kind != Obj::Kind::Tuple)
     fail(cat_str("the arguments of ", callable.global, " are a ", kind_name(args_obj), ", not a tuple"));
   const std::string& f = callable.global;
@@ -507,6 +671,15 @@ void Unpickler::State::reduce(const Obj& callable, const Obj& args_obj) {
     push(leaf(Value::bytes(std::move(bytes))));
   } else if (f == "torch._utils._rebuild_tensor_v2" || f == "torch._utils._rebuild_tensor") {
     rebuild_tensor(args, f);
+  } else if (f == "numpy.dtype") {
+    numpy_dtype(args);
+  } else if (f == "numpy.core.multiarray._reconstruct") {
+    // _reconstruct(numpy.ndarray, (0,), b'b'): an empty array that BUILD then fills.
+    if (args.size() != 3 || args[0]->kind != Obj::Kind::Global || args[0]->global != "numpy.ndarray")
+      fail(cat_str(f, " takes (numpy.ndarray, shape, dtype code); subclasses of ndarray are not supported"));
+    push(make(Obj::Kind::NumpyArray));
+  } else if (f == "numpy.core.multiarray.scalar") {
+    push(numpy_scalar(args));
   } else if (f == "torch._utils._rebuild_parameter" || f == "torch._utils._rebuild_parameter_with_state") {
     // (data, requires_grad, backward_hooks[, state]): the tensor, marked as requiring grad.
     size_t n = f == "torch._utils._rebuild_parameter" ? 3 : 4;
@@ -589,6 +762,13 @@ void Unpickler::State::rebuild_tensor(const std::vector<ObjPtr>& args, const std
 void Unpickler::State::persistent_id(const Obj& pid) {
   if (!persistent_load) fail("a persistent id (tensor storage) is not expected in this pickle");
   const std::vector<ObjPtr>& f = pid.elements;
+  // Legacy whole-model saves name each module class as ('module', class, source file, source
+  // code), which torch.load resolves to the class (the source is only compared, never run).
+  if (pid.kind == Obj::Kind::Tuple && f.size() == 4 && is_leaf(*f[0], Value::Kind::String) &&
+      f[0]->leaf.to_string() == "module" && f[1]->kind == Obj::Kind::Global) {
+    push(f[1]);
+    return;
+  }
   if (pid.kind != Obj::Kind::Tuple || (f.size() != 5 && f.size() != 6) || !is_leaf(*f[0], Value::Kind::String) ||
       f[0]->leaf.to_string() != "storage" || f[1]->kind != Obj::Kind::Global || !is_leaf(*f[2], Value::Kind::String) ||
       !is_leaf(*f[3], Value::Kind::String) || !is_leaf(*f[4], Value::Kind::Int) || f[4]->leaf.to_int() < 0)
@@ -607,9 +787,199 @@ void Unpickler::State::persistent_id(const Obj& pid) {
   push(std::move(s));
 }
 
-void Unpickler::State::build(Obj& target, const Obj& state) {
+// ---- NumPy
+
+void Unpickler::State::numpy_dtype(const std::vector<ObjPtr>& args) {
+  // dtype(code, align, copy), e.g. ('f8', False, True); the byte order and item size of flexible
+  // types come with BUILD.
+  if (args.size() != 3 || !is_leaf(*args[0], Value::Kind::String)) fail("numpy.dtype takes (type code, align, copy)");
+  const std::string& code = args[0]->leaf.to_string();
+  size_t letters = 0;
+  while (letters < code.size() && std::isalpha(static_cast<unsigned char>(code[letters]))) ++letters;
+  bool digits = std::all_of(code.begin() + static_cast<std::ptrdiff_t>(letters), code.end(),
+                            [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  if (letters == 0 || !digits || code.size() > 24) fail(cat_str("numpy.dtype: bad type code '", printable(code), "'"));
+  ObjPtr d = make(Obj::Kind::NumpyDType);
+  d->np_code = code;
+  if (letters < code.size()) d->np_itemsize = std::stoull(code.substr(letters));
+  push(std::move(d));
+}
+
+void Unpickler::State::numpy_dtype_state(Obj& dtype, const Obj& state) {
+  // (version 3 or 4, byte order, subarray, names, fields, item size, alignment, flags[, metadata])
+  const std::vector<ObjPtr>& f = state.elements;
+  if (dtype.frozen) fail("BUILD of a numpy.dtype already inside another object");
+  if (state.kind != Obj::Kind::Tuple || f.size() < 8 || !is_leaf(*f[0], Value::Kind::Int) ||
+      !is_leaf(*f[1], Value::Kind::String) || f[1]->leaf.to_string().size() != 1 ||
+      std::string("<>|=").find(f[1]->leaf.to_string()[0]) == std::string::npos || !is_leaf(*f[5], Value::Kind::Int))
+    fail("numpy.dtype state is not (version, byte order, subarray, names, fields, item size, alignment, flags)");
+  dtype.np_order = f[1]->leaf.to_string()[0];
+  dtype.np_structured = !is_leaf(*f[2], Value::Kind::None) || !is_leaf(*f[3], Value::Kind::None);
+  int64_t itemsize = f[5]->leaf.to_int();
+  if (itemsize > 0) dtype.np_itemsize = static_cast<uint64_t>(itemsize);
+}
+
+// The FileDType of a plain numeric NumPy dtype (bool, ints, floats, complex), else none.
+std::optional<FileDType> Unpickler::State::numpy_numeric(const Obj& dtype) const {
+  if (dtype.np_structured) return std::nullopt;
+  static const std::pair<const char*, FileDType> kTypes[] = {
+      {"b1", FileDType::Bool},      {"u1", FileDType::UInt8},      {"i1", FileDType::Int8},
+      {"i2", FileDType::Int16},     {"u2", FileDType::UInt16},     {"i4", FileDType::Int32},
+      {"u4", FileDType::UInt32},    {"i8", FileDType::Int64},      {"u8", FileDType::UInt64},
+      {"f2", FileDType::Float16},   {"f4", FileDType::Float32},    {"f8", FileDType::Float64},
+      {"c8", FileDType::Complex64}, {"c16", FileDType::Complex128}};
+  for (const auto& [code, type] : kTypes)
+    if (dtype.np_code == code) return type;
+  return std::nullopt;
+}
+
+namespace {
+
+// "<f8", "|b1", "<U10": NumPy's dtype.str (flexible types carry their size in the code);
+// little_endian: the text of the data once byte-swapped to little-endian.
+std::string numpy_dtype_text(const Obj& dtype, bool little_endian = false) {
+  char order = little_endian && dtype.np_order == '>' ? '<' : dtype.np_order;
+  if (dtype.np_code.rfind('O', 0) == 0) return "|O";  // object references: no size in dtype.str
+  return std::string(1, order == '=' ? '<' : order) + dtype.np_code;
+}
+
+// Reverses the bytes of each unit-byte group of data in place (big-endian NumPy data).
+void byteswap(std::string& data, size_t unit) {
+  if (unit <= 1) return;
+  for (size_t i = 0; i + unit <= data.size(); i += unit) std::reverse(data.begin() + i, data.begin() + i + unit);
+}
+
+}  // namespace
+
+// Raw NumPy data tvc has no type for: an opaque numpy.ndarray / numpy.scalar whose state is
+// {"dtype": "<c16", "shape": (...), "data": bytes (or the list of an object array)}.
+ObjPtr Unpickler::State::numpy_raw(const char* global, const std::string& dtype_text, const Shape* shape,
+                                   const ObjPtr& data) {
+  ObjPtr o = make(Obj::Kind::Object);
+  o->global = global;
+  o->made = OpaqueObject::Made::New;
+  ObjPtr state = make(Obj::Kind::Dict);
+  set_item(*state, leaf(Value("dtype")), leaf(Value(dtype_text)));
+  if (shape) {
+    std::vector<ObjPtr> dims;
+    for (int64_t d : *shape) dims.push_back(leaf(Value(d)));
+    set_item(*state, leaf(Value("shape")), sequence(Obj::Kind::Tuple, dims));
+  }
+  set_item(*state, leaf(Value("data")), data);
+  adopt(*o, state);
+  o->state = state;
+  return o;
+}
+
+ObjPtr Unpickler::State::numpy_array(const Obj& state) {
+  // (version 1, shape, dtype, is_fortran, data: bytes, or a list for object arrays)
+  const std::vector<ObjPtr>& f = state.elements;
+  if (state.kind != Obj::Kind::Tuple || f.size() != 5 || !is_leaf(*f[0], Value::Kind::Int) ||
+      f[1]->kind != Obj::Kind::Tuple || f[2]->kind != Obj::Kind::NumpyDType || !is_leaf(*f[3], Value::Kind::Bool) ||
+      !(is_leaf(*f[4], Value::Kind::Bytes) || f[4]->kind == Obj::Kind::List))
+    fail("numpy.ndarray state is not (version, shape, dtype, is_fortran, data)");
+  const Obj& dtype = *f[2];
+  Shape shape;
+  int64_t numel = 1;
+  for (const ObjPtr& d : f[1]->elements) {
+    if (!is_leaf(*d, Value::Kind::Int) || d->leaf.to_int() < 0) fail("numpy.ndarray: a dimension is not an int >= 0");
+    shape.push_back(d->leaf.to_int());
+    if (__builtin_mul_overflow(numel, shape.back(), &numel) || shape.size() > 64)
+      fail(cat_str("numpy.ndarray: the shape ", shape, " overflows"));
+  }
+  std::optional<FileDType> type = numpy_numeric(dtype);
+  bool bytes = is_leaf(*f[4], Value::Kind::Bytes);
+  uint64_t nbytes = 0;
+  if (bytes && dtype.np_itemsize > 0 &&
+      __builtin_mul_overflow(static_cast<uint64_t>(numel), dtype.np_itemsize, &nbytes))
+    fail(cat_str("numpy.ndarray: the shape ", shape, " overflows"));
+  if (bytes && (dtype.np_itemsize == 0 || f[4]->leaf.to_string().size() != nbytes))
+    fail(cat_str("numpy.ndarray of shape ", shape, " and dtype ", printable(numpy_dtype_text(dtype)), " holds ",
+                 f[4]->leaf.to_string().size(), " bytes of data, not ", nbytes));
+  if (!bytes || !type) return numpy_raw("numpy.ndarray", numpy_dtype_text(dtype), &shape, f[4]);
+  std::string data = f[4]->leaf.to_string();
+  bool complex = *type == FileDType::Complex64 || *type == FileDType::Complex128;
+  if (dtype.np_order == '>') byteswap(data, complex ? dtype.np_itemsize / 2 : dtype.np_itemsize);
+  if (complex)  // tvc has no complex dtype: the little-endian data, raw
+    return numpy_raw("numpy.ndarray", numpy_dtype_text(dtype, true), &shape, leaf(Value::bytes(std::move(data))));
+  ObjPtr t = make(Obj::Kind::Tensor);
+  t->storage = Storage::allocate(data.size());
+  if (!data.empty()) std::memcpy(t->storage->data(), data.data(), data.size());
+  t->dtype = *type;
+  t->numel = static_cast<uint64_t>(numel);
+  t->sizes = shape;
+  t->strides.assign(shape.size(), 1);
+  bool fortran = f[3]->leaf.to_bool();
+  for (size_t i = 1; i < shape.size(); ++i) {  // row-major, or column-major for Fortran order
+    size_t d = fortran ? i : shape.size() - 1 - i, prev = fortran ? i - 1 : d + 1;
+    t->strides[d] = t->strides[prev] * std::max<int64_t>(shape[prev], 1);
+  }
+  t->np_dtype = numpy_dtype_text(dtype, true);
+  return t;
+}
+
+ObjPtr Unpickler::State::numpy_scalar(const std::vector<ObjPtr>& args) {
+  // scalar(dtype, data bytes)
+  if (args.size() != 2 || args[0]->kind != Obj::Kind::NumpyDType || !is_leaf(*args[1], Value::Kind::Bytes))
+    fail("numpy.core.multiarray.scalar takes (numpy.dtype, bytes); object scalars are not supported");
+  const Obj& dtype = *args[0];
+  std::string data = args[1]->leaf.to_string();
+  if (dtype.np_itemsize == 0 || data.size() != dtype.np_itemsize)
+    fail(cat_str("a NumPy scalar of dtype ", printable(numpy_dtype_text(dtype)), " holds ", data.size(), " bytes"));
+  std::optional<FileDType> type = numpy_numeric(dtype);
+  bool complex = type && (*type == FileDType::Complex64 || *type == FileDType::Complex128);
+  if (type && dtype.np_order == '>') byteswap(data, complex ? data.size() / 2 : data.size());
+  uint64_t u = 0;
+  if (type && !complex) std::memcpy(&u, data.data(), std::min<size_t>(data.size(), 8));  // little-endian
+  auto sign_extend = [&](int bits) { return static_cast<int64_t>(u << (64 - bits)) >> (64 - bits); };
+  if (type) switch (*type) {
+      case FileDType::Bool:
+        return leaf(Value(u != 0));
+      case FileDType::Int8:
+      case FileDType::Int16:
+      case FileDType::Int32:
+      case FileDType::Int64:
+        return leaf(Value(sign_extend(static_cast<int>(data.size() * 8))));
+      case FileDType::UInt8:
+      case FileDType::UInt16:
+      case FileDType::UInt32:
+        return leaf(Value(static_cast<int64_t>(u)));
+      case FileDType::UInt64:
+        if (u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+          return leaf(Value(static_cast<int64_t>(u)));
+        break;
+      case FileDType::Float16:
+        return leaf(Value(static_cast<double>(half_bits_to_float(static_cast<uint16_t>(u)))));
+      case FileDType::Float32: {
+        float x;
+        std::memcpy(&x, data.data(), 4);
+        return leaf(Value(static_cast<double>(x)));
+      }
+      case FileDType::Float64: {
+        double x;
+        std::memcpy(&x, data.data(), 8);
+        return leaf(Value(x));
+      }
+      default:
+        break;
+    }
+  return numpy_raw("numpy.scalar", numpy_dtype_text(dtype, type.has_value()), nullptr,
+                   leaf(Value::bytes(std::move(data))));
+}
+
+void Unpickler::State::build(Obj& target, const ObjPtr& state_ptr) {
+  const Obj& state = *state_ptr;
   bool empty = is_leaf(state, Value::Kind::None) || (state.kind == Obj::Kind::Dict && state.items.empty());
-  if (target.kind == Obj::Kind::Dict && target.ordered) {
+  if (takes_items(target)) {
+    if (target.state) fail(cat_str("BUILD of ", printable(target.global), " twice"));
+    adopt(target, state_ptr);
+    target.state = state_ptr;
+  } else if (target.kind == Obj::Kind::NumpyDType) {
+    numpy_dtype_state(target, state);
+  } else if (target.kind == Obj::Kind::NumpyArray) {
+    if (target.frozen) fail("BUILD of a numpy.ndarray already inside another object");
+    target = std::move(*numpy_array(state));
+  } else if (target.kind == Obj::Kind::Dict && target.ordered) {
     // An OrderedDict's attributes, e.g. a state_dict's _metadata (versions of its modules):
     // accepted and dropped, as they are not part of the mapping.
     if (!empty && state.kind != Obj::Kind::Dict) fail(cat_str("BUILD of an OrderedDict with a ", kind_name(state)));
@@ -745,7 +1115,8 @@ void Unpickler::State::run() {
         else
           items = pop_mark();
         Obj& list = *top();
-        if (list.kind != Obj::Kind::List) fail(cat_str(op, " on a ", kind_name(list), " (only a list takes it)"));
+        if (list.kind != Obj::Kind::List && !takes_items(list))
+          fail(cat_str(op, " on a ", kind_name(list), " (only a list takes it)"));
         for (const ObjPtr& item : items) add_element(list, item);
         break;
       }
@@ -761,7 +1132,8 @@ void Unpickler::State::run() {
             fail(cat_str("SETITEMS with an odd number (", items.size(), ") of keys and values"));
         }
         Obj& dict = *top();
-        if (dict.kind != Obj::Kind::Dict) fail(cat_str(op, " on a ", kind_name(dict), " (only a dict takes it)"));
+        if (dict.kind != Obj::Kind::Dict && !takes_items(dict))
+          fail(cat_str(op, " on a ", kind_name(dict), " (only a dict takes it)"));
         for (size_t i = 0; i < items.size(); i += 2) set_item(dict, items[i], items[i + 1]);
         break;
       }
@@ -820,6 +1192,10 @@ void Unpickler::State::run() {
       }
       case 0x81: {  // NEWOBJ: cls.__new__(cls, *args), here only OrderedDict()
         ObjPtr args = pop(), cls = pop();
+        if (cls->kind == Obj::Kind::Global && cls->opaque) {
+          opaque_object(*cls, OpaqueObject::Made::New, *args);
+          break;
+        }
         if (cls->kind != Obj::Kind::Global || cls->global != "collections.OrderedDict")
           fail(
               cat_str("NEWOBJ of ", cls->kind == Obj::Kind::Global ? cls->global : kind_name(*cls), " is not allowed"));
@@ -828,7 +1204,7 @@ void Unpickler::State::run() {
       }
       case 'b': {
         ObjPtr state = pop();
-        build(*top(), *state);
+        build(*top(), state);
         break;
       }
       case 'Q':
@@ -841,11 +1217,12 @@ void Unpickler::State::run() {
   }
 }
 
-Unpickler::Unpickler(std::string file, std::string source, PersistentLoad persistent_load)
+Unpickler::Unpickler(std::string file, std::string source, PersistentLoad persistent_load, bool opaque_objects)
     : state_(std::make_unique<State>()) {
   state_->file = std::move(file);
   state_->source = std::move(source);
   state_->persistent_load = std::move(persistent_load);
+  state_->opaque = opaque_objects;
 }
 
 Unpickler::~Unpickler() = default;
@@ -877,7 +1254,23 @@ class Converter {
       case Obj::Kind::Leaf:
         return o->leaf;
       case Obj::Kind::Tensor:
-        v = Value(tensor(*o, path));
+        // A NumPy array of a type tvc neither has nor was asked to widen: its raw data.
+        if (!o->np_dtype.empty() && !exact_dtype(o->dtype) && !(widen_ && widened_dtype(o->dtype)))
+          v = numpy_raw(*o);
+        else
+          v = Value(tensor(*o, path));
+        break;
+      case Obj::Kind::Object: {
+        OpaqueObject x{o->global, o->made};
+        for (size_t i = 0; i < o->args.size(); ++i) x.args.push_back(convert(o->args[i], child(path, "args")));
+        if (o->state) x.state = convert(o->state, path);
+        for (const ObjPtr& e : o->elements) x.appended.push_back(convert(e, child(path, "items")));
+        for (const auto& [k, val] : o->items) x.set_items.emplace_back(convert(k, path), convert(val, path));
+        v = Value::object(std::move(x));
+        break;
+      }
+      case Obj::Kind::NumpyDType:
+        v = Value::object({"numpy.dtype", OpaqueObject::Made::Call, {Value(numpy_dtype_text(*o))}});
         break;
       case Obj::Kind::List:
       case Obj::Kind::Tuple:
@@ -902,6 +1295,12 @@ class Converter {
         v = Value::dict(std::move(items), o->ordered);
         break;
       }
+      case Obj::Kind::Global:
+        if (o->opaque) {
+          v = Value::object({o->global, OpaqueObject::Made::Global});
+          break;
+        }
+        [[fallthrough]];
       default:
         throw Error(cat_str("'", printable(file_), "': the checkpoint holds a ", kind_name(*o), " at '",
                             printable(path), "', which is not a value"));
@@ -913,6 +1312,16 @@ class Converter {
  private:
   static std::string child(const std::string& path, const std::string& name) {
     return path.empty() ? name : path + "." + name;
+  }
+
+  static Value numpy_raw(const Obj& t) {
+    std::vector<Value> dims;
+    for (int64_t d : t.sizes) dims.push_back(Value(d));
+    std::string data(static_cast<const char*>(t.storage->data()), t.storage->nbytes());
+    Value::Items state{{Value("dtype"), Value(t.np_dtype)},
+                       {Value("shape"), Value::tuple(std::move(dims))},
+                       {Value("data"), Value::bytes(std::move(data))}};
+    return Value::object({"numpy.ndarray", OpaqueObject::Made::New, {}, Value::dict(std::move(state))});
   }
 
   Tensor tensor(const Obj& t, const std::string& path) {
@@ -1130,6 +1539,8 @@ class Pickler {
         });
         break;
       }
+      case Value::Kind::Object:  // refused by collect()
+        break;
     }
   }
 
@@ -1185,6 +1596,9 @@ class Pickler {
           collect(e, depth + 1);
         }
         break;
+      case Value::Kind::Object:
+        throw Error(cat_str("save_pth: the value holds an opaque object (", printable(v.object().global),
+                            "), which tvc writes no pickle for; keep only the weights (load_state_dict with unwrap)"));
       default:
         break;
     }

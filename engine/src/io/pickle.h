@@ -2,7 +2,9 @@
 //
 // The unpickler runs only the opcodes a state_dict or training checkpoint needs and resolves
 // only the globals those use (OrderedDict, torch's tensor rebuild functions and storage types,
-// sets and latin-1 bytes); anything else is refused by name, never executed. Every container
+// sets, latin-1 bytes, NumPy's dtype, ndarray and scalar, which are decoded, not called);
+// anything else is refused by name, never executed, or in opaque mode recorded as a placeholder
+// (the global's name, the arguments, BUILD's state, the items put into it), still never run. Every container
 // operation is type-checked, the stack, marks, memo, nesting depth and object count are bounded,
 // and every length is checked against the remaining input before memory is allocated.
 #pragma once
@@ -58,8 +60,8 @@ using PersistentLoad = std::function<std::shared_ptr<Storage>(const PersistentId
 class Unpickler {
  public:
   // file and source name the input in errors ("'model.pth': archive/data.pkl: ...").
-  // Without persistent_load, a BINPERSID is an error.
-  Unpickler(std::string file, std::string source, PersistentLoad persistent_load = {});
+  // Without persistent_load, a BINPERSID is an error. opaque_objects: ReadOptions'.
+  Unpickler(std::string file, std::string source, PersistentLoad persistent_load = {}, bool opaque_objects = false);
   ~Unpickler();
   Unpickler(Unpickler&&) noexcept;
   Unpickler& operator=(Unpickler&&) noexcept;

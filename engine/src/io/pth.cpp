@@ -78,7 +78,7 @@ Value load_zip(const std::string& path, const ReadOptions& options) {
   };
   std::string pkl_name = stem + "/data.pkl";
   std::vector<uint8_t> pkl = zip.read(pkl_name, zip.size(pkl_name));
-  Unpickler unpickler(path, pkl_name, persistent_load);
+  Unpickler unpickler(path, pkl_name, persistent_load, options.opaque_objects);
   PickleInput input(pkl.data(), pkl.size());
   unpickler.load(input);
   return unpickler.value(options.widen);
@@ -99,8 +99,8 @@ Value load_legacy(const std::string& path, const ReadOptions& options) {
   uint64_t offset = sizeof magic;
 
   // The pickles follow one another; each is read up to its STOP.
-  auto next = [&](const char* what, PersistentLoad persistent_load) {
-    Unpickler unpickler(path, what, std::move(persistent_load));
+  auto next = [&](const char* what, PersistentLoad persistent_load, bool opaque = false) {
+    Unpickler unpickler(path, what, std::move(persistent_load), opaque);
     PickleInput input(file, offset);
     unpickler.load(input);
     offset += input.position();
@@ -136,7 +136,7 @@ Value load_legacy(const std::string& path, const ReadOptions& options) {
     storages.emplace(id.key, Pending{id, storage});
     return storage;
   };
-  Unpickler object = next("the object pickle", persistent_load);
+  Unpickler object = next("the object pickle", persistent_load, options.opaque_objects);
   Value keys = next("the storage keys pickle", {}).value();
   TVC_CHECK(keys.kind() == Value::Kind::List, "'", printable(path), "': the storage keys are a ", keys.kind_name(),
             ", not a list");

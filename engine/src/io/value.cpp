@@ -1,4 +1,8 @@
-// tvc::io::Value, the tree of a PyTorch checkpoint, and its flattening to dotted paths.
+// tvc::io::Value, the tree of a PyTorch checkpoint, its text, its flattening to dotted paths, and
+// the state_dicts of whole-model saves.
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstring>
 
 #include "tvc/serialize.h"
@@ -50,6 +54,13 @@ Value Value::dict(Items items, bool ordered) {
   return v;
 }
 
+Value Value::object(OpaqueObject object) {
+  Value v;
+  v.kind_ = Kind::Object;
+  v.object_ = std::make_shared<const OpaqueObject>(std::move(object));
+  return v;
+}
+
 const char* Value::kind_name() const {
   switch (kind_) {
     case Kind::None:
@@ -74,6 +85,8 @@ const char* Value::kind_name() const {
       return "set";
     case Kind::Dict:
       return ordered_ ? "OrderedDict" : "dict";
+    case Kind::Object:
+      return "object";
   }
   return "?";
 }
@@ -117,6 +130,16 @@ const Value::Items& Value::items() const {
 }
 
 Value::Items& Value::items() { return const_cast<Items&>(std::as_const(*this).items()); }
+
+const OpaqueObject& Value::object() const {
+  TVC_CHECK(kind_ == Kind::Object, "Value: expected an opaque object, got ", kind_name());
+  return *object_;
+}
+
+bool OpaqueObject::operator==(const OpaqueObject& other) const {
+  return global == other.global && made == other.made && args == other.args && state == other.state &&
+         appended == other.appended && set_items == other.set_items;
+}
 
 const Value* Value::find(const std::string& key) const {
   if (kind_ != Kind::Dict) return nullptr;
@@ -190,9 +213,193 @@ bool Value::operator==(const Value& other) const {
       }
       return true;
     }
+    case Kind::Object:
+      return *object_ == *other.object_;
     default:
       return false;  // numbers are handled above
   }
+}
+
+// ---------------------------------------------------------------- repr
+
+namespace {
+
+// Appends Python-like text to out until it passes max_chars, then "..." once.
+class ReprWriter {
+ public:
+  explicit ReprWriter(size_t max_chars) : max_chars_(max_chars) {}
+
+  std::string text() && { return std::move(out_); }
+
+  void value(const Value& v) {
+    if (full()) return;
+    switch (v.kind()) {
+      case Value::Kind::None:
+        return put("None");
+      case Value::Kind::Bool:
+        return put(v.to_bool() ? "True" : "False");
+      case Value::Kind::Int:
+        return put(std::to_string(v.to_int()));
+      case Value::Kind::Float:
+        return put(float_text(v.to_float()));
+      case Value::Kind::String:
+        return put(cat_str("'", printable(v.to_string()), "'"));
+      case Value::Kind::Bytes:
+        return put(cat_str("<", v.to_string().size(), " bytes>"));
+      case Value::Kind::Tensor:
+        return put(cat_str("tensor(", dtype_name(v.to_tensor().dtype()), ", ", v.to_tensor().shape(), ")"));
+      case Value::Kind::List:
+        return sequence("[", v.elements(), "]");
+      case Value::Kind::Tuple:
+        return sequence("(", v.elements(), v.elements().size() == 1 ? ",)" : ")");
+      case Value::Kind::Set:
+        if (v.elements().empty()) return put("set()");
+        return sequence("{", v.elements(), "}");
+      case Value::Kind::Dict:
+        return dict(v.items());
+      case Value::Kind::Object:
+        return object(v.object());
+    }
+  }
+
+ private:
+  bool full() const { return out_.size() >= max_chars_; }
+  void put(const std::string& s) {
+    if (full()) return;
+    out_ += s;
+    if (full()) out_ += "...";
+  }
+  static std::string float_text(double d) {  // Python's repr: the shortest text that reads back
+    if (std::isnan(d)) return "nan";
+    if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+    char buf[40];
+    auto end = std::to_chars(buf, buf + sizeof buf, d).ptr;
+    std::string s(buf, end);
+    if (s.find_first_of(".e") == std::string::npos) s += ".0";
+    return s;
+  }
+  void sequence(const char* open, const std::vector<Value>& items, const char* close) {
+    put(open);
+    for (size_t i = 0; i < items.size() && !full(); ++i) {
+      if (i) put(", ");
+      value(items[i]);
+    }
+    put(close);
+  }
+  void dict(const Value::Items& items) {
+    put("{");
+    for (size_t i = 0; i < items.size() && !full(); ++i) {
+      if (i) put(", ");
+      value(items[i].first);
+      put(": ");
+      value(items[i].second);
+    }
+    put("}");
+  }
+  void object(const OpaqueObject& o) {
+    put(printable(o.global));
+    if (o.made == OpaqueObject::Made::Global) return;
+    put("(");
+    bool first = true;
+    auto comma = [&] {
+      if (!first) put(", ");
+      first = false;
+    };
+    for (const Value& a : o.args) comma(), value(a);
+    // An instance's __dict__ as keywords, like argparse.Namespace's own repr.
+    bool keywords = o.state.kind() == Value::Kind::Dict &&
+                    std::all_of(o.state.items().begin(), o.state.items().end(),
+                                [](const auto& item) { return item.first.kind() == Value::Kind::String; });
+    if (keywords) {
+      for (const auto& [k, v] : o.state.items()) comma(), put(printable(k.to_string()) + "="), value(v);
+    } else if (!o.state.is_none()) {
+      comma(), put("state="), value(o.state);
+    }
+    if (!o.appended.empty()) comma(), put("items="), sequence("[", o.appended, "]");
+    if (!o.set_items.empty()) comma(), put("items="), dict(o.set_items);
+    put(")");
+  }
+
+  size_t max_chars_;
+  std::string out_;
+};
+
+}  // namespace
+
+std::string repr(const Value& value, size_t max_chars) {
+  ReprWriter writer(max_chars);
+  writer.value(value);
+  return std::move(writer).text();
+}
+
+// ---------------------------------------------------------------- whole-model saves
+
+namespace {
+
+// An instance's __dict__: BUILD's state, or the first element of a (dict, slots) state.
+const Value* instance_dict(const Value& v) {
+  if (v.kind() != Value::Kind::Object || v.object().made != OpaqueObject::Made::New) return nullptr;
+  const Value& state = v.object().state;
+  if (state.kind() == Value::Kind::Dict) return &state;
+  if (state.kind() == Value::Kind::Tuple && !state.elements().empty() &&
+      state.elements()[0].kind() == Value::Kind::Dict)
+    return &state.elements()[0];
+  return nullptr;
+}
+
+void save_module(const Value& module, const std::string& prefix, nn::StateDict& out, const std::string& file) {
+  const Value& d = *instance_dict(module);
+  auto where = [&](const std::string& name) {
+    return cat_str(file.empty() ? "" : cat_str("'", printable(file), "': "),
+                   "whole-model save: ", printable(module.object().global), " at '", printable(prefix), "': ", name);
+  };
+  std::vector<std::string> non_persistent;
+  if (const Value* set = d.find("_non_persistent_buffers_set"); set && set->kind() == Value::Kind::Set)
+    for (const Value& e : set->elements())
+      if (e.kind() == Value::Kind::String) non_persistent.push_back(e.to_string());
+  for (const char* table : {"_parameters", "_buffers"}) {
+    for (const auto& [k, v] : d.find(table)->items()) {
+      TVC_CHECK(k.kind() == Value::Kind::String, where(table), " has a ", k.kind_name(), " key");
+      const std::string& name = k.to_string();
+      if (v.is_none()) continue;
+      if (table[1] == 'b' && std::find(non_persistent.begin(), non_persistent.end(), name) != non_persistent.end())
+        continue;
+      TVC_CHECK(v.kind() == Value::Kind::Tensor,
+                where(cat_str(table, " entry '", printable(name), "' is a ", v.kind_name(), ", not a tensor")));
+      TVC_CHECK(!out.contains(prefix + name), where(cat_str("two entries are named '", printable(prefix + name), "'")));
+      out.insert(prefix + name, v.to_tensor().detach());
+    }
+  }
+  for (const auto& [k, child] : d.find("_modules")->items()) {
+    TVC_CHECK(k.kind() == Value::Kind::String, where("_modules"), " has a ", k.kind_name(), " key");
+    if (child.is_none()) continue;
+    TVC_CHECK(is_module(child),
+              where(cat_str("the child module '", printable(k.to_string()), "' is a ",
+                            child.kind() == Value::Kind::Object ? printable(child.object().global) : child.kind_name(),
+                            ", not a module")));
+    save_module(child, prefix + k.to_string() + ".", out, file);
+  }
+}
+
+}  // namespace
+
+bool is_module(const Value& value) {
+  const Value* d = instance_dict(value);
+  if (!d) return false;
+  for (const char* key : {"_parameters", "_buffers", "_modules"}) {
+    const Value* table = d->find(key);
+    if (!table || table->kind() != Value::Kind::Dict) return false;
+  }
+  return true;
+}
+
+nn::StateDict module_state_dict(const Value& module, const std::string& file) {
+  TVC_CHECK(is_module(module), file.empty() ? "" : cat_str("'", printable(file), "': "), "module_state_dict: a ",
+            module.kind() == Value::Kind::Object ? printable(module.object().global) : module.kind_name(),
+            " is not a torch.nn.Module instance (no _parameters, _buffers and _modules in its state)");
+  nn::StateDict out;
+  save_module(module, "", out, file);
+  return out;
 }
 
 namespace {
@@ -228,6 +435,12 @@ void flatten_into(const Value& value, const std::string& path, std::vector<std::
       for (size_t i = 0; i < value.elements().size(); ++i)
         flatten_into(value.elements()[i], child(std::to_string(i)), out);
       break;
+    case Value::Kind::Object:
+      if (is_module(value)) {
+        for (const auto& [name, tensor] : module_state_dict(value)) out.emplace_back(child(name), Value(tensor));
+        break;
+      }
+      [[fallthrough]];
     default:
       out.emplace_back(path, value);
   }

@@ -67,14 +67,15 @@ Value load(const std::string& path, const ReadOptions& options) {
 
 namespace {
 
-// The weights inside a training checkpoint, by the keys training scripts use.
+// The weights inside a training checkpoint, by the keys training scripts use: a dict, or a
+// whole module ({"model": model}).
 const Value& unwrap_checkpoint(const Value& value) {
   const Value* v = &value;
   for (bool descended = true; descended;) {
     descended = false;
     for (const char* key : {"state_dict", "model_state_dict", "model"}) {
       const Value* inner = v->find(key);
-      if (inner && inner->kind() == Value::Kind::Dict) {
+      if (inner && (inner->kind() == Value::Kind::Dict || is_module(*inner))) {
         v = inner;
         descended = true;
         break;
@@ -89,13 +90,21 @@ const Value& unwrap_checkpoint(const Value& value) {
 nn::StateDict load_state_dict(const std::string& path, const StateDictOptions& options) {
   Value file = load(path, options.read);
   const Value& weights = options.unwrap ? unwrap_checkpoint(file) : file;
-  TVC_CHECK(weights.kind() == Value::Kind::Dict, "'", printable(path), "' holds a value of type ", weights.kind_name(),
+  TVC_CHECK(weights.kind() == Value::Kind::Dict || is_module(weights), "'", printable(path), "' holds ",
+            weights.kind() == Value::Kind::Object ? cat_str("an object of ", printable(weights.object().global))
+                                                  : cat_str("a value of type ", weights.kind_name()),
             ", not a state_dict");
-  std::vector<std::pair<std::string, Value>> leaves = flatten(weights);
+  // A whole-model save: its state_dict (flatten gives the same names), errors naming the file.
+  std::vector<std::pair<std::string, Value>> leaves;
+  if (is_module(weights))
+    for (const auto& [name, tensor] : module_state_dict(weights, path)) leaves.emplace_back(name, Value(tensor));
+  else
+    leaves = flatten(weights);
   bool prefixed = options.unwrap && !leaves.empty();
   for (const auto& [name, v] : leaves) {
-    TVC_CHECK(v.kind() == Value::Kind::Tensor, "'", printable(path), "': '", printable(name), "' (", v.kind_name(),
-              ") is not a tensor", options.unwrap ? "" : " (a training checkpoint? ask to unwrap it)");
+    TVC_CHECK(v.kind() == Value::Kind::Tensor, "'", printable(path), "': '", printable(name), "' (",
+              v.kind() == Value::Kind::Object ? printable(v.object().global) : v.kind_name(), ") is not a tensor",
+              options.unwrap ? "" : " (a training checkpoint? ask to unwrap it)");
     prefixed = prefixed && name.compare(0, 7, "module.") == 0;
   }
   nn::StateDict sd;

@@ -23,6 +23,7 @@
 #include "tvc/hybrid/blocks.h"
 #include "tvc/nn/containers.h"
 #include "tvc/nn/module.h"
+#include "tvc/serialize.h"
 #include "tvc/tensor.h"
 
 namespace tvc::hybrid {
@@ -146,6 +147,7 @@ struct BuildOptions {
   bool freeze_batchnorm = false;           // with freeze_backbone: frozen BatchNorms stay in eval
   bool verbose = true;                     // print what was loaded, patched and initialised
   std::optional<int64_t> image_size{};     // ViT only: the input size it is built for (224)
+  io::ReadOptions read{};                  // how a weights file is read (opaque_objects...)
 };
 
 struct CheckpointOptions {
@@ -159,6 +161,7 @@ struct CheckpointOptions {
   std::optional<int64_t> image_size{};
   // When set, receives partial_load's report of the checkpoint.
   WeightLoadingReport* report = nullptr;
+  io::ReadOptions read{};  // how the file is read (opaque_objects for whole-model saves...)
 };
 
 class HybridBuilder {

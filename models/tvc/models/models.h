@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tvc/nn/module.h"
+#include "tvc/serialize.h"
 #include "tvc/tensor.h"
 
 namespace tvc::models {
@@ -35,6 +36,9 @@ struct Options {
   // "" (random initialisation), a torchvision tag ("DEFAULT", "IMAGENET1K_V1", "IMAGENET1K_V2")
   // resolved to torchvision's file name (see weights.h), or a path to a .pth/.safetensors file.
   std::string weights{};
+  // How a weights file is read: e.g. opaque_objects for a whole-model save (torch.save(model))
+  // or a checkpoint holding other classes; widen for element types tvc lacks.
+  io::ReadOptions read{};
 };
 
 // A classification backbone: forward maps images (N, 3, H, W) to logits (N, num_classes).

@@ -65,8 +65,9 @@ std::string weights_file(const std::string& model, const std::string& weights);
 // Loads weights (a tag, or a path to a .pth/.safetensors file) into model. Every tensor must
 // fit, except the classifier's when the model has another num_classes than the file: those
 // keep their initial values and are listed as skipped. A file that does not fit is an error
-// naming the keys that differ, and leaves the model unchanged.
-LoadReport load_weights(Backbone& model, const std::string& weights);
+// naming the keys that differ, and leaves the model unchanged. read: how the file is read
+// (io::ReadOptions, e.g. opaque_objects for a whole-model save).
+LoadReport load_weights(Backbone& model, const std::string& weights, const io::ReadOptions& read = {});
 
 // The 1000 ImageNet class names, in class-index order.
 const std::vector<std::string>& imagenet_categories();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tvc/nn/module.h"
+#include "tvc/serialize.h"
 
 namespace tvc::swa {
 
@@ -25,6 +26,7 @@ struct AverageFilesOptions {
   double ema_decay = 0.999;  // Method::ema: a <- decay * a + (1 - decay) * x, in file order
   bool use_buffers = false;  // average floating buffers too (else they are the last file's)
   bool plain = false;        // write the averaged model's own state_dict (no module., no n_averaged)
+  io::ReadOptions read{};    // how the files are read (opaque_objects for whole-model saves...)
 };
 
 struct AverageFilesReport {
