@@ -77,7 +77,8 @@ TEST(OpaqueRead, StrictModeNamesTheGlobalAndTheOption) {
       {"evil.pt", "GLOBAL os.system is not allowed"}};
   for (const auto& [name, message] : cases) {
     SCOPED_TRACE(name);
-    std::string error = test::error_of([&] { load_pth(fixture(name)); });
+    const std::string path = fixture(name);  // clang 14 lambdas cannot capture structured bindings
+    std::string error = test::error_of([&] { load_pth(path); });
     EXPECT_THAT(error, HasSubstr(message));
     EXPECT_THAT(error, HasSubstr("ReadOptions::opaque_objects, `--opaque` on the command line"));
     EXPECT_THAT(error, HasSubstr(name));
@@ -201,8 +202,15 @@ TEST(OpaqueUnpickler, NumpyDataIsChecked) {
                       "b\x87R(K\x01K\x02\x85" + "cnumpy\ndtype\n" + pstr("f4") + "\x89\x88\x87R(K\x03" + pstr("<") +
                       "NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb\x89"s + "C\x05" + "abcdetb.";
   EXPECT_THAT(opaque_error(array), HasSubstr("holds 5 bytes of data, not 8"));
+  // NumPy 2's module names (numpy._core) decode as NumPy 1's: numpy.float64(1.5).
+  std::string scalar = kProto + "cnumpy._core.multiarray\nscalar\ncnumpy\ndtype\n" + pstr("f8") +
+                       "\x89\x88\x87R(K\x03" + pstr("<") + "NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb"s + "C\x08" +
+                       "\x00\x00\x00\x00\x00\x00\xf8?\x86R."s;
+  EXPECT_EQ(unpickle_opaque(scalar), Value(1.5));
   EXPECT_THAT(opaque_error(kProto + "cnumpy\ndtype\n" + pstr("f$") + "\x89\x88\x87R."),
               HasSubstr("bad type code 'f$'"));
+  EXPECT_THAT(opaque_error(kProto + "cnumpy\ndtype\n" + pstr("f99999999999999999999999") + "\x89\x88\x87R."),
+              HasSubstr("bad type code"));
   EXPECT_THAT(opaque_error(kProto + "cnumpy.core.multiarray\n_reconstruct\ncx\ny\nK\x00\x85"s + "C\x01" + "b\x87R."),
               HasSubstr("subclasses of ndarray are not supported"));
 }

@@ -4,14 +4,14 @@
 # Run as root on Debian 12 after `bash tools/setup.sh --build-only` (which installs the base
 # packages), it installs clang, builds tvc in ./build-asan with AddressSanitizer and
 # UndefinedBehaviorSanitizer (any report fails), runs the test suites that are fast under them,
-# then runs each libFuzzer target of fuzz/ for $TVC_FUZZ_SECONDS seconds (default 60) from its
+# then runs each libFuzzer target of fuzz/ for $TVC_FUZZ_SECONDS seconds (default 45) from its
 # seed corpus, then the threads test in a ThreadSanitizer build (./build-tsan). Exit status: 0
 # when everything passed, 1 otherwise. Crashing inputs are left in
 # build-asan/fuzz-run/NAME/artifacts/ and printed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-fuzz_seconds=${TVC_FUZZ_SECONDS:-60}
+fuzz_seconds=${TVC_FUZZ_SECONDS:-45}
 build="build-asan"
 
 # libFuzzer and the sanitizer runtimes come with clang; the project's OpenMP needs clang's

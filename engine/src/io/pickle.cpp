@@ -798,7 +798,9 @@ void Unpickler::State::numpy_dtype(const std::vector<ObjPtr>& args) {
   while (letters < code.size() && std::isalpha(static_cast<unsigned char>(code[letters]))) ++letters;
   bool digits = std::all_of(code.begin() + static_cast<std::ptrdiff_t>(letters), code.end(),
                             [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
-  if (letters == 0 || !digits || code.size() > 24) fail(cat_str("numpy.dtype: bad type code '", printable(code), "'"));
+  // Letters then at most 12 digits (an item size below 10^12 bytes, which std::stoull parses).
+  if (letters == 0 || letters > 8 || !digits || code.size() - letters > 12)
+    fail(cat_str("numpy.dtype: bad type code '", printable(code), "'"));
   ObjPtr d = make(Obj::Kind::NumpyDType);
   d->np_code = code;
   if (letters < code.size()) d->np_itemsize = std::stoull(code.substr(letters));
