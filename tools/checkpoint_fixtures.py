@@ -27,7 +27,7 @@ A description mirrors the object as tools/pth_fixtures.py's does, plus {"set": [
 "new"|"call"|"global", "args": [...], "state": ..., "appended": [...], "set_items": [...]}}.
 NumPy arrays of dtypes tvc has are tensors, scalars are numbers; other NumPy data is
 {"object": {"global": "numpy.ndarray"|"numpy.scalar", "made": "new", "state": {dtype, shape,
-data}}} with the data little-endian where it is numeric.
+fortran_order, data}}} with the data in memory order, little-endian where it is numeric.
 """
 import argparse
 import collections
@@ -58,6 +58,7 @@ def numpy_raw(kind, arr_or_scalar, shape):
     state = [[{"str": "dtype"}, {"str": arr_or_scalar.dtype.str}]]
     if shape is not None:
         state.append([{"str": "shape"}, {"tuple": [{"int": d} for d in shape]}])
+        state.append([{"str": "fortran_order"}, {"bool": bool(np.isfortran(arr_or_scalar))}])
     if dtype.hasobject:
         data = describe(list(np.asarray(arr_or_scalar).ravel(order="A")))
     elif shape is None:  # a scalar: the bytes pickle wrote (long double's padding included)
@@ -209,6 +210,8 @@ def numpy_values():
     values["big_endian_f8"] = r.randn(4).astype(">f8")
     values["big_endian_c16"] = (r.randn(2) + 2j).astype(">c16")
     values["fortran"] = np.asfortranarray(r.randn(3, 4).astype(np.float32))
+    values["fortran_u4"] = np.asfortranarray(np.arange(6, dtype=np.uint32).reshape(2, 3))
+    values["fortran_strings"] = np.asfortranarray(np.array([["a", "bb", "c"], ["dd", "e", "f"]]))
     values["zero_d"] = np.array(2.5)
     values["empty"] = np.zeros((0, 3), dtype=np.int32)
     values["strings"] = np.array(["ab", "cde"])

@@ -113,7 +113,8 @@ struct OpaqueObject;
 // insertion order; keys are strings or ints. Tensors read from one storage share one tvc Storage
 // (views keep their offsets and strides). NumPy arrays whose dtype tvc has (or widens to) are
 // tensors, NumPy scalars are numbers; other NumPy data is an OpaqueObject "numpy.ndarray" or
-// "numpy.scalar" whose state is {"dtype": "<c16", "shape": (...), "data": bytes}.
+// "numpy.scalar" whose state is {"dtype": "<c16", "shape": (...), "fortran_order": bool, "data":
+// bytes in memory order} (scalars: dtype and data).
 class Value {
  public:
   enum class Kind : uint8_t { None, Bool, Int, Float, String, Bytes, Tensor, List, Tuple, Set, Dict, Object };

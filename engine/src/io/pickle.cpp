@@ -578,7 +578,8 @@ struct Unpickler::State {
   void numpy_dtype_state(Obj& dtype, const Obj& state);
   ObjPtr numpy_array(const Obj& state);
   ObjPtr numpy_scalar(const std::vector<ObjPtr>& args);
-  ObjPtr numpy_raw(const char* global, const std::string& dtype_text, const Shape* shape, const ObjPtr& data);
+  ObjPtr numpy_raw(const char* global, const std::string& dtype_text, const Shape* shape, bool fortran,
+                   const ObjPtr& data);
   std::optional<FileDType> numpy_numeric(const Obj& dtype) const;
 };
 
@@ -854,8 +855,9 @@ void byteswap(std::string& data, size_t unit) {
 }  // namespace
 
 // Raw NumPy data tvc has no type for: an opaque numpy.ndarray / numpy.scalar whose state is
-// {"dtype": "<c16", "shape": (...), "data": bytes (or the list of an object array)}.
-ObjPtr Unpickler::State::numpy_raw(const char* global, const std::string& dtype_text, const Shape* shape,
+// {"dtype": "<U3", "shape": (...), "fortran_order": bool, "data": bytes (or the list of an object
+// array), in memory order}; a scalar has no shape or order.
+ObjPtr Unpickler::State::numpy_raw(const char* global, const std::string& dtype_text, const Shape* shape, bool fortran,
                                    const ObjPtr& data) {
   ObjPtr o = make(Obj::Kind::Object);
   o->global = global;
@@ -866,6 +868,7 @@ ObjPtr Unpickler::State::numpy_raw(const char* global, const std::string& dtype_
     std::vector<ObjPtr> dims;
     for (int64_t d : *shape) dims.push_back(leaf(Value(d)));
     set_item(*state, leaf(Value("shape")), sequence(Obj::Kind::Tuple, dims));
+    set_item(*state, leaf(Value("fortran_order")), leaf(Value(fortran)));
   }
   set_item(*state, leaf(Value("data")), data);
   adopt(*o, state);
@@ -898,12 +901,11 @@ ObjPtr Unpickler::State::numpy_array(const Obj& state) {
   if (bytes && (dtype.np_itemsize == 0 || f[4]->leaf.to_string().size() != nbytes))
     fail(cat_str("numpy.ndarray of shape ", shape, " and dtype ", printable(numpy_dtype_text(dtype)), " holds ",
                  f[4]->leaf.to_string().size(), " bytes of data, not ", nbytes));
-  if (!bytes || !type) return numpy_raw("numpy.ndarray", numpy_dtype_text(dtype), &shape, f[4]);
+  const bool fortran = f[3]->leaf.to_bool();
+  if (!bytes || !type) return numpy_raw("numpy.ndarray", numpy_dtype_text(dtype), &shape, fortran, f[4]);
   std::string data = f[4]->leaf.to_string();
   bool complex = *type == FileDType::Complex64 || *type == FileDType::Complex128;
   if (dtype.np_order == '>') byteswap(data, complex ? dtype.np_itemsize / 2 : dtype.np_itemsize);
-  if (complex)  // tvc has no complex dtype: the little-endian data, raw
-    return numpy_raw("numpy.ndarray", numpy_dtype_text(dtype, true), &shape, leaf(Value::bytes(std::move(data))));
   ObjPtr t = make(Obj::Kind::Tensor);
   t->storage = Storage::allocate(data.size());
   if (!data.empty()) std::memcpy(t->storage->data(), data.data(), data.size());
@@ -911,7 +913,6 @@ ObjPtr Unpickler::State::numpy_array(const Obj& state) {
   t->numel = static_cast<uint64_t>(numel);
   t->sizes = shape;
   t->strides.assign(shape.size(), 1);
-  bool fortran = f[3]->leaf.to_bool();
   for (size_t i = 1; i < shape.size(); ++i) {  // row-major, or column-major for Fortran order
     size_t d = fortran ? i : shape.size() - 1 - i, prev = fortran ? i - 1 : d + 1;
     t->strides[d] = t->strides[prev] * std::max<int64_t>(shape[prev], 1);
@@ -965,7 +966,7 @@ ObjPtr Unpickler::State::numpy_scalar(const std::vector<ObjPtr>& args) {
       default:
         break;
     }
-  return numpy_raw("numpy.scalar", numpy_dtype_text(dtype, type.has_value()), nullptr,
+  return numpy_raw("numpy.scalar", numpy_dtype_text(dtype, type.has_value()), nullptr, false,
                    leaf(Value::bytes(std::move(data))));
 }
 
@@ -1256,7 +1257,8 @@ class Converter {
       case Obj::Kind::Leaf:
         return o->leaf;
       case Obj::Kind::Tensor:
-        // A NumPy array of a type tvc neither has nor was asked to widen: its raw data.
+        // A NumPy array of a type tvc neither has nor was asked to widen (complex, unsigned
+        // without widen): its raw data.
         if (!o->np_dtype.empty() && !exact_dtype(o->dtype) && !(widen_ && widened_dtype(o->dtype)))
           v = numpy_raw(*o);
         else
@@ -1320,8 +1322,11 @@ class Converter {
     std::vector<Value> dims;
     for (int64_t d : t.sizes) dims.push_back(Value(d));
     std::string data(static_cast<const char*>(t.storage->data()), t.storage->nbytes());
+    // numpy_array made the strides column-major exactly for Fortran order (of 2 or more dims).
+    const bool fortran = t.sizes.size() > 1 && t.strides.front() == 1 && t.strides.back() != 1;
     Value::Items state{{Value("dtype"), Value(t.np_dtype)},
                        {Value("shape"), Value::tuple(std::move(dims))},
+                       {Value("fortran_order"), Value(fortran)},
                        {Value("data"), Value::bytes(std::move(data))}};
     return Value::object({"numpy.ndarray", OpaqueObject::Made::New, {}, Value::dict(std::move(state))});
   }
