@@ -7,7 +7,11 @@
 #include <vector>
 
 #include "tvc/dist/communicator.h"
+#include "tvc/dist/data_parallel.h"
+#include "tvc/nn/containers.h"
+#include "tvc/nn/layers.h"
 #include "tvc/ops.h"
+#include "tvc/optim.h"
 
 namespace tvc::dist {
 namespace {
@@ -48,6 +52,56 @@ TEST(DistMpi, AllReduceAndBroadcast) {
   w->broadcast(b, size - 1);
   EXPECT_EQ(b.to_vector(), std::vector<double>(3, size - 1.0));
   w->barrier();
+}
+
+// A small MLP; seed picks its initial weights.
+std::shared_ptr<nn::Sequential> mlp(uint64_t seed) {
+  manual_seed(seed);
+  return std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(6, 16), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(16, 4)});
+}
+
+double rel_error(const Tensor& a, const Tensor& b) {  // ||a - b||2 / ||b||2
+  std::vector<double> x = a.to_vector(), y = b.to_vector();
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < x.size(); ++i) diff += (x[i] - y[i]) * (x[i] - y[i]), ref += y[i] * y[i];
+  return std::sqrt(diff / ref);
+}
+
+TEST(DistMpi, DataParallelStepsEqualTheGlobalBatch) {
+  CommunicatorPtr w = world();
+  const int rank = w->rank(), size = w->size();
+  constexpr int64_t kBatch = 8;
+  ASSERT_EQ(kBatch % size, 0);
+  // Every rank starts from different weights: DataParallel gives them rank 0's.
+  auto model = mlp(rank == 0 ? 1 : 50 + static_cast<uint64_t>(rank));
+  DataParallel dp(*model, w, /*bucket_bytes=*/256);  // several buckets
+  auto reference = mlp(1);                           // the single process, on the whole batch
+  optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+  optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
+  manual_seed(7);  // the same data on every rank
+  for (int step = 0; step < 5; ++step) {
+    Tensor x = randn({kBatch, 6}), y = randint(0, 4, {kBatch});
+    std::vector<int64_t> order(kBatch);
+    for (int64_t i = 0; i < kBatch; ++i) order[static_cast<size_t>(i)] = i;
+    std::vector<int64_t> mine = shard(order, size, rank);
+    Tensor idx = tensor(mine);
+    opt.zero_grad();
+    cross_entropy((*model)(index_select(x, 0, idx)), index_select(y, 0, idx)).backward();
+    dp.average_gradients();
+    opt.step();
+    ref_opt.zero_grad();
+    cross_entropy((*reference)(x), y).backward();
+    ref_opt.step();
+  }
+  auto params = model->named_parameters(), ref = reference->named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_LT(rel_error(params[i].second, ref[i].second), 1e-6) << params[i].first;
+    // Identical bits on every rank: rank 0's copy compared.
+    Tensor root = params[i].second.detach().clone();
+    w->broadcast(root, 0);
+    EXPECT_EQ(params[i].second.to_vector(), root.to_vector()) << params[i].first;
+  }
 }
 
 }  // namespace
