@@ -8,6 +8,7 @@
 
 #include "tvc/dist/communicator.h"
 #include "tvc/dist/data_parallel.h"
+#include "tvc/dist/sync_batch_norm.h"
 #include "tvc/nn/containers.h"
 #include "tvc/nn/layers.h"
 #include "tvc/ops.h"
@@ -102,6 +103,49 @@ TEST(DistMpi, DataParallelStepsEqualTheGlobalBatch) {
     w->broadcast(root, 0);
     EXPECT_EQ(params[i].second.to_vector(), root.to_vector()) << params[i].first;
   }
+}
+
+TEST(DistMpi, SyncBatchNormEqualsTheGlobalBatch) {
+  // conv -> batch norm -> relu -> mean -> linear, float64: each rank's share with SyncBatchNorm
+  // and averaged gradients equals one process on the whole batch with batch_norm.
+  CommunicatorPtr w = world();
+  const int rank = w->rank(), size = w->size();
+  constexpr int64_t kBatch = 8;
+  manual_seed(3);
+  const TensorOptions f64{.dtype = DType::Float64};
+  Tensor x = randn({kBatch, 3, 6, 6}, f64), y = randint(0, 5, {kBatch});
+  Tensor conv = randn({4, 3, 3, 3}, f64), gamma = add(rand({4}, f64), full({4}, 0.5, f64)), beta = randn({4}, f64),
+         fc = randn({5, 4}, f64);
+  std::vector<Tensor> params{conv, gamma, beta, fc};
+  auto loss_of = [&](const Tensor& images, const Tensor& labels, bool sync, Tensor& rm, Tensor& rv) {
+    Tensor h = conv2d(images, params[0], Tensor(), {1, 1}, {1, 1});
+    h = sync ? sync_batch_norm(h, rm, rv, params[1], params[2], true, 0.1, 1e-5, w)
+             : batch_norm(h, rm, rv, params[1], params[2], true, 0.1, 1e-5);
+    return cross_entropy(linear(relu(h).mean({2, 3}), params[3]), labels);
+  };
+  auto grads = [&](bool sync, const Tensor& images, const Tensor& labels, Tensor& rm, Tensor& rv) {
+    std::vector<Tensor> leaves;
+    for (Tensor& p : params) leaves.push_back(p.detach().clone().requires_grad_(true));
+    std::swap(leaves, params);
+    loss_of(images, labels, sync, rm, rv).backward();
+    std::vector<Tensor> out;
+    for (const Tensor& p : params) out.push_back(p.grad());
+    std::swap(leaves, params);
+    return out;
+  };
+  std::vector<int64_t> order(kBatch);
+  for (int64_t i = 0; i < kBatch; ++i) order[static_cast<size_t>(i)] = i;
+  Tensor idx = tensor(shard(order, size, rank));
+  Tensor rm = zeros({4}, f64), rv = ones({4}, f64), ref_rm = zeros({4}, f64), ref_rv = ones({4}, f64);
+  std::vector<Tensor> mine = grads(true, index_select(x, 0, idx), index_select(y, 0, idx), rm, rv);
+  std::vector<Tensor> whole = grads(false, x, y, ref_rm, ref_rv);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    Tensor g = mine[i].contiguous().clone();
+    w->all_reduce_sum(g);  // DataParallel's average
+    EXPECT_LT(rel_error(g / static_cast<double>(size), whole[i]), 1e-12) << "parameter " << i;
+  }
+  EXPECT_LT(rel_error(rm, ref_rm), 1e-12);
+  EXPECT_LT(rel_error(rv, ref_rv), 1e-12);
 }
 
 }  // namespace

@@ -344,4 +344,17 @@ void Tensor::remove_hook(int handle) const {
   }
 }
 
+std::vector<Tensor> record_function(const std::string& name, const std::vector<Tensor>& inputs,
+                                    std::vector<Tensor> outputs, FunctionBackward backward) {
+  TVC_CHECK(backward != nullptr, "record_function '", name, "': no backward function");
+  autograd::record(name, inputs, outputs,
+                   [name, backward = std::move(backward), n = inputs.size()](const autograd::GradList& grads) {
+                     std::vector<Tensor> in = backward(grads);
+                     TVC_CHECK(in.size() == n, "record_function '", name, "': backward gave ", in.size(),
+                               " gradients for ", n, " inputs");
+                     return in;
+                   });
+  return outputs;
+}
+
 }  // namespace tvc

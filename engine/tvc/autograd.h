@@ -55,4 +55,13 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
                          bool allow_unused = false);
 
+// A differentiable function of one's own (PyTorch's autograd.Function): the caller computes
+// outputs from inputs (fresh tensors, not views of the inputs), and backward maps the outputs'
+// gradients (zeros for outputs that received none) to one gradient per input (undefined where
+// an input needs none). When grad mode is on and an input requires grad, the outputs become
+// the results of a node named name whose backward is backward; the outputs are returned.
+using FunctionBackward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
+std::vector<Tensor> record_function(const std::string& name, const std::vector<Tensor>& inputs,
+                                    std::vector<Tensor> outputs, FunctionBackward backward);
+
 }  // namespace tvc
