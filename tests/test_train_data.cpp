@@ -406,6 +406,43 @@ TEST(BatchLoader, SameBytesWhateverTheWorkerCount) {
   }
 }
 
+TEST(BatchLoader, RankSharesTogetherAreTheBatch) {
+  // Data-parallel ranks: rank r takes positions r, r + R, ... of each global batch of 4; the
+  // shares, interleaved back, are one loader's batch byte for byte (augmentation included), and
+  // a last batch of 1 leaves the other ranks an empty share.
+  auto source = std::make_shared<PatternSource>(50);
+  BatchLoader whole(source, even_indices(), loader_options(2));
+  for (int ranks : {2, 4, 3}) {
+    std::vector<std::vector<Batch>> shares;
+    for (int rank = 0; rank < ranks; ++rank) {
+      LoaderOptions options = loader_options(rank % 2);
+      options.rank = rank;
+      options.ranks = ranks;
+      BatchLoader loader(source, even_indices(), options);
+      shares.push_back(epoch_batches(loader, 1));
+    }
+    const std::vector<Batch> want = epoch_batches(whole, 1);
+    for (size_t b = 0; b < want.size(); ++b) {
+      const int64_t count = want[b].labels.numel();
+      for (int64_t position = 0; position < count; ++position) {
+        const Batch& share = shares[static_cast<size_t>(position % ranks)][b];
+        const int64_t row = position / ranks;
+        ASSERT_LT(row, share.labels.numel()) << ranks << " ranks, batch " << b;
+        EXPECT_EQ(tensor_bytes(share.images[row]), tensor_bytes(want[b].images[position]))
+            << ranks << " ranks, batch " << b << ", position " << position;
+        EXPECT_EQ(share.labels[row].item<int64_t>(), want[b].labels[position].item<int64_t>());
+      }
+      int64_t total = 0;
+      for (const auto& rank_batches : shares) total += rank_batches[b].labels.numel();
+      EXPECT_EQ(total, count) << ranks << " ranks, batch " << b;
+    }
+  }
+  LoaderOptions bad = loader_options(0);
+  bad.rank = 2;
+  bad.ranks = 2;
+  EXPECT_THAT(error_of([&] { BatchLoader(source, even_indices(), bad); }), HasSubstr("rank 2 of 2 ranks"));
+}
+
 // Sample j of the epoch (batch j / 4, row j % 4) is its image transformed with SampleRng(seed,
 // epoch, j).
 TEST(BatchLoader, SampleAtEpochPositionJUsesStreamJ) {

@@ -352,6 +352,8 @@ BatchLoader::BatchLoader(std::shared_ptr<ImageSource> source, std::vector<int64_
   TVC_CHECK(options_.workers >= 0, "BatchLoader: the worker count must be >= 0, got ", options_.workers);
   TVC_CHECK(options_.prefetch > 0, "BatchLoader: prefetch must be positive, got ", options_.prefetch);
   TVC_CHECK(options_.transform.size > 0, "BatchLoader: the image size must be positive, got ", options_.transform.size);
+  TVC_CHECK(options_.ranks >= 1 && options_.rank >= 0 && options_.rank < options_.ranks, "BatchLoader: rank ",
+            options_.rank, " of ", options_.ranks, " ranks");
   const int64_t n = source_->size();
   for (int64_t index : indices_)
     TVC_CHECK(index >= 0 && index < n, "BatchLoader: index ", index, " is not a sample of ", source_->description(),
@@ -455,13 +457,15 @@ int64_t BatchLoader::images_prepared() const {
 Batch BatchLoader::make_batch(int64_t batch) const {
   const int64_t size = options_.transform.size;
   const int64_t begin = batch * options_.batch_size;
-  const int64_t count = std::min(options_.batch_size, static_cast<int64_t>(order_.size()) - begin);
+  const int64_t global_count = std::min(options_.batch_size, static_cast<int64_t>(order_.size()) - begin);
+  // This rank's positions of the global batch: rank, rank + ranks, ...
+  const int64_t count = global_count > options_.rank ? (global_count - options_.rank - 1) / options_.ranks + 1 : 0;
   const int64_t sample_floats = 3 * size * size;
   Batch out{.images = empty({count, 3, size, size}), .labels = empty({count}, {.dtype = DType::Int64}), .index = batch};
   float* images = out.images.data_ptr<float>();
   int64_t* labels = out.labels.data_ptr<int64_t>();
   for (int64_t k = 0; k < count; ++k) {
-    const int64_t position = begin + k;
+    const int64_t position = begin + options_.rank + k * options_.ranks;
     const int64_t index = order_[static_cast<size_t>(position)];
     SampleRng rng(options_.seed, epoch_, position);
     // to_normalized_tensor makes a fresh contiguous (3, size, size) tensor.

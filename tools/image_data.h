@@ -119,6 +119,11 @@ struct LoaderOptions {
   uint64_t seed = 0;
   int workers = 2;   // threads preparing batches (0: on the calling thread)
   int prefetch = 2;  // batches prepared ahead per worker
+  // Data-parallel training: this rank's share of every batch, the positions rank, rank + ranks,
+  // ... of the global batch of batch_size (dist::shard within the batch), so that the ranks'
+  // k-th batches together are the k-th batch of one process, each sample transformed alike.
+  int rank = 0;
+  int ranks = 1;
 };
 
 // Batches of source's samples at `indices`. Each epoch's order is a seeded shuffle of indices
