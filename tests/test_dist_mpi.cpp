@@ -148,5 +148,59 @@ TEST(DistMpi, SyncBatchNormEqualsTheGlobalBatch) {
   EXPECT_LT(rel_error(rv, ref_rv), 1e-12);
 }
 
+// conv -> BatchNorm2d -> relu -> pool -> linear; seed picks the initial weights.
+std::shared_ptr<nn::Sequential> conv_net(uint64_t seed) {
+  manual_seed(seed);
+  return std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+      std::make_shared<nn::Conv2d>(3, 4, 3, nn::ConvOptions{.padding = 1}), std::make_shared<nn::BatchNorm2d>(4),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::AdaptiveAvgPool2d>(1), std::make_shared<nn::Flatten>(),
+      std::make_shared<nn::Linear>(4, 5)});
+}
+
+TEST(DistMpi, SyncBatchNormModulesTrainLikeTheGlobalBatch) {
+  // convert_sync_batchnorm + DataParallel, three SGD steps on each rank's share of a batch whose
+  // size the ranks do not divide (each loss scaled by share * ranks / batch): the weights and
+  // running statistics of one process on the whole batch, on every rank.
+  CommunicatorPtr w = world();
+  const int rank = w->rank(), size = w->size();
+  const int64_t batch = 4 * size + 1;
+  auto model = conv_net(5);
+  ASSERT_EQ(convert_sync_batchnorm(*model, w), 1);
+  EXPECT_EQ((*model)[1]->type_name(), "SyncBatchNorm");
+  DataParallel dp(*model, w);
+  auto reference = conv_net(5);
+  EXPECT_EQ(model->state_dict().keys(), reference->state_dict().keys());
+  optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+  optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
+  manual_seed(9);
+  std::vector<int64_t> order(static_cast<size_t>(batch));
+  for (int64_t i = 0; i < batch; ++i) order[static_cast<size_t>(i)] = i;
+  std::vector<int64_t> mine;  // positions rank, rank + size, ...: unequal shares
+  for (int64_t i = rank; i < batch; i += size) mine.push_back(i);
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = randn({batch, 3, 5, 5}), y = randint(0, 5, {batch});
+    Tensor idx = tensor(mine);
+    opt.zero_grad();
+    Tensor loss = cross_entropy((*model)(index_select(x, 0, idx)), index_select(y, 0, idx));
+    (loss * (static_cast<double>(mine.size()) * size / static_cast<double>(batch))).backward();
+    dp.average_gradients();
+    opt.step();
+    ref_opt.zero_grad();
+    cross_entropy((*reference)(x), y).backward();
+    ref_opt.step();
+  }
+  nn::StateDict got = model->state_dict(), want = reference->state_dict();
+  for (const auto& [name, t] : want) {
+    if (t.dtype() == DType::Int64) {
+      EXPECT_EQ(got.at(name).item<int64_t>(), t.item<int64_t>()) << name;
+      continue;
+    }
+    EXPECT_LT(rel_error(got.at(name), t), 1e-5) << name;
+    Tensor root = got.at(name).detach().clone();
+    w->broadcast(root, 0);
+    EXPECT_EQ(got.at(name).to_vector(), root.to_vector()) << name;
+  }
+}
+
 }  // namespace
 }  // namespace tvc::dist

@@ -1,6 +1,7 @@
 // The single-process world, launcher detection, the choice of world() and the sampler's shards.
 #include "tvc/dist/communicator.h"
 
+#include <atomic>
 #include <cstdlib>
 
 #include "mpi_world.h"
@@ -10,18 +11,29 @@ namespace tvc::dist {
 
 namespace {
 
+// The sum of one rank: there from the start.
+class DoneSum final : public PendingSum {
+ public:
+  void wait() override {}
+};
+
 class SingleProcess final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string backend() const override { return "single"; }
-  void all_reduce_sum(Tensor& t) override { check_collective(t, "all_reduce_sum"); }
+  std::unique_ptr<PendingSum> start_all_reduce_sum(Tensor& t) override {
+    check_collective(t, "all_reduce_sum");
+    return std::make_unique<DoneSum>();
+  }
   void broadcast(Tensor& t, int root) override {
     check_collective(t, "broadcast");
     TVC_CHECK(root == 0, "broadcast: root ", root, " is not a rank of a single process");
   }
   void barrier() override {}
 };
+
+std::atomic<bool> world_started{false};
 
 int env_int(const char* name) {
   const char* v = std::getenv(name);
@@ -49,6 +61,7 @@ bool mpi_available() { return detail::mpi_built(); }
 
 CommunicatorPtr world() {
   static const CommunicatorPtr w = [] {
+    world_started.store(true);
     if (!launched_with_ranks()) return single_process();  // no MPI_Init outside a launcher
     TVC_CHECK(detail::mpi_built(),
               "this process was launched as one of several ranks (mpirun/srun), but tvc was built without MPI: "
@@ -56,6 +69,10 @@ CommunicatorPtr world() {
     return detail::mpi_world();
   }();
   return w;
+}
+
+void abort_world(int code) {
+  if (world_started.load() && world()->backend() == "mpi") detail::mpi_abort(code);
 }
 
 }  // namespace tvc::dist

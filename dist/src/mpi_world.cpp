@@ -1,11 +1,16 @@
 // MPI_COMM_WORLD as a Communicator. The sum of all_reduce_sum is made in rank order on every
 // rank from an all-gather of the ranks' tensors, so it is bit-identical on every rank whatever
 // reduction tree the MPI library would have chosen (at the cost of size() copies in memory).
+// Collectives are MPI's non-blocking ones, polled until done or the timeout.
 #include "mpi_world.h"
 
 #include <mpi.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "tvc/error.h"
@@ -30,6 +35,24 @@ void sum_in_rank_order(T* out, const T* gathered, int64_t n, int ranks) {
     out[i] = s;
   }
 }
+
+// Sleeps a little between polls once a wait has lasted a while (ranks share cores).
+void pause_between_polls(int64_t polls) {
+  if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
+
+// One collective in flight: its MPI request and the arrival messages exchanged with every peer.
+// Each rank, entering its collective number seq, sends seq to every peer; a wait that times out
+// names the peers whose arrival has not come (they died or hang before reaching it).
+struct Collective {
+  const char* what = "";
+  int64_t seq = 0;
+  std::vector<MPI_Request> requests;  // [the collective, arrivals sent..., arrivals received...]
+  std::vector<int> peers;             // the rank of each arrival received, in order
+  std::vector<int64_t> sent, received;  // heap buffers: they stay put when the Collective moves
+};
+
+constexpr int kArrivalTag = 7301;
 
 class MpiWorld final : public Communicator {
  public:
@@ -56,26 +79,22 @@ class MpiWorld final : public Communicator {
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
 
-  void all_reduce_sum(Tensor& t) override {
+  std::unique_ptr<PendingSum> start_all_reduce_sum(Tensor& t) override {
     check_collective(t, "all_reduce_sum");
-    const int64_t n = t.numel();
-    const size_t bytes = static_cast<size_t>(n) * t.element_size();
+    const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
     TVC_CHECK(bytes <= static_cast<size_t>(INT32_MAX), "all_reduce_sum: ", bytes,
               " bytes in one call is more than MPI's int count allows; reduce in buckets");
-    std::vector<uint8_t> gathered(bytes * static_cast<size_t>(size_));
-    check_mpi(MPI_Allgather(t.raw_data(), static_cast<int>(bytes), MPI_BYTE, gathered.data(), static_cast<int>(bytes),
-                            MPI_BYTE, MPI_COMM_WORLD),
-              "MPI_Allgather");
-    switch (t.dtype()) {
-      case DType::Float32:
-        sum_in_rank_order(t.data_ptr<float>(), reinterpret_cast<const float*>(gathered.data()), n, size_);
-        break;
-      case DType::Float64:
-        sum_in_rank_order(t.data_ptr<double>(), reinterpret_cast<const double*>(gathered.data()), n, size_);
-        break;
-      default:
-        sum_in_rank_order(t.data_ptr<int64_t>(), reinterpret_cast<const int64_t*>(gathered.data()), n, size_);
-    }
+    auto sum = std::make_unique<MpiSum>(*this, t, bytes * static_cast<size_t>(size_));
+    sum->op = start("all_reduce_sum", [&](MPI_Request* r) {
+      return MPI_Iallgather(t.raw_data(), static_cast<int>(bytes), MPI_BYTE, sum->gathered.data(),
+                            static_cast<int>(bytes), MPI_BYTE, MPI_COMM_WORLD, r);
+    });
+    return sum;
+  }
+
+  void progress() override {
+    int flag = 0;  // any MPI call moves the library's pending transfers on
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
   }
 
   void broadcast(Tensor& t, int root) override {
@@ -83,14 +102,103 @@ class MpiWorld final : public Communicator {
     TVC_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of ", size_);
     const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
     TVC_CHECK(bytes <= static_cast<size_t>(INT32_MAX), "broadcast: ", bytes, " bytes in one call is too many");
-    check_mpi(MPI_Bcast(t.raw_data(), static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+    Collective op = start("broadcast", [&](MPI_Request* r) {
+      return MPI_Ibcast(t.raw_data(), static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD, r);
+    });
+    complete(op);
   }
 
-  void barrier() override { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  void barrier() override {
+    Collective op = start("barrier", [&](MPI_Request* r) { return MPI_Ibarrier(MPI_COMM_WORLD, r); });
+    complete(op);
+  }
 
  private:
+  // The all-gather of a sum, summed in rank order by wait().
+  struct MpiSum final : PendingSum {
+    MpiSum(MpiWorld& world, Tensor& t, size_t gathered_bytes) : world(world), t(t), gathered(gathered_bytes) {}
+    void wait() override {
+      world.complete(op);
+      const int64_t n = t.numel();
+      switch (t.dtype()) {
+        case DType::Float32:
+          sum_in_rank_order(t.data_ptr<float>(), reinterpret_cast<const float*>(gathered.data()), n, world.size_);
+          break;
+        case DType::Float64:
+          sum_in_rank_order(t.data_ptr<double>(), reinterpret_cast<const double*>(gathered.data()), n, world.size_);
+          break;
+        default:
+          sum_in_rank_order(t.data_ptr<int64_t>(), reinterpret_cast<const int64_t*>(gathered.data()), n, world.size_);
+      }
+    }
+    MpiWorld& world;
+    Tensor t;
+    std::vector<uint8_t> gathered;
+    Collective op;
+  };
+
+  // Posts the arrival messages, then the collective (post(&request) returns MPI's code).
+  template <typename Post>
+  Collective start(const char* what, Post post) {
+    TVC_CHECK(!broken_, what, ": an earlier collective timed out; the job cannot go on (abort_world)");
+    Collective op;
+    op.what = what;
+    op.seq = ++sequence_;
+    op.requests.resize(1);
+    check_mpi(post(&op.requests[0]), what);
+    op.sent.assign(1, op.seq);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      op.requests.emplace_back();
+      check_mpi(MPI_Isend(op.sent.data(), 1, MPI_INT64_T, peer, kArrivalTag, MPI_COMM_WORLD, &op.requests.back()), "MPI_Isend");
+    }
+    op.received.resize(static_cast<size_t>(size_ - 1));
+    for (int peer = 0, i = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      op.peers.push_back(peer);
+      op.requests.emplace_back();
+      check_mpi(MPI_Irecv(&op.received[static_cast<size_t>(i++)], 1, MPI_INT64_T, peer, kArrivalTag, MPI_COMM_WORLD,
+                          &op.requests.back()),
+                "MPI_Irecv");
+    }
+    return op;
+  }
+
+  // Polls op's requests until all are done, or throws Timeout naming the ranks not arrived.
+  void complete(Collective& op) {
+    const auto start = std::chrono::steady_clock::now();
+    const double timeout = timeout_seconds();
+    for (int64_t polls = 0;; ++polls) {
+      int done = 0;
+      check_mpi(MPI_Testall(static_cast<int>(op.requests.size()), op.requests.data(), &done, MPI_STATUSES_IGNORE),
+                op.what);
+      if (done) return;
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout > 0 && waited > timeout) throw_timeout(op, waited);
+      pause_between_polls(polls);
+    }
+  }
+
+  [[noreturn]] void throw_timeout(Collective& op, double waited) {
+    broken_ = true;
+    std::string missing;
+    const size_t first_received = 1 + op.peers.size();
+    for (size_t i = 0; i < op.peers.size(); ++i) {
+      int arrived = 0;
+      MPI_Test(&op.requests[first_received + i], &arrived, MPI_STATUS_IGNORE);
+      if (!arrived) missing += cat_str(missing.empty() ? "" : ", ", op.peers[i]);
+    }
+    if (missing.empty())
+      throw Timeout(cat_str("rank ", rank_, ": ", op.what, " #", op.seq, " did not complete within ", waited,
+                            " s although every rank reached it"));
+    throw Timeout(cat_str("rank ", rank_, ": rank ", missing, " did not reach ", op.what, " #", op.seq, " within ",
+                          static_cast<int64_t>(waited), " s: it died or hangs"));
+  }
+
   int rank_ = 0, size_ = 1;
   bool owns_ = false;
+  bool broken_ = false;
+  int64_t sequence_ = 0;
 };
 
 }  // namespace
@@ -100,6 +208,12 @@ namespace detail {
 bool mpi_built() { return true; }
 
 CommunicatorPtr mpi_world() { return std::make_shared<MpiWorld>(); }
+
+void mpi_abort(int code) {
+  std::fflush(nullptr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();
+}
 
 }  // namespace detail
 

@@ -45,4 +45,45 @@ Tensor sync_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor
   return y;
 }
 
+SyncBatchNorm::SyncBatchNorm(int64_t num_features, const nn::BatchNormOptions& options, CommunicatorPtr comm)
+    : Cloneable(num_features, options), comm_(std::move(comm)) {
+  TVC_CHECK(comm_ != nullptr, "SyncBatchNorm: no communicator");
+}
+
+void SyncBatchNorm::check_input_dim(const Tensor& x) const {
+  TVC_CHECK(x.dim() >= 2, "SyncBatchNorm: expected an input of 2 or more dimensions (got shape ", x.shape(), ")");
+}
+
+Tensor SyncBatchNorm::forward(const Tensor& x) {
+  if (!is_training()) return BatchNorm::forward(x);
+  check_input_dim(x);
+  double factor = 0;  // the running statistics' update factor, as BatchNorm's
+  if (track_running_stats) {
+    NoGradGuard no_grad;
+    Tensor(num_batches_tracked()).add_(1);
+    factor = momentum ? momentum->to_double() : 1.0 / static_cast<double>(num_batches_tracked().item<int64_t>());
+  }
+  return sync_batch_norm(x, running_mean(), running_var(), weight(), bias(), true, factor, eps.to_double(), comm_);
+}
+
+int64_t convert_sync_batchnorm(nn::Module& module, const CommunicatorPtr& comm) {
+  int64_t converted = 0;
+  for (const auto& [name, child] : module.named_modules()) {
+    auto* bn = dynamic_cast<nn::BatchNorm*>(child.get());
+    if (name.empty() || bn == nullptr || dynamic_cast<SyncBatchNorm*>(bn) != nullptr) continue;
+    auto sync = std::make_shared<SyncBatchNorm>(
+        bn->num_features,
+        nn::BatchNormOptions{
+            .eps = bn->eps, .momentum = bn->momentum, .affine = bn->affine, .track_running_stats = bn->track_running_stats},
+        comm);
+    for (const auto& [key, p] : bn->named_parameters("", /*recurse=*/false))
+      sync->register_parameter(key, p, p.requires_grad());
+    for (const auto& [key, b] : bn->named_buffers("", /*recurse=*/false)) sync->register_buffer(key, b);
+    sync->train(bn->is_training());
+    module.set_submodule(name, sync);
+    ++converted;
+  }
+  return converted;
+}
+
 }  // namespace tvc::dist

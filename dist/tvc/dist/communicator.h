@@ -5,8 +5,11 @@
 //   world->all_reduce_sum(grad);        // every rank gets the sum
 //   world->broadcast(weights, 0);       // rank 0's values on every rank
 //
-// Collective calls (all_reduce_sum, broadcast, barrier) must be made by every rank, in the same
-// order, with tensors of the same dtype and shape. Tensors are CPU tensors, contiguous.
+// Collective calls (all_reduce_sum, start_all_reduce_sum, broadcast, barrier) must be made by
+// every rank, in the same order, with tensors of the same dtype and shape. Tensors are CPU
+// tensors, contiguous. A collective that waits longer than the timeout for another rank throws
+// dist::Timeout naming the ranks that never arrived (they died or hang); the world is then
+// broken: end the job with abort_world().
 #pragma once
 
 #include <cstdint>
@@ -14,9 +17,24 @@
 #include <string>
 #include <vector>
 
+#include "tvc/error.h"
 #include "tvc/tensor.h"
 
 namespace tvc::dist {
+
+// Thrown when a collective waited longer than Communicator::timeout_seconds() for other ranks.
+class Timeout : public Error {
+ public:
+  using Error::Error;
+};
+
+// A sum started by Communicator::start_all_reduce_sum; wait() completes it.
+class PendingSum {
+ public:
+  virtual ~PendingSum() = default;
+  // Blocks until every rank's tensor has arrived; the tensor then holds the sum.
+  virtual void wait() = 0;
+};
 
 class Communicator {
  public:
@@ -28,10 +46,25 @@ class Communicator {
   // Sums t over all ranks in place: every rank ends with the same sum, summed in rank order
   // (so the result is bit-identical on every rank and from run to run). float32, float64,
   // int64; contiguous.
-  virtual void all_reduce_sum(Tensor& t) = 0;
+  void all_reduce_sum(Tensor& t) { start_all_reduce_sum(t)->wait(); }
+  // Starts all_reduce_sum(t) without waiting: t (its storage) must stay alive and untouched
+  // until the returned sum's wait(). Sums complete in the order they were started; a started
+  // sum must be waited for before the next broadcast or barrier.
+  virtual std::unique_ptr<PendingSum> start_all_reduce_sum(Tensor& t) = 0;
+  // Lets started sums advance (MPI moves data only inside its calls): call it now and then
+  // while computing, e.g. from gradient hooks.
+  virtual void progress() {}
   // Copies root's t into every rank's t.
   virtual void broadcast(Tensor& t, int root) = 0;
   virtual void barrier() = 0;
+
+  // How long a collective waits for the other ranks before throwing Timeout (seconds; <= 0:
+  // forever). Default 600.
+  double timeout_seconds() const { return timeout_seconds_; }
+  void set_timeout_seconds(double seconds) { timeout_seconds_ = seconds; }
+
+ private:
+  double timeout_seconds_ = 600;
 };
 using CommunicatorPtr = std::shared_ptr<Communicator>;
 
@@ -49,6 +82,11 @@ bool mpi_available();
 // (initialised on first call, finalised at exit) when tvc was built with MPI, else an error
 // saying that distributed runs need the MPI build (each rank would otherwise train alone).
 CommunicatorPtr world();
+
+// Ends every rank of the job with exit status code (MPI_Abort) when world() is MPI's; else
+// returns. For a rank that cannot go on (an error, a Timeout) while the others wait in a
+// collective: returning from main would leave them waiting.
+void abort_world(int code);
 
 // PyTorch's DistributedSampler share of an epoch's order for rank of num_replicas: the order
 // padded to a multiple of num_replicas by repeating its start (or, with drop_last, cut to one),

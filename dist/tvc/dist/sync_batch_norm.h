@@ -3,6 +3,7 @@
 #pragma once
 
 #include "tvc/dist/communicator.h"
+#include "tvc/nn/layers.h"
 
 namespace tvc::dist {
 
@@ -18,5 +19,26 @@ Tensor all_reduce_sum(const Tensor& x, const CommunicatorPtr& comm);
 // eval, the running statistics (no communication). N may differ between ranks.
 Tensor sync_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                        const Tensor& bias, bool training, double momentum, double eps, const CommunicatorPtr& comm);
+
+// PyTorch's SyncBatchNorm: a BatchNorm of x (N, C, ...) that, in training, normalises with the
+// statistics of every rank's batch together (sync_batch_norm) and updates its running
+// statistics with them; in eval, a BatchNorm. The same parameters, buffers and state_dict names
+// as nn::BatchNorm1d/2d (weight, bias, running_mean, running_var, num_batches_tracked).
+class SyncBatchNorm : public nn::Cloneable<SyncBatchNorm, nn::BatchNorm> {
+ public:
+  SyncBatchNorm(int64_t num_features, const nn::BatchNormOptions& options, CommunicatorPtr comm);
+  Tensor forward(const Tensor& x) override;
+
+ protected:
+  void check_input_dim(const Tensor& x) const override;
+
+ private:
+  CommunicatorPtr comm_;
+};
+
+// Replaces every BatchNorm1d/2d inside module (not module itself) with a SyncBatchNorm of the
+// same options holding the same parameter and buffer tensors (so an optimizer made before keeps
+// working) and the same training mode (PyTorch's convert_sync_batchnorm). Returns how many.
+int64_t convert_sync_batchnorm(nn::Module& module, const CommunicatorPtr& comm);
 
 }  // namespace tvc::dist
