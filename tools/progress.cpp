@@ -13,7 +13,7 @@ Progress::Progress(std::string label, int64_t total, std::FILE* stream)
     : label_(std::move(label)),
       total_(std::max<int64_t>(total, 1)),
       stream_(stream),
-      tty_(isatty(fileno(stream)) == 1),
+      tty_(stream != nullptr && isatty(fileno(stream)) == 1),
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
 
@@ -40,6 +40,7 @@ void Progress::finish() {
 }
 
 void Progress::draw(bool newline) {
+  if (stream_ == nullptr) return;
   last_draw_ = std::chrono::steady_clock::now();
   double seconds = std::chrono::duration<double>(last_draw_ - start_).count();
   double rate = seconds > 0 ? static_cast<double>(items_) / seconds : 0.0;

@@ -13,7 +13,7 @@ namespace tvc::tools {
 
 class Progress {
  public:
-  // label: e.g. "epoch 1/3"; total: number of steps (batches).
+  // label: e.g. "epoch 1/3"; total: number of steps (batches); stream nullptr: draws nothing.
   Progress(std::string label, int64_t total, std::FILE* stream = stderr);
   // Reports that step (1-based) is done, having processed `items` more images, with the
   // running mean loss (and, when >= 0, the running accuracy in [0, 1]) so far.

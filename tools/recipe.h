@@ -83,6 +83,9 @@ struct Recipe {
   int64_t threads = 0;           // 0: all cores
   int64_t max_batches = 0;       // > 0: stop each epoch after this many batches
   int64_t checkpoint_every = 0;  // > 0: also checkpoint every this many steps
+  // Data-parallel runs (mpirun -np N tvc train, docs/distributed.md).
+  bool sync_bn = false;       // BatchNorm statistics over all ranks' shares (SyncBatchNorm)
+  double rank_timeout = 600;  // seconds a rank waits for the others before the job ends
   std::string out = "runs/train";
   std::string dump_batches;  // a folder: write every training batch (for the PyTorch replay)
 };

@@ -25,10 +25,15 @@
 #include "models_cli.h"
 #include "progress.h"
 #include "tvc/autograd.h"
+#include "tvc/dist/communicator.h"
+#include "tvc/dist/data_parallel.h"
+#include "tvc/dist/sync_batch_norm.h"
 #include "tvc/error.h"
 #include "tvc/hybrid/hybrid.h"
 #include "tvc/lr_scheduler.h"
 #include "tvc/models/weights.h"
+#include "tvc/nn/containers.h"
+#include "tvc/nn/layers.h"
 #include "tvc/ops.h"
 #include "tvc/optim.h"
 #include "tvc/serialize.h"
@@ -124,6 +129,10 @@ Data load_data(const Recipe& r, bool need_train) {
 // The normalisation of the weights' tag, else of the backbone's DEFAULT weights (the statistics
 // torchvision's models were trained with).
 std::array<std::array<double, 3>, 2> mean_std(const Recipe& r) {
+  if (r.backbone == "small_cnn") {  // Fashion-MNIST's training images' mean and standard deviation
+    constexpr double kMean = 0.2860, kStd = 0.3530;
+    return {{{kMean, kMean, kMean}, {kStd, kStd, kStd}}};
+  }
   const std::string tag = models::is_weights_tag(r.weights) ? r.weights : "DEFAULT";
   const models::Preprocessing& p = models::weights_tag(r.backbone, tag).preprocessing;
   return {p.mean, p.std};
@@ -148,7 +157,29 @@ Transform eval_transform(const Recipe& r) {
 
 // ---------------------------------------------------------------- model
 
+// backbone small_cnn, images (N, 3, S, S) -> logits (N, num_classes):
+//   stem      Conv(3->32, 3x3, pad 1, no bias: BN cancels one)-BN-ReLU-MaxPool(2) -> (N, 32, S/2, S/2)
+//   stages.0  Conv(32->64, 3x3, pad 1)-BN-ReLU-MaxPool(2)   -> (N, 64, S/4, S/4)
+//   head      Flatten-Linear(64 * (S/4)^2 -> num_classes)
+hybrid::HybridModelPtr small_cnn(int64_t num_classes, int64_t image_size) {
+  auto block = [](int64_t in, int64_t out) {
+    return std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+        std::make_shared<nn::Conv2d>(in, out, 3, nn::ConvOptions{.padding = 1, .bias = false}),
+        std::make_shared<nn::BatchNorm2d>(out),
+        std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2)});
+  };
+  const int64_t side = image_size / 4;
+  auto stages = std::make_shared<nn::ModuleList>(std::initializer_list<nn::ModulePtr>{block(32, 64)});
+  auto head = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(64 * side * side, num_classes)});
+  return std::make_shared<hybrid::HybridModel>(
+      block(3, 32), stages, head, "small_cnn", std::vector<std::string>{},
+      hybrid::HybridLayout{
+          .family = "small_cnn", .stage_nodes = {"stages.0"}, .stage_prefixes = {{"stages.0."}}, .stem_prefixes = {"stem."}});
+}
+
 hybrid::HybridModelPtr build_model(const Recipe& r, int64_t num_classes, const std::string& weights, bool verbose) {
+  if (r.backbone == "small_cnn") return small_cnn(num_classes, r.image_size);
   return hybrid::HybridBuilder().from_torchvision(
       r.backbone, {.weights = weights,
                    .patches = hybrid::parse_patches(r.patches),
@@ -162,10 +193,10 @@ hybrid::HybridModelPtr build_model(const Recipe& r, int64_t num_classes, const s
 }
 
 // The weights to export: torchvision's names for a hybrid without patches (they load into
-// torchvision's model with strict=True), else the HybridModel's.
+// torchvision's model with strict=True), else (and for small_cnn) the HybridModel's.
 nn::StateDict export_state(const hybrid::HybridModel& model, const nn::Module& weights) {
   nn::StateDict own = weights.state_dict();
-  if (!model.modifications().empty()) return own;
+  if (!model.modifications().empty() || model.layout().torchvision_names.empty()) return own;
   return model.to_torchvision_names(own);
 }
 
@@ -338,6 +369,7 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> predict_all(nn::Module& mo
   std::vector<int64_t> predicted, labels;
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
+    if (batch->labels.numel() == 0) continue;  // a rank's empty share of a last, small batch
     Tensor p = argmax(model(batch->images), 1).contiguous();
     const int64_t* pp = p.data_ptr<int64_t>();
     const int64_t* lp = batch->labels.data_ptr<int64_t>();
@@ -348,19 +380,26 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> predict_all(nn::Module& mo
   return {predicted, labels};
 }
 
-double accuracy(nn::Module& model, BatchLoader& loader) {
+// The share of the loader's images that model classifies correctly. With several ranks, each
+// loader gives its rank's share of every batch and the counts are summed over the ranks.
+double accuracy(nn::Module& model, BatchLoader& loader, dist::Communicator& comm) {
   auto [predicted, labels] = predict_all(model, loader);
   int64_t correct = 0;
   for (size_t i = 0; i < labels.size(); ++i) correct += predicted[i] == labels[i];
-  return labels.empty() ? 0.0 : static_cast<double>(correct) / static_cast<double>(labels.size());
+  Tensor counts = tensor(std::vector<int64_t>{correct, static_cast<int64_t>(labels.size())});
+  comm.all_reduce_sum(counts);
+  const int64_t total = counts[1].item<int64_t>();
+  return total == 0 ? 0.0 : static_cast<double>(counts[0].item<int64_t>()) / static_cast<double>(total);
 }
 
-LoaderOptions eval_loader_options(const Recipe& r, int64_t batch_size) {
+LoaderOptions eval_loader_options(const Recipe& r, int64_t batch_size, const dist::Communicator& comm) {
   return {.batch_size = batch_size,
           .transform = eval_transform(r),
           .shuffle = false,
           .seed = r.seed,
-          .workers = static_cast<int>(r.workers)};
+          .workers = static_cast<int>(r.workers),
+          .rank = comm.rank(),
+          .ranks = comm.size()};
 }
 
 // ---------------------------------------------------------------- the run
@@ -374,6 +413,8 @@ class Run {
   void make_optimizer();
   void make_schedulers(int64_t steps_per_epoch);
   int64_t steps_per_epoch() const;
+  LoaderOptions train_loader_options(const dist::Communicator& comm) const;
+  bool stop_requested() const;
   void train_epoch(int64_t epoch, int64_t first_batch);
   void end_epoch(int64_t epoch);
   void save_checkpoint(int64_t epoch, int64_t next_batch);
@@ -384,6 +425,11 @@ class Run {
 
   Recipe r_;
   fs::path out_;
+  // The ranks of a data-parallel run (one process: a world of one). Every rank computes alike on
+  // its share of each batch; rank 0 (the leader) alone prints and writes the files.
+  dist::CommunicatorPtr world_;
+  bool leader_ = true;
+  std::unique_ptr<dist::DataParallel> data_parallel_;  // with several ranks
   Data data_;
   int64_t num_classes_ = 0;
   hybrid::HybridModelPtr model_;
@@ -397,11 +443,18 @@ class Run {
   std::vector<EpochMetrics> history_;
   double best_accuracy_ = -1;
   int stop_status_ = 0;
+  double allreduce_ms_per_step_ = 0;  // the last epoch's wait for the gradients' sums
 };
 
 Run::Run(const Recipe& recipe, const std::string& resume_dir)
-    : r_(recipe), out_(resume_dir.empty() ? recipe.out : resume_dir) {
+    : r_(recipe), out_(resume_dir.empty() ? recipe.out : resume_dir), world_(dist::world()) {
   if (r_.threads > 0) set_num_threads(static_cast<int>(r_.threads));
+  world_->set_timeout_seconds(r_.rank_timeout);
+  leader_ = world_->rank() == 0;
+  const int ranks = world_->size();
+  TVC_CHECK(r_.batch_size >= ranks, "train: batch_size ", r_.batch_size, " is smaller than the ", ranks,
+            " ranks: each rank trains on a share of every batch");
+  TVC_CHECK(ranks == 1 || r_.dump_batches.empty(), "train: dump_batches needs a single process (", ranks, " ranks)");
   data_ = load_data(r_, /*need_train=*/true);
   num_classes_ = r_.num_classes > 0 ? r_.num_classes : static_cast<int64_t>(data_.classes.size());
   TVC_CHECK(static_cast<int64_t>(data_.classes.size()) <= num_classes_, "train: the data has ", data_.classes.size(),
@@ -422,21 +475,20 @@ Run::Run(const Recipe& recipe, const std::string& resume_dir)
   } else if (r_.swa) {
     average_ = std::make_shared<swa::AveragedModel>(*model_);
   }
-  train_loader_ = std::make_unique<BatchLoader>(
-      data_.train, data_.train_indices,
-      LoaderOptions{.batch_size = r_.batch_size,
-                    .transform = train_transform(r_),
-                    .shuffle = true,
-                    .drop_last = data_.train_indices.size() > static_cast<size_t>(r_.batch_size),
-                    .seed = r_.seed,
-                    .workers = static_cast<int>(r_.workers)});
-  val_loader_ = std::make_unique<BatchLoader>(data_.val, data_.val_indices, eval_loader_options(r_, r_.batch_size));
+  if (ranks > 1) {
+    // The average keeps plain BatchNorms: SWA's update_bn runs on every rank over all the data.
+    if (r_.sync_bn) dist::convert_sync_batchnorm(*model_, world_);
+    data_parallel_ = std::make_unique<dist::DataParallel>(*model_, world_);
+  }
+  train_loader_ = std::make_unique<BatchLoader>(data_.train, data_.train_indices, train_loader_options(*world_));
+  val_loader_ =
+      std::make_unique<BatchLoader>(data_.val, data_.val_indices, eval_loader_options(r_, r_.batch_size, *world_));
   make_optimizer();
   make_schedulers(steps_per_epoch());
-  fs::create_directories(out_ / "checkpoints");
+  if (leader_) fs::create_directories(out_ / "checkpoints");
   if (!resume_dir.empty()) {
     load_checkpoint(out_ / "checkpoints" / "last.pth");
-  } else {
+  } else if (leader_) {
     if (!r_.dump_batches.empty())  // the starting point of tools/train_torch.py's replay
       io::save_safetensors((fs::path(r_.dump_batches) / "initial.safetensors").string(), model_->state_dict());
     io::write_file_atomic((out_ / "recipe.yaml").string(), recipe_to_yaml(r_));
@@ -445,6 +497,24 @@ Run::Run(const Recipe& recipe, const std::string& resume_dir)
     io::write_file_atomic((out_ / "classes.txt").string(), classes);
     write_metrics(out_, history_);
   }
+}
+
+LoaderOptions Run::train_loader_options(const dist::Communicator& comm) const {
+  return {.batch_size = r_.batch_size,
+          .transform = train_transform(r_),
+          .shuffle = true,
+          .drop_last = data_.train_indices.size() > static_cast<size_t>(r_.batch_size),
+          .seed = r_.seed,
+          .workers = static_cast<int>(r_.workers),
+          .rank = comm.rank(),
+          .ranks = comm.size()};
+}
+
+// Whether a rank has had SIGINT/SIGTERM: every rank stops at the same step.
+bool Run::stop_requested() const {
+  Tensor flag = tensor(std::vector<int64_t>{g_stop_signal.load() != 0 ? 1 : 0});
+  world_->all_reduce_sum(flag);
+  return flag.item<int64_t>() > 0;
 }
 
 int64_t Run::steps_per_epoch() const {
@@ -508,9 +578,10 @@ void Run::train_epoch(int64_t epoch, int64_t first_batch) {
   const int64_t steps = steps_per_epoch();
   model_->train();
   train_loader_->start_epoch(epoch, first_batch);
-  Progress progress(cat_str("epoch ", epoch + 1, "/", r_.epochs), steps);
+  Progress progress(cat_str("epoch ", epoch + 1, "/", r_.epochs), steps, leader_ ? stderr : nullptr);
   const auto start = std::chrono::steady_clock::now();
   const double seconds_before = sums_.seconds;
+  const double wait_before = data_parallel_ ? data_parallel_->wait_seconds() : 0;
   for (int64_t b = first_batch; b < steps; ++b) {
     std::optional<Batch> batch = train_loader_->next();
     TVC_CHECK(batch.has_value(), "train: the loader ended at batch ", b, " of ", steps);
@@ -520,28 +591,47 @@ void Run::train_epoch(int64_t epoch, int64_t first_batch) {
           std::vector<std::pair<std::string, Tensor>>{{"images", batch->images}, {"labels", batch->labels}});
     Tensor logits = (*model_)(batch->images);
     Tensor loss = cross_entropy(logits, batch->labels, Tensor(), -100, Reduction::Mean, r_.label_smoothing);
+    // The batch's mean loss, correct predictions and size (over all ranks), and whether a rank
+    // was asked to stop.
+    std::vector<double> step_sums(4);
+    {
+      NoGradGuard no_grad;
+      step_sums = {loss.item<double>() * static_cast<double>(batch->labels.numel()),
+                   static_cast<double>(sum(eq(argmax(logits.detach(), 1), batch->labels)).item<int64_t>()),
+                   static_cast<double>(batch->labels.numel()), g_stop_signal.load() != 0 ? 1.0 : 0.0};
+    }
+    if (data_parallel_) {
+      Tensor t = tensor(step_sums);
+      world_->all_reduce_sum(t);
+      step_sums = t.to_vector();
+    }
     optimizer_->zero_grad();
-    loss.backward();
+    if (data_parallel_) {
+      // This share's mean loss weighted by its part of the batch: the mean over the ranks of the
+      // gradients is then the whole batch's mean loss's gradient.
+      (loss * (static_cast<double>(batch->labels.numel()) * world_->size() / step_sums[2])).backward();
+      data_parallel_->average_gradients();
+      if (!r_.sync_bn) data_parallel_->broadcast_buffers();  // rank 0's running statistics, as DDP
+    } else {
+      loss.backward();
+    }
     if (r_.clip_grad_norm > 0) optim::clip_grad_norm_(model_->parameters(), r_.clip_grad_norm);
     optimizer_->step();
     if (scheduler_ && !swa_active(epoch)) scheduler_->step();
     ++step_;
     if (r_.ema && step_ % r_.ema->every == 0) average_->update_parameters(*model_);
-    {
-      NoGradGuard no_grad;
-      sums_.loss += loss.item<double>();
-      sums_.correct += sum(eq(argmax(logits.detach(), 1), batch->labels)).item<int64_t>();
-    }
-    sums_.seen += batch->labels.numel();
+    sums_.loss += step_sums[0] / step_sums[2];
+    sums_.correct += static_cast<int64_t>(step_sums[1]);
+    sums_.seen += static_cast<int64_t>(step_sums[2]);
     sums_.batches += 1;
     sums_.seconds = seconds_before + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    progress.update(b + 1, batch->labels.numel(), sums_.loss / sums_.batches,
+    progress.update(b + 1, static_cast<int64_t>(step_sums[2]), sums_.loss / sums_.batches,
                     static_cast<double>(sums_.correct) / sums_.seen);
     const bool last = b + 1 == steps;
-    if (g_stop_signal.load() != 0 && !last) {
+    if (step_sums[3] > 0 && !last) {
       progress.finish();
       save_checkpoint(epoch, b + 1);
-      const int sig = g_stop_signal.load();
+      const int sig = g_stop_signal.load() != 0 ? g_stop_signal.load() : SIGTERM;  // another rank's
       std::printf("stopped by %s at epoch %lld, batch %lld: checkpoint %s; continue with tvc train --resume %s\n",
                   sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(epoch + 1),
                   static_cast<long long>(b + 1), printable((out_ / "checkpoints" / "last.pth").string()).c_str(),
@@ -552,6 +642,8 @@ void Run::train_epoch(int64_t epoch, int64_t first_batch) {
     if (r_.checkpoint_every > 0 && step_ % r_.checkpoint_every == 0 && !last) save_checkpoint(epoch, b + 1);
   }
   progress.finish();
+  if (data_parallel_)
+    allreduce_ms_per_step_ = 1000 * (data_parallel_->wait_seconds() - wait_before) / std::max<int64_t>(steps - first_batch, 1);
 }
 
 void Run::end_epoch(int64_t epoch) {
@@ -569,19 +661,25 @@ void Run::end_epoch(int64_t epoch) {
   m.model_images_per_s = sums_.seconds > 0 ? sums_.seen / sums_.seconds : 0;
   const double loader_busy = train_loader_->busy_seconds();
   m.loader_images_per_s = loader_busy > 0 ? train_loader_->images_prepared() / loader_busy : 0;
-  m.val_accuracy = accuracy(*model_, *val_loader_);
+  m.val_accuracy = accuracy(*model_, *val_loader_, *world_);
   m.val_accuracy_average = std::nan("");
   if (average_ && (r_.ema || swa_active(epoch))) {
     // SWA's BatchNorm statistics are only right after update_bn: the per-epoch figure uses the
     // raw model's running statistics, as PyTorch's SWA examples report it.
-    m.val_accuracy_average = accuracy(*average_, *val_loader_);
+    m.val_accuracy_average = accuracy(*average_, *val_loader_, *world_);
   }
   history_.push_back(m);
+  if (!leader_) {
+    sums_ = {};
+    return;
+  }
   std::printf("epoch %lld/%lld: train loss %.4f, accuracy %.2f%%; validation accuracy %.2f%%",
               static_cast<long long>(m.epoch), static_cast<long long>(r_.epochs), m.train_loss, 100 * m.train_accuracy,
               100 * m.val_accuracy);
   if (!std::isnan(m.val_accuracy_average)) std::printf(", %s %.2f%%", average_name(), 100 * m.val_accuracy_average);
-  std::printf("; lr %.3g; %.0f images/s (loader %.0f images/s)\n", m.lr, m.model_images_per_s, m.loader_images_per_s);
+  std::printf("; lr %.3g; %.0f images/s (loader %.0f images/s", m.lr, m.model_images_per_s, m.loader_images_per_s);
+  if (data_parallel_) std::printf(" per rank; %d ranks, all-reduce wait %.1f ms/step", world_->size(), allreduce_ms_per_step_);
+  std::printf(")\n");
   std::fflush(stdout);
   write_metrics(out_, history_);
   write_curves((out_ / "curves.svg").string(), history_, average_ ? average_name() : "");
@@ -594,6 +692,7 @@ void Run::end_epoch(int64_t epoch) {
 }
 
 void Run::save_checkpoint(int64_t epoch, int64_t next_batch) {
+  if (!leader_) return;
   const Generator::State rng = default_generator().state();
   io::Value::Items items{
       {io::Value("format"), io::Value("tvc-train-checkpoint")},
@@ -637,7 +736,7 @@ void Run::load_checkpoint(const fs::path& path) {
   sums_ = {s[0], static_cast<int64_t>(s[1]), static_cast<int64_t>(s[2]), static_cast<int64_t>(s[3]), s[4]};
   history_ = history_from(*c.find("history"));
   best_accuracy_ = c.find("best_accuracy")->to_float();
-  write_metrics(out_, history_);  // rows written after this checkpoint are written again
+  if (leader_) write_metrics(out_, history_);  // rows written after this checkpoint are written again
   std::printf("resumed %s at epoch %lld, batch %lld (step %lld)\n", printable(out_.string()).c_str(),
               static_cast<long long>(start_epoch_ + 1), static_cast<long long>(start_batch_),
               static_cast<long long>(step_));
@@ -649,10 +748,10 @@ int Run::train() {
     train_epoch(epoch, epoch == start_epoch_ ? start_batch_ : 0);
     if (stop_status_ != 0) return stop_status_;
     end_epoch(epoch);
-    if (g_stop_signal.load() != 0 && epoch + 1 < r_.epochs) {
+    if (epoch + 1 < r_.epochs && stop_requested()) {
       std::printf("stopped after epoch %lld: continue with tvc train --resume %s\n", static_cast<long long>(epoch + 1),
                   printable(out_.string()).c_str());
-      return 128 + g_stop_signal.load();
+      return 128 + (g_stop_signal.load() != 0 ? g_stop_signal.load() : SIGTERM);
     }
   }
   finish();
@@ -661,23 +760,28 @@ int Run::train() {
 
 void Run::finish() {
   if (r_.swa) {
-    // The average's BatchNorm statistics, recomputed on the training images (PyTorch's update_bn).
-    train_loader_->start_epoch(r_.epochs);
+    // The average's BatchNorm statistics, recomputed on the training images (PyTorch's update_bn),
+    // on every rank over all of them: the same statistics everywhere.
+    BatchLoader all(data_.train, data_.train_indices, train_loader_options(*dist::single_process()));
+    all.start_epoch(r_.epochs);
     swa::update_bn(
         [&]() -> std::optional<Tensor> {
-          std::optional<Batch> b = train_loader_->next();
+          std::optional<Batch> b = all.next();
           if (!b) return std::nullopt;
           return b->images;
         },
         *average_);
   }
-  export_weights(out_, "final", export_state(*model_, *model_));
-  if (average_) export_weights(out_, cat_str("final_", average_name()), export_state(*model_, average_->module()));
-  BatchLoader test_loader(data_.test, data_.test_indices, eval_loader_options(r_, r_.batch_size));
-  const double raw = accuracy(*model_, test_loader);
+  if (leader_) {
+    export_weights(out_, "final", export_state(*model_, *model_));
+    if (average_) export_weights(out_, cat_str("final_", average_name()), export_state(*model_, average_->module()));
+  }
+  BatchLoader test_loader(data_.test, data_.test_indices, eval_loader_options(r_, r_.batch_size, *world_));
+  const double raw = accuracy(*model_, test_loader, *world_);
+  const double averaged = average_ ? accuracy(*average_, test_loader, *world_) : 0;
   std::printf("test accuracy on %s (%zu images): %.2f%%", data_.test_name.c_str(), data_.test_indices.size(),
               100 * raw);
-  if (average_) std::printf(", %s %.2f%%", average_name(), 100 * accuracy(*average_, test_loader));
+  if (average_) std::printf(", %s %.2f%%", average_name(), 100 * averaged);
   std::printf(
       "\nfiles in %s: recipe.yaml, classes.txt, metrics.csv, curves.svg, final.{safetensors,pth}, "
       "best.{safetensors,pth}%s, checkpoints/last.pth\n",
@@ -749,7 +853,8 @@ void evaluate(const EvalOptions& o) {
   Data d = load_data(r, /*need_train=*/false);
   const int64_t num_classes = r.num_classes > 0 ? r.num_classes : static_cast<int64_t>(d.classes.size());
   hybrid::HybridModelPtr model = load_trained(r, num_classes, o.weights, o.opaque);
-  BatchLoader loader(d.test, d.test_indices, eval_loader_options(r, o.batch_size > 0 ? o.batch_size : r.batch_size));
+  BatchLoader loader(d.test, d.test_indices,
+                     eval_loader_options(r, o.batch_size > 0 ? o.batch_size : r.batch_size, *dist::single_process()));
   auto [predicted, labels] = predict_all(*model, loader);
   const size_t k = d.classes.size();
   std::vector<std::vector<int64_t>> confusion(k, std::vector<int64_t>(k, 0));

@@ -32,8 +32,8 @@
 #include "hybrid_cli.h"
 #include "models_cli.h"
 #include "recipe.h"
-#include "train.h"
 #include "trainer.h"
+#include "tvc/dist/communicator.h"
 #include "tvc/error.h"
 #include "weights_cli.h"
 
@@ -73,8 +73,8 @@ int run_train(const std::string& recipe_name, const std::string& resume, const s
     if (!resume.empty()) {
       recipe = tvc::tools::load_recipe((std::filesystem::path(resume) / "recipe.yaml").string());
       for (const auto& [key, value] : keys)
-        TVC_CHECK(key == "threads" || key == "workers", "train --resume: --", key,
-                  " cannot change a run midway (only --threads and --workers)");
+        TVC_CHECK(key == "threads" || key == "workers" || key == "rank_timeout" || key == "rank-timeout",
+                  "train --resume: --", key, " cannot change a run midway (only --threads, --workers and --rank-timeout)");
     } else if (!recipe_name.empty()) {
       recipe = tvc::tools::load_recipe(recipe_name);
     } else if (!backbone_flag || std::any_of(keys.begin(), keys.end(), [](const auto& k) {
@@ -88,18 +88,10 @@ int run_train(const std::string& recipe_name, const std::string& resume, const s
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   }
-  if (recipe.backbone == "small_cnn") {
-    tvc::tools::train_fashion_mnist(
-        {.epochs = recipe.epochs,
-         .seed = recipe.seed,
-         .batch_size = recipe.batch_size,
-         .lr = recipe.lr,
-         .threads = static_cast<int>(recipe.threads),
-         .max_batches = recipe.max_batches,
-         .data_dir = recipe.fashion_mnist_dir,
-         .ema_decay = recipe.ema ? std::optional<double>(recipe.ema->decay) : std::nullopt});
-    return 0;
-  }
+  // Under mpirun/srun each process is a rank of a data-parallel run: rank 0 alone prints (the
+  // others' stdout is dropped; errors still reach stderr).
+  if (tvc::dist::world()->rank() != 0 && std::freopen("/dev/null", "w", stdout) == nullptr)
+    std::fprintf(stderr, "warning: rank %d: cannot silence stdout\n", tvc::dist::world()->rank());
   return tvc::tools::train_recipe(recipe, resume);
 }
 
@@ -332,5 +324,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: unknown exception\n");
   }
+  // A rank of a data-parallel run that fails ends the job: the others would wait for it.
+  tvc::dist::abort_world(1);
   return 1;
 }

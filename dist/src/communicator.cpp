@@ -33,7 +33,7 @@ class SingleProcess final : public Communicator {
   void barrier() override {}
 };
 
-std::atomic<bool> world_started{false};
+std::atomic<bool> mpi_started{false};  // world() is MPI's
 
 int env_int(const char* name) {
   const char* v = std::getenv(name);
@@ -61,18 +61,19 @@ bool mpi_available() { return detail::mpi_built(); }
 
 CommunicatorPtr world() {
   static const CommunicatorPtr w = [] {
-    world_started.store(true);
     if (!launched_with_ranks()) return single_process();  // no MPI_Init outside a launcher
     TVC_CHECK(detail::mpi_built(),
               "this process was launched as one of several ranks (mpirun/srun), but tvc was built without MPI: "
               "distributed runs need the MPI build (install libopenmpi-dev and rebuild; meson option -Dmpi=enabled)");
-    return detail::mpi_world();
+    CommunicatorPtr mpi = detail::mpi_world();
+    mpi_started.store(true);
+    return mpi;
   }();
   return w;
 }
 
 void abort_world(int code) {
-  if (world_started.load() && world()->backend() == "mpi") detail::mpi_abort(code);
+  if (mpi_started.load()) detail::mpi_abort(code);
 }
 
 }  // namespace tvc::dist

@@ -46,19 +46,37 @@ DataParallel::~DataParallel() {
   for (const auto& [p, handle] : hooks_) p.remove_hook(handle);
 }
 
-void DataParallel::broadcast_state() {
+void DataParallel::broadcast_from_root(const std::vector<Tensor>& tensors) {
   NoGradGuard no_grad;
-  auto send = [&](const Tensor& t) {
-    Tensor buffer = t.contiguous().clone();
-    if (buffer.dtype() != DType::Float32 && buffer.dtype() != DType::Float64 && buffer.dtype() != DType::Int64)
-      buffer = buffer.to(DType::Float64);  // exact for the integer and low-precision types tvc has
+  // One broadcast per dtype: the tensors flattened into one buffer (other dtypes as float64,
+  // exact for the integer and low-precision types tvc has).
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Int64}) {
+    std::vector<Tensor> group, flat;
+    for (const Tensor& t : tensors) {
+      const bool native = t.dtype() == DType::Float32 || t.dtype() == DType::Float64 || t.dtype() == DType::Int64;
+      if (t.defined() && (native ? t.dtype() == dtype : dtype == DType::Float64)) {
+        group.push_back(t);
+        flat.push_back(t.reshape({-1}).to(dtype));
+      }
+    }
+    if (group.empty()) continue;
+    Tensor buffer = cat(flat).contiguous();
     comm_->broadcast(buffer, 0);
-    Tensor(t).copy_(buffer);
-  };
-  for (const auto& [name, p] : module_.named_parameters()) send(p);
-  for (const auto& [name, b] : module_.named_buffers())
-    if (b.defined()) send(b);
+    int64_t offset = 0;
+    for (const Tensor& t : group) {
+      Tensor(t).copy_(buffer.narrow(0, offset, t.numel()).reshape(t.shape()));
+      offset += t.numel();
+    }
+  }
 }
+
+void DataParallel::broadcast_state() {
+  std::vector<Tensor> state = module_.parameters();
+  for (const Tensor& b : module_.buffers()) state.push_back(b);
+  broadcast_from_root(state);
+}
+
+void DataParallel::broadcast_buffers() { broadcast_from_root(module_.buffers()); }
 
 void DataParallel::on_gradient(size_t bucket, size_t index, const Tensor& grad) {
   Bucket& b = buckets_[bucket];

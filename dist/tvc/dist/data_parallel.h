@@ -34,6 +34,9 @@ class DataParallel {
 
   // Copies rank 0's parameters and buffers to every rank.
   void broadcast_state();
+  // Copies rank 0's buffers (BatchNorm's running statistics) to every rank: with BatchNorm
+  // statistics per rank, PyTorch DDP's broadcast_buffers.
+  void broadcast_buffers();
   // Each trainable parameter's gradient becomes its mean over the ranks. During backward, a
   // bucket's sum starts as soon as autograd has computed all its gradients (buckets always
   // start in the same order on every rank); this completes them. A parameter backward gave no
@@ -57,6 +60,7 @@ class DataParallel {
   void on_gradient(size_t bucket, size_t index, const Tensor& grad);
   void start_ready_buckets();
   void start_bucket(Bucket& b);
+  void broadcast_from_root(const std::vector<Tensor>& tensors);
 
   nn::Module& module_;
   CommunicatorPtr comm_;
