@@ -30,12 +30,13 @@ fi
 # b_lundef=false: meson's default -Wl,--no-undefined does not link with clang's sanitizers.
 # -fno-sanitize-recover=all: UBSan reports abort (by default they print and go on, so a test
 # with undefined behaviour would still pass). CUDA and oneDNN are off: nvcc code is not
-# instrumented, and oneDNN only serves the benchmarks, which are not run here.
+# instrumented, and oneDNN only serves the benchmarks, which are not run here. MPI is off too, so
+# that CI also builds the library as a machine without MPI does (-Dmpi=disabled).
 # -O1 with line tables only: reports keep file:line, and the build takes far less time than at
 # -O2 -g.
 fast_debug=(-Dbuildtype=plain -Doptimization=1 "-Dc_args=-gline-tables-only"
             "-Dcpp_args=-gline-tables-only -fno-sanitize-recover=all")
-meson_args=(-Dcuda=disabled -Donednn=disabled -Dfuzz=true "-Db_sanitize=address,undefined"
+meson_args=(-Dcuda=disabled -Donednn=disabled -Dmpi=disabled -Dfuzz=true "-Db_sanitize=address,undefined"
             -Db_lundef=false "${fast_debug[@]}")
 if [[ -f $build/build.ninja ]]; then
   meson setup --reconfigure "$build" "${meson_args[@]}"
@@ -46,7 +47,7 @@ fi
 # Only what the tests below and the fuzzers need (the benchmarks would only add build time).
 # `meson test --no-rebuild` then runs on exactly these binaries.
 ninja -C "$build" -j "$(nproc)" tests/tvc_tests tests/tvc_io_tests tests/tvc_op_table tests/tvc_train_tests \
-  tests/tvc_c_api_tests tools/tvc \
+  tests/tvc_c_api_tests tests/tvc_dist_tests tests/tvc_dist_no_mpi_tests tools/tvc \
   fuzz/fuzz_safetensors fuzz/fuzz_pth fuzz/fuzz_tensor
 
 # PyTorch's goldens are the same for every build (keyed by their code): reuse those the release
@@ -61,10 +62,11 @@ status=0
 
 # The suites worth running under the sanitizers, all fast enough there (on 2 cores: unit about
 # 35 s, io 25 s, op-table 35 s, cli-errors 3 s, train: recipes, image folders and the threaded
-# loader, a few s; c-api: the C API's error paths leak nothing, a few s). Left out:
+# loader, a few s; c-api: the C API's error paths leak nothing, a few s; dist and dist-no-mpi:
+# the one-process communicator and the build without MPI, under a second). Left out:
 # train-fashion-mnist, cli-reproducible and cli-recipe (minutes of training), install (a
 # packaging check).
-tests=(unit io op-table cli-errors train c-api)
+tests=(unit io op-table cli-errors train c-api dist dist-no-mpi)
 listed=$(meson test -C "$build" --no-rebuild --list)
 for t in "${tests[@]}"; do
   if ! grep -qx -- "$t" <<<"$listed"; then
@@ -123,7 +125,7 @@ done
 # which tells TSan about OpenMP's barriers and locks; its verbose line shows that it did.
 # ignore_noninstrumented_modules: the OpenMP runtime itself is not instrumented (Archer's advice).
 tsan_build=build-tsan
-tsan_args=(-Dcuda=disabled -Donednn=disabled "-Db_sanitize=thread" -Db_lundef=false "${fast_debug[@]}")
+tsan_args=(-Dcuda=disabled -Donednn=disabled -Dmpi=disabled "-Db_sanitize=thread" -Db_lundef=false "${fast_debug[@]}")
 if [[ -f $tsan_build/build.ninja ]]; then
   meson setup --reconfigure "$tsan_build" "${tsan_args[@]}"
 else

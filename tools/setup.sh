@@ -29,6 +29,7 @@ packages=(
   python3-torch python3-torchvision          # PyTorch, the tests' oracle (/usr/bin/python3)
   libopenblas0-pthread                       # a fast BLAS for that oracle
   libbenchmark-dev libeigen3-dev libdnnl-dev # benchmarks and their references
+  libopenmpi-dev openmpi-bin                 # data-parallel training (mpirun tvc train, docs/distributed.md)
   dataset-fashion-mnist                      # data of `tvc train`
 )
 if [[ $(id -u) -eq 0 ]]; then
