@@ -17,7 +17,8 @@ namespace tvc::tools {
 namespace {
 
 // The built-in recipe (the others are files, e.g. recipes/fashion_resnet18_se_ema.yaml).
-const char* const kSmallCnn = R"(# The first tvc train: a small CNN on Fashion-MNIST at 28x28 with Adam and a cosine decay.
+const char* const kSmallCnn =
+    R"(# The first tvc train: a small CNN on Fashion-MNIST at 28x28 with Adam and a cosine decay.
 backbone: small_cnn
 image_size: 28
 augment: false

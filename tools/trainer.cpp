@@ -165,17 +165,17 @@ hybrid::HybridModelPtr small_cnn(int64_t num_classes, int64_t image_size) {
   auto block = [](int64_t in, int64_t out) {
     return std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
         std::make_shared<nn::Conv2d>(in, out, 3, nn::ConvOptions{.padding = 1, .bias = false}),
-        std::make_shared<nn::BatchNorm2d>(out),
-        std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2)});
+        std::make_shared<nn::BatchNorm2d>(out), std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2)});
   };
   const int64_t side = image_size / 4;
   auto stages = std::make_shared<nn::ModuleList>(std::initializer_list<nn::ModulePtr>{block(32, 64)});
   auto head = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
       std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(64 * side * side, num_classes)});
-  return std::make_shared<hybrid::HybridModel>(
-      block(3, 32), stages, head, "small_cnn", std::vector<std::string>{},
-      hybrid::HybridLayout{
-          .family = "small_cnn", .stage_nodes = {"stages.0"}, .stage_prefixes = {{"stages.0."}}, .stem_prefixes = {"stem."}});
+  return std::make_shared<hybrid::HybridModel>(block(3, 32), stages, head, "small_cnn", std::vector<std::string>{},
+                                               hybrid::HybridLayout{.family = "small_cnn",
+                                                                    .stage_nodes = {"stages.0"},
+                                                                    .stage_prefixes = {{"stages.0."}},
+                                                                    .stem_prefixes = {"stem."}});
 }
 
 hybrid::HybridModelPtr build_model(const Recipe& r, int64_t num_classes, const std::string& weights, bool verbose) {
@@ -643,7 +643,8 @@ void Run::train_epoch(int64_t epoch, int64_t first_batch) {
   }
   progress.finish();
   if (data_parallel_)
-    allreduce_ms_per_step_ = 1000 * (data_parallel_->wait_seconds() - wait_before) / std::max<int64_t>(steps - first_batch, 1);
+    allreduce_ms_per_step_ =
+        1000 * (data_parallel_->wait_seconds() - wait_before) / std::max<int64_t>(steps - first_batch, 1);
 }
 
 void Run::end_epoch(int64_t epoch) {
@@ -678,7 +679,8 @@ void Run::end_epoch(int64_t epoch) {
               100 * m.val_accuracy);
   if (!std::isnan(m.val_accuracy_average)) std::printf(", %s %.2f%%", average_name(), 100 * m.val_accuracy_average);
   std::printf("; lr %.3g; %.0f images/s (loader %.0f images/s", m.lr, m.model_images_per_s, m.loader_images_per_s);
-  if (data_parallel_) std::printf(" per rank; %d ranks, all-reduce wait %.1f ms/step", world_->size(), allreduce_ms_per_step_);
+  if (data_parallel_)
+    std::printf(" per rank; %d ranks, all-reduce wait %.1f ms/step", world_->size(), allreduce_ms_per_step_);
   std::printf(")\n");
   std::fflush(stdout);
   write_metrics(out_, history_);

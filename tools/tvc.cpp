@@ -74,7 +74,8 @@ int run_train(const std::string& recipe_name, const std::string& resume, const s
       recipe = tvc::tools::load_recipe((std::filesystem::path(resume) / "recipe.yaml").string());
       for (const auto& [key, value] : keys)
         TVC_CHECK(key == "threads" || key == "workers" || key == "rank_timeout" || key == "rank-timeout",
-                  "train --resume: --", key, " cannot change a run midway (only --threads, --workers and --rank-timeout)");
+                  "train --resume: --", key,
+                  " cannot change a run midway (only --threads, --workers and --rank-timeout)");
     } else if (!recipe_name.empty()) {
       recipe = tvc::tools::load_recipe(recipe_name);
     } else if (!backbone_flag || std::any_of(keys.begin(), keys.end(), [](const auto& k) {
@@ -124,7 +125,8 @@ int run(int argc, char** argv) {
       "--warmup-epochs E, --label-smoothing E, --clip-grad-norm N, --ema DECAY (or --ema.decay, --ema.every, "
       "--ema.warmup), --swa.start_epoch E, --swa.swa_lr LR, --swa.anneal_epochs E, --seed S, --threads T, "
       "--workers W, --out DIR, --checkpoint-every STEPS, --max-batches N, --data-dir DIR (the Fashion-MNIST "
-      "files). docs/training.md describes every key.");
+      "files), --sync-bn true and --rank-timeout S (under mpirun: docs/distributed.md). docs/training.md describes "
+      "every key.");
   tvc::tools::EvalOptions eval;
   CLI::App* eval_cmd = app.add_subcommand(
       "eval", "Accuracy, per-class accuracy and confusion matrix of trained weights on a recipe's test data");

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <thread>
 #include <vector>
 
@@ -47,12 +48,13 @@ void pause_between_polls(int64_t polls) {
 struct Collective {
   const char* what = "";
   int64_t seq = 0;
-  std::vector<MPI_Request> requests;  // [the collective, arrivals sent..., arrivals received...]
-  std::vector<int> peers;             // the rank of each arrival received, in order
+  std::vector<MPI_Request> requests;    // [the collective, arrivals sent..., arrivals received...]
+  std::vector<int> peers;               // the rank of each arrival received, in order
   std::vector<int64_t> sent, received;  // heap buffers: they stay put when the Collective moves
 };
 
 constexpr int kArrivalTag = 7301;
+constexpr int kHeartbeatTag = 7302;
 
 class MpiWorld final : public Communicator {
  public:
@@ -150,7 +152,8 @@ class MpiWorld final : public Communicator {
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       op.requests.emplace_back();
-      check_mpi(MPI_Isend(op.sent.data(), 1, MPI_INT64_T, peer, kArrivalTag, MPI_COMM_WORLD, &op.requests.back()), "MPI_Isend");
+      check_mpi(MPI_Isend(op.sent.data(), 1, MPI_INT64_T, peer, kArrivalTag, MPI_COMM_WORLD, &op.requests.back()),
+                "MPI_Isend");
     }
     op.received.resize(static_cast<size_t>(size_ - 1));
     for (int peer = 0, i = 0; peer < size_; ++peer) {
@@ -164,41 +167,90 @@ class MpiWorld final : public Communicator {
     return op;
   }
 
-  // Polls op's requests until all are done, or throws Timeout naming the ranks not arrived.
+  // Polls op's requests until all are done, or throws Timeout naming the ranks that went
+  // silent: those whose arrival at op has not come, or that stopped sending the heartbeats a
+  // waiting rank sends every second with the number of its collective (a stopped or stuck
+  // process sends nothing; the ranks waiting in this collective or a later one keep sending).
   void complete(Collective& op) {
-    const auto start = std::chrono::steady_clock::now();
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
     const double timeout = timeout_seconds();
+    std::vector<Clock::time_point> heard(static_cast<size_t>(size_), start - std::chrono::hours(1));  // never
+    std::vector<bool> arrived(op.peers.size(), false);
+    auto last_heartbeat = start;
     for (int64_t polls = 0;; ++polls) {
       int done = 0;
       check_mpi(MPI_Testall(static_cast<int>(op.requests.size()), op.requests.data(), &done, MPI_STATUSES_IGNORE),
                 op.what);
       if (done) return;
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (timeout > 0 && waited > timeout) throw_timeout(op, waited);
+      const auto now = Clock::now();
+      for (size_t i = 0; i < op.peers.size(); ++i) {  // a completed request is freed: Testall skips it
+        int received = 0;
+        if (!arrived[i]) MPI_Test(&op.requests[1 + op.peers.size() + i], &received, MPI_STATUS_IGNORE);
+        if (received) arrived[i] = true, heard[static_cast<size_t>(op.peers[i])] = now;
+      }
+      if (now - last_heartbeat > std::chrono::seconds(1)) {
+        last_heartbeat = now;
+        send_heartbeats(op.seq);
+      }
+      receive_heartbeats(op.seq, heard, now);
+      const double waited = std::chrono::duration<double>(now - start).count();
+      if (timeout > 0 && waited > timeout) throw_timeout(op, waited, arrived, heard, now);
       pause_between_polls(polls);
     }
   }
 
-  [[noreturn]] void throw_timeout(Collective& op, double waited) {
-    broken_ = true;
-    std::string missing;
-    const size_t first_received = 1 + op.peers.size();
-    for (size_t i = 0; i < op.peers.size(); ++i) {
-      int arrived = 0;
-      MPI_Test(&op.requests[first_received + i], &arrived, MPI_STATUS_IGNORE);
-      if (!arrived) missing += cat_str(missing.empty() ? "" : ", ", op.peers[i]);
+  void send_heartbeats(int64_t seq) {
+    heartbeats_.push_back(seq);  // a deque: the value stays put until MPI has sent it
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      MPI_Request request;
+      if (MPI_Isend(&heartbeats_.back(), 1, MPI_INT64_T, peer, kHeartbeatTag, MPI_COMM_WORLD, &request) == MPI_SUCCESS)
+        MPI_Request_free(&request);
     }
-    if (missing.empty())
-      throw Timeout(cat_str("rank ", rank_, ": ", op.what, " #", op.seq, " did not complete within ", waited,
-                            " s although every rank reached it"));
-    throw Timeout(cat_str("rank ", rank_, ": rank ", missing, " did not reach ", op.what, " #", op.seq, " within ",
-                          static_cast<int64_t>(waited), " s: it died or hangs"));
+  }
+
+  // Drains the heartbeats that came; those of peers waiting in collective seq or a later one
+  // count (older ones are stale: sent while waiting in an earlier collective).
+  void receive_heartbeats(int64_t seq, std::vector<std::chrono::steady_clock::time_point>& heard,
+                          std::chrono::steady_clock::time_point now) {
+    for (;;) {
+      int pending = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kHeartbeatTag, MPI_COMM_WORLD, &pending, &status) != MPI_SUCCESS || !pending)
+        return;
+      int64_t beat = 0;
+      MPI_Recv(&beat, 1, MPI_INT64_T, status.MPI_SOURCE, kHeartbeatTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      if (beat >= seq) heard[static_cast<size_t>(status.MPI_SOURCE)] = now;
+    }
+  }
+
+  [[noreturn]] void throw_timeout(const Collective& op, double waited, const std::vector<bool>& arrived,
+                                  const std::vector<std::chrono::steady_clock::time_point>& heard,
+                                  std::chrono::steady_clock::time_point now) {
+    broken_ = true;
+    std::string absent, silent;  // not arrived; arrived, then no heartbeat
+    for (size_t i = 0; i < op.peers.size(); ++i) {
+      if (now - heard[static_cast<size_t>(op.peers[i])] < std::chrono::milliseconds(2500)) continue;
+      std::string& list = arrived[i] ? silent : absent;
+      list += cat_str(list.empty() ? "" : ", ", op.peers[i]);
+    }
+    const std::string what = cat_str(op.what, " #", op.seq), seconds = cat_str(static_cast<int64_t>(waited), " s");
+    if (!absent.empty())
+      throw Timeout(cat_str("rank ", rank_, ": rank ", absent, " did not reach ", what, " within ", seconds,
+                            ": it died or hangs"));
+    if (!silent.empty())
+      throw Timeout(cat_str("rank ", rank_, ": rank ", silent, " reached ", what, ", then stopped responding for ",
+                            seconds, ": it died or hangs"));
+    throw Timeout(cat_str("rank ", rank_, ": ", what, " did not complete within ", seconds,
+                          " although every rank is waiting in it"));
   }
 
   int rank_ = 0, size_ = 1;
   bool owns_ = false;
   bool broken_ = false;
   int64_t sequence_ = 0;
+  std::deque<int64_t> heartbeats_;  // the values of the heartbeats sent
 };
 
 }  // namespace

@@ -11,7 +11,7 @@ void check_collective(const Tensor& t, const char* what);
 
 namespace detail {
 bool mpi_built();
-CommunicatorPtr mpi_world();  // MPI_COMM_WORLD, MPI initialised once; only when mpi_built()
+CommunicatorPtr mpi_world();            // MPI_COMM_WORLD, MPI initialised once; only when mpi_built()
 [[noreturn]] void mpi_abort(int code);  // MPI_Abort(MPI_COMM_WORLD, code); only when mpi_built()
 }  // namespace detail
 

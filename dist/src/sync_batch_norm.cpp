@@ -71,11 +71,12 @@ int64_t convert_sync_batchnorm(nn::Module& module, const CommunicatorPtr& comm) 
   for (const auto& [name, child] : module.named_modules()) {
     auto* bn = dynamic_cast<nn::BatchNorm*>(child.get());
     if (name.empty() || bn == nullptr || dynamic_cast<SyncBatchNorm*>(bn) != nullptr) continue;
-    auto sync = std::make_shared<SyncBatchNorm>(
-        bn->num_features,
-        nn::BatchNormOptions{
-            .eps = bn->eps, .momentum = bn->momentum, .affine = bn->affine, .track_running_stats = bn->track_running_stats},
-        comm);
+    auto sync = std::make_shared<SyncBatchNorm>(bn->num_features,
+                                                nn::BatchNormOptions{.eps = bn->eps,
+                                                                     .momentum = bn->momentum,
+                                                                     .affine = bn->affine,
+                                                                     .track_running_stats = bn->track_running_stats},
+                                                comm);
     for (const auto& [key, p] : bn->named_parameters("", /*recurse=*/false))
       sync->register_parameter(key, p, p.requires_grad());
     for (const auto& [key, b] : bn->named_buffers("", /*recurse=*/false)) sync->register_buffer(key, b);

@@ -6,8 +6,8 @@
 #include "tvc/optim.h"
 
 // A step on this rank's share of the global batch.
-void train_step(const tvc::nn::ModulePtr& model, tvc::optim::Optimizer& optimizer,
-                tvc::dist::DataParallel& dp, const tvc::Tensor& images, const tvc::Tensor& labels);
+void train_step(const tvc::nn::ModulePtr& model, tvc::optim::Optimizer& optimizer, tvc::dist::DataParallel& dp,
+                const tvc::Tensor& images, const tvc::Tensor& labels);
 void data_parallel(const tvc::nn::ModulePtr& model);
 
 void data_parallel(const tvc::nn::ModulePtr& model) {
@@ -20,8 +20,8 @@ void data_parallel(const tvc::nn::ModulePtr& model) {
   // [end doc]
 }
 
-void train_step(const tvc::nn::ModulePtr& model, tvc::optim::Optimizer& optimizer,
-                tvc::dist::DataParallel& dp, const tvc::Tensor& images, const tvc::Tensor& labels) {
+void train_step(const tvc::nn::ModulePtr& model, tvc::optim::Optimizer& optimizer, tvc::dist::DataParallel& dp,
+                const tvc::Tensor& images, const tvc::Tensor& labels) {
   // [doc]
   optimizer.zero_grad();
   tvc::cross_entropy((*model)(images), labels).backward();  // buckets are summed as it goes
