@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "../kernels/cpu/gemm.h"
-#include "fma_peak.h"
 #include "tvc/autograd.h"
 #include "tvc/models/models.h"
 #include "tvc/ops.h"
@@ -30,44 +29,20 @@
 
 namespace {
 
-bool has_avx512() {
-  for (tvc::Isa isa : tvc::available_isas())
-    if (isa == tvc::Isa::avx512) return true;
-  return false;
-}
-
 // Thread counts benchmarked: 1 and all (OMP_NUM_THREADS or the cores).
 std::vector<int> thread_counts() {
   int all = tvc::get_num_threads();
   return all > 1 ? std::vector<int>{1, all} : std::vector<int>{1};
 }
 
-// FLOP per call of fma_peak_avx512(iterations).
-double fma_peak_flop(int64_t iterations) {
-  return 2.0 * 16 * tvc::bench::kFmaPeakChains * static_cast<double>(iterations);
-}
-
-float fma_peak_on_threads(int threads, int64_t iterations) {
-  float sink = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-  sink += tvc::bench::fma_peak_avx512(iterations);
-  return sink;
-}
-
-// The AVX-512 FMA peak on `threads` threads in GFLOP/s, measured once (best of 10 short runs).
+// The fp32 peak of the active instruction set on `threads` threads in GFLOP/s
+// (tvc::measure_fp32_peak_gflops), measured once per instruction set and thread count.
 double peak_gflops(int threads) {
-  static std::map<int, double> cache;
-  auto it = cache.find(threads);
+  static std::map<std::pair<tvc::Isa, int>, double> cache;
+  const auto key = std::make_pair(tvc::active_isa(), threads);
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  constexpr int64_t kIterations = int64_t{1} << 20;
-  double best = 0;
-  for (int rep = 0; rep < 10; ++rep) {
-    auto t0 = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(fma_peak_on_threads(threads, kIterations));
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, threads * fma_peak_flop(kIterations) / s / 1e9);
-  }
-  return cache[threads] = best;
+  return cache[key] = tvc::measure_fp32_peak_gflops(threads, 0.5);
 }
 
 // Runs body once per benchmark iteration, timing each call (wall clock, all threads); returns
@@ -85,13 +60,13 @@ double timed_calls(benchmark::State& state, Body&& body) {
   return static_cast<double>(state.iterations()) / total;
 }
 
-// timed_calls, setting the "GFLOP/s" counter and, where the peak is measurable, "peak%" (share
-// of the FMA peak on the same number of threads).
+// timed_calls, setting the "GFLOP/s" counter and, with threads > 0, "peak%" (share of the FMA
+// peak of the same instruction set on the same number of threads).
 template <typename Body>
 void timed_loop(benchmark::State& state, double flop_per_call, int threads, Body&& body) {
   double gflops = flop_per_call * timed_calls(state, body) / 1e9;
   state.counters["GFLOP/s"] = gflops;
-  if (threads > 0 && has_avx512()) state.counters["peak%"] = 100 * gflops / peak_gflops(threads);
+  if (threads > 0) state.counters["peak%"] = 100 * gflops / peak_gflops(threads);
 }
 
 std::vector<float> random_floats(int64_t n, uint32_t seed) {
@@ -105,13 +80,20 @@ std::vector<float> random_floats(int64_t n, uint32_t seed) {
 // The fp32 peak per core that shared/spec/NOTES.md (section 5) gives for this machine.
 constexpr double kNotesPeakPerCore = 214.0;
 
-// (a) Independent 512-bit FMAs on every thread: the machine's fp32 peak. "NOTES%" is the
-// measurement as a share of the NOTES figure for the same number of cores.
-void fma_peak(benchmark::State& state, int threads) {
-  constexpr int64_t kIterations = int64_t{1} << 21;
-  timed_loop(state, threads * fma_peak_flop(kIterations), 0,
-             [&] { benchmark::DoNotOptimize(fma_peak_on_threads(threads, kIterations)); });
-  state.counters["NOTES%"] = 100 * state.counters["GFLOP/s"] / (kNotesPeakPerCore * threads);
+// (a) The fp32 FMA peak of one instruction set on every thread (tvc::measure_fp32_peak_gflops,
+// best of the benchmark's iterations). "NOTES%" is it as a share of the NOTES figure for the
+// same number of cores.
+void fma_peak(benchmark::State& state, tvc::Isa isa, int threads) {
+  tvc::set_isa(isa);
+  double best = 0;
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    best = std::max(best, tvc::measure_fp32_peak_gflops(threads, 0.1));
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  state.counters["GFLOP/s"] = best;
+  state.counters["NOTES%"] = 100 * best / (kNotesPeakPerCore * threads);
+  tvc::set_isa(tvc::available_isas().back());
 }
 
 // (b) Square SGEMM C = A @ B (row-major, beta 0) with tvc's CPU GEMM on one instruction set.
@@ -226,9 +208,10 @@ std::string keyed(const char* key, int64_t value) {
 
 void register_all() {
   std::vector<int> threads = thread_counts();
-  if (has_avx512())
+  for (tvc::Isa isa : tvc::available_isas())
     for (int t : threads)
-      benchmark::RegisterBenchmark(bench_name({"fma_peak", "avx512", keyed("threads", t)}).c_str(), fma_peak, t)
+      benchmark::RegisterBenchmark(bench_name({"fma_peak", tvc::isa_name(isa), keyed("threads", t)}).c_str(), fma_peak,
+                                   isa, t)
           ->UseManualTime();
   for (int64_t n : {256, 512, 1024, 2048})
     for (int t : threads) {

@@ -5,6 +5,8 @@
 #   reproducible  a few training batches of the small CNN with 1 and 2 threads: bit-identical
 #                 final weights; --ema adds the EMA's weights without changing the training
 #   train         `tvc train --epochs 1 --seed 0` reaches a test accuracy >= 88%
+#   bench         `tvc bench`: the result line's form, eval and train, --verbose's layer table,
+#                 bad options
 #   distributed   the small CNN under mpirun: 2 and 4 ranks with sync_bn train as one process
 #                 (1e-5), a killed or hung rank ends the job naming it, --resume with another
 #                 rank count finishes the run
@@ -124,6 +126,30 @@ train)
   else
     fail "no line 'test accuracy on ...: NN.NN%' in stdout"
   fi
+  ;;
+bench)
+  # The figures are not checked (no timing thresholds in tests), only that they are there.
+  number='[0-9]+(\.[0-9]+)?'
+  line="^resnet18 batch 2 size 64 (eval|train), [0-9]+ threads \((generic|avx2|avx512)\): median $number ms \(min $number, max $number\), $number GFLOP/s, $number% of peak$"
+  for mode in "" --train; do
+    "$tvc" bench resnet18 --batch 2 --size 64 --iterations 3 $mode >"$tmp/bench.out" 2>"$tmp/bench.err" ||
+      fail "tvc bench $mode failed: $(cat "$tmp/bench.err")"
+    cat "$tmp/bench.out"
+    head -n 1 "$tmp/bench.out" | grep -Eq "$line" || fail "tvc bench $mode: unexpected first line"
+    sed -n 2p "$tmp/bench.out" | grep -Eq "^first call $number ms; peak resident memory [0-9]+ MiB; $number GFLOP per step .*; 3 timed steps$" ||
+      fail "tvc bench $mode: unexpected second line"
+  done
+  # resnet18 at 64x64: 1.82 G multiply-adds at 224x224 scaled by (64/224)^2, 2 images, 2 FLOPs
+  # each: 0.594 GFLOP a forward pass; a training step counts three times that.
+  grep -q '; 1\.78[0-9] GFLOP per step' "$tmp/bench.out" || fail "--train: not 3 x 0.594 GFLOP per step"
+  "$tvc" bench resnet18 --batch 2 --size 64 --iterations 1 >"$tmp/bench.out" 2>&1
+  grep -q '; 0\.59[0-9] GFLOP per step' "$tmp/bench.out" || fail "resnet18 at 64x64, batch 2: not 0.594 GFLOP"
+  "$tvc" bench mobilenet_v2 --size 32 --iterations 1 --verbose >"$tmp/verbose.out" 2>&1 || fail "--verbose failed"
+  grep -Eq '^features\.0\.0 +Conv2d +\[1, 32, 16, 16\] +[0-9.]+$' "$tmp/verbose.out" ||
+    fail "--verbose: no row for features.0.0: $(head -5 "$tmp/verbose.out")"
+  expect 2 'batch' bench resnet18 --batch 0
+  expect 2 'MODEL is required' bench
+  expect 1 "unknown model 'resnet19'" bench resnet19
   ;;
 distributed)
   # The small CNN recipe under mpirun (docs/distributed.md), 10 steps of a global batch of 8 (few

@@ -247,3 +247,17 @@ TEST(Gemm, BmmAndMatmul) {
     check_matmul(randn({200, 257}, o), randn({300, 257}, o).t(), tol);
   }
 }
+
+// The FMA peak loop of every instruction set measures a positive rate, and cpu_isa() names the
+// active set. (What the rate is depends on the machine: no threshold.)
+TEST(FmaPeak, EveryInstructionSetMeasures) {
+  for (Isa isa : available_isas()) {
+    set_isa(isa);
+    EXPECT_EQ(cpu_isa(), isa_name(isa));
+    const double one = measure_fp32_peak_gflops(1, 0.02);
+    EXPECT_TRUE(std::isfinite(one) && one > 0) << isa_name(isa) << ": " << one;
+  }
+  set_isa(available_isas().back());
+  EXPECT_THROW(measure_fp32_peak_gflops(-1), Error);
+  EXPECT_THROW(measure_fp32_peak_gflops(1, 0), Error);
+}

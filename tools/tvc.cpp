@@ -3,6 +3,7 @@
 //   tvc train [--recipe FILE|small_cnn] [--resume DIR] [--KEY VALUE ...]   (tools/recipe.h)
 //   tvc eval RUN_OR_RECIPE --weights W [--data DIR] [--svg FILE]
 //   tvc list
+//   tvc bench MODEL [--batch N] [--size S] [--train] [--threads T] [--iterations K] [--verbose]
 //   tvc run MODEL --weights W --input X.safetensors --output Y.safetensors [--num-classes N]
 //           [--train-mode] [--features]
 //   tvc run BACKBONE --hybrid [--patches JSON] [--dropout P] --num-classes N --weights W
@@ -28,6 +29,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "bench_cli.h"
 #include "fashion_mnist.h"
 #include "hybrid_cli.h"
 #include "models_cli.h"
@@ -186,6 +188,18 @@ int run(int argc, char** argv) {
 
   CLI::App* list_cmd = app.add_subcommand("list", "Print every model name, one per line");
 
+  tvc::tools::BenchOptions bench;
+  CLI::App* bench_cmd = app.add_subcommand(
+      "bench", "Time a model's forward passes (or training steps) here, as a share of the machine's measured peak");
+  bench_cmd->add_option("MODEL", bench.model, "A model name (tvc list), randomly initialised")->required();
+  bench_cmd->add_option("--batch", bench.batch, "Images per step")->check(positive);
+  bench_cmd->add_option("--size", bench.size, "Input height and width")->check(positive);
+  bench_cmd->add_flag("--train", bench.train, "Time training steps: forward, cross-entropy, backward, SGD step");
+  bench_cmd->add_option("--threads", bench.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
+  bench_cmd->add_option("--iterations", bench.iterations, "Timed steps (default: as many as fit in about 3 s)")
+      ->check(CLI::Range(0, 1000000));
+  bench_cmd->add_flag("--verbose", bench.verbose, "Also print each layer's time per step");
+
   tvc::tools::RunOptions run;
   CLI::App* run_cmd = app.add_subcommand("run", "Run a model on the float32 tensor `input` of a safetensors file");
   run_cmd->add_option("MODEL", run.model, "A model name (tvc list)")->required();
@@ -266,6 +280,7 @@ int run(int argc, char** argv) {
     tvc::tools::average_weights(average_files, average_out, average);
   }
   if (list_cmd->parsed()) tvc::tools::list_models();
+  if (bench_cmd->parsed()) tvc::tools::bench_model(bench);
   if (run_cmd->parsed() && run_hybrid) {
     run_hybrid_options.backbone = run.model;
     run_hybrid_options.num_classes = run.num_classes.value_or(1000);

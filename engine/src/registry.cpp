@@ -108,6 +108,8 @@ const KernelRegistry& kernel_registry() {
   return *s.table.load(std::memory_order_acquire);
 }
 
+std::string cpu_isa() { return isa_name(active_isa()); }
+
 Isa active_isa() {
   kernel_registry();
   std::lock_guard lock(state().mutex);

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -299,3 +300,34 @@ void register_gemm_kernels(KernelRegistry& r, Isa isa) {
 }
 
 }  // namespace tvc::cpu
+
+namespace tvc {
+
+double measure_fp32_peak_gflops(int threads, double seconds) {
+  TVC_CHECK(threads >= 0 && seconds > 0, "measure_fp32_peak_gflops: threads must be >= 0 and seconds > 0, got ",
+            threads, " and ", seconds);
+  const cpu::FmaPeakLoop& loop = cpu::active_kernels().peak;
+  const int team = threads > 0 ? threads : omp_get_max_threads();  // get_num_threads() of this thread
+  const double flop_per_iteration = 2.0 * static_cast<double>(loop.lanes * loop.chains);
+  // Iterations for about seconds / 5 per run at 50 GFLOP/s a thread (a short first guess, then
+  // scaled to the rate the first run shows).
+  int64_t iterations = std::max<int64_t>(1000, static_cast<int64_t>(seconds / 5 * 50e9 / flop_per_iteration));
+  double best = 0;
+  volatile float sink = 0;
+  for (int run = 0; run < 6; ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    float sum = 0;
+#pragma omp parallel num_threads(team) reduction(+ : sum)
+    sum += loop.run(iterations);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    sink = sink + sum;
+    const double gflops = team * flop_per_iteration * static_cast<double>(iterations) / s / 1e9;
+    if (run == 0)  // a calibration run: size the others to seconds / 5 each
+      iterations = std::max<int64_t>(1000, static_cast<int64_t>(static_cast<double>(iterations) * seconds / 5 / s));
+    else
+      best = std::max(best, gflops);
+  }
+  return best;
+}
+
+}  // namespace tvc

@@ -67,5 +67,23 @@ void gemm_micro_kernel(int64_t kc, const T* __restrict a, const T* __restrict b,
   }
 }
 
+// See FmaPeakLoop: Chains accumulators of W floats.
+template <int W, int Chains>
+float fma_peak_loop(int64_t iterations) {
+  typedef float V __attribute__((vector_size(W * sizeof(float))));
+  V acc[Chains];
+  const V x = V{} + 0.999999f, y = V{} + 1e-6f;
+#pragma GCC unroll 64
+  for (int i = 0; i < Chains; ++i) acc[i] = V{} + static_cast<float>(i);
+  for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 64
+    for (int i = 0; i < Chains; ++i) acc[i] = acc[i] * x + y;
+  }
+  float sum = 0;
+  for (int i = 0; i < Chains; ++i)
+    for (int lane = 0; lane < W; ++lane) sum += acc[i][lane];
+  return sum;
+}
+
 }  // namespace
 }  // namespace tvc::cpu

@@ -31,9 +31,18 @@ struct GemmKernelF64 {
   int64_t mr, nr, kc, mc, nc;
   GemmMicroKernelF64 micro;
 };
+// The instruction set's fp32 peak loop: `chains` independent vector accumulators of `lanes`
+// floats, each updated acc = acc * x + y per iteration (one FMA where the ISA has them), all in
+// registers: 2 * lanes * chains floating-point operations per iteration. Returns a value made
+// from the results, so the loop cannot be optimised away.
+struct FmaPeakLoop {
+  int64_t lanes, chains;
+  float (*run)(int64_t iterations);
+};
 struct GemmKernels {
   GemmKernelF32 f32;
   GemmKernelF64 f64;
+  FmaPeakLoop peak;
 };
 
 extern const GemmKernels gemm_kernels_generic;  // gemm_kernel_generic.cpp, baseline x86-64

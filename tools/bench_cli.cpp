@@ -1,0 +1,190 @@
+// `tvc bench` (see bench_cli.h).
+#include "bench_cli.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "tvc/autograd.h"
+#include "tvc/error.h"
+#include "tvc/models/models.h"
+#include "tvc/nn/attention.h"
+#include "tvc/nn/layers.h"
+#include "tvc/ops.h"
+#include "tvc/optim.h"
+
+namespace tvc::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// The FLOPs (2 per multiply-add) of the convolutions, linear layers and multi-head attention
+// (its input projections and the two attention products; its output projection is a Linear) of
+// one forward pass of model on x, counted by forward hooks in eval mode.
+double forward_flops(nn::Module& model, const Tensor& x) {
+  double flops = 0;
+  nn::ScopedHooks hooks;
+  for (const auto& [name, m] : model.named_modules()) {
+    if (const auto* conv = dynamic_cast<const nn::ConvNd*>(m.get())) {
+      int64_t per_output = conv->in_channels / conv->groups;
+      for (int64_t k : conv->kernel_size) per_output *= k;
+      hooks.add(m->register_forward_hook([&flops, per_output](nn::Module&, const nn::TensorList&, const nn::TensorList& out) {
+        flops += 2.0 * static_cast<double>(out[0].numel() * per_output);
+        return std::optional<nn::TensorList>();
+      }));
+    } else if (const auto* linear = dynamic_cast<const nn::Linear*>(m.get())) {
+      const int64_t in = linear->in_features;
+      hooks.add(m->register_forward_hook([&flops, in](nn::Module&, const nn::TensorList&, const nn::TensorList& out) {
+        flops += 2.0 * static_cast<double>(out[0].numel() * in);
+        return std::optional<nn::TensorList>();
+      }));
+    } else if (const auto* mha = dynamic_cast<const nn::MultiheadAttention*>(m.get())) {
+      const int64_t e = mha->embed_dim;
+      const bool batch_first = mha->batch_first;
+      hooks.add(m->register_forward_hook([&flops, e, batch_first](nn::Module&, const nn::TensorList& args,
+                                                                  const nn::TensorList&) {
+        const Tensor& q = args[0];
+        const Tensor& k = args[1];
+        const int64_t n = q.dim() == 3 ? q.size(batch_first ? 0 : 1) : 1;
+        const double l = static_cast<double>(q.numel() / (n * e)), s = static_cast<double>(k.numel() / (n * e));
+        // q, k, v projections, then q k^T and the weighted sum of v.
+        flops += 2.0 * static_cast<double>(n) * e * (l * e + 2 * s * e + 2 * l * s);
+        return std::optional<nn::TensorList>();
+      }));
+    }
+  }
+  NoGradGuard no_grad;
+  model.eval();
+  model(x);
+  return flops;
+}
+
+// The peak resident memory of this process so far, in MiB.
+double peak_resident_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux: kilobytes
+}
+
+// Each leaf module's time, summed over the steps it ran in, by forward pre- and post-hooks.
+class LayerTimes {
+ public:
+  explicit LayerTimes(nn::Module& model) {
+    for (const auto& [name, m] : model.named_modules()) {
+      if (name.empty() || !m->children().empty()) continue;
+      const size_t index = rows_.size();
+      rows_.push_back({name, m->type_name(), "", 0});
+      hooks_.add(m->register_forward_pre_hook([this, index](nn::Module&, const nn::TensorList&) {
+        started_[index] = Clock::now();
+        return std::optional<nn::TensorList>();
+      }));
+      hooks_.add(m->register_forward_hook([this, index](nn::Module&, const nn::TensorList&, const nn::TensorList& out) {
+        rows_[index].seconds += seconds_since(started_[index]);
+        if (!out.empty() && out[0].defined()) rows_[index].shape = cat_str(out[0].shape());
+        return std::optional<nn::TensorList>();
+      }));
+    }
+  }
+  // The layers in model order with their mean ms per step over steps.
+  void print(int64_t steps) const {
+    std::printf("%-40s %-24s %-22s %10s\n", "layer", "type", "output", "ms/step");
+    for (const Row& r : rows_)
+      std::printf("%-40s %-24s %-22s %10.3f\n", r.name.c_str(), r.type.c_str(), r.shape.c_str(),
+                  1000 * r.seconds / static_cast<double>(std::max<int64_t>(steps, 1)));
+  }
+  void reset() {
+    for (Row& r : rows_) r.seconds = 0;
+  }
+
+ private:
+  struct Row {
+    std::string name, type, shape;
+    double seconds;
+  };
+  std::vector<Row> rows_;
+  std::map<size_t, Clock::time_point> started_;
+  nn::ScopedHooks hooks_;
+};
+
+}  // namespace
+
+void bench_model(const BenchOptions& o) {
+  TVC_CHECK(o.batch >= 1 && o.size >= 1 && o.threads >= 0 && o.iterations >= 0, "bench: --batch (", o.batch,
+            ") and --size (", o.size, ") must be >= 1, --threads (", o.threads, ") and --iterations (", o.iterations,
+            ") >= 0");
+  if (o.threads > 0) set_num_threads(o.threads);
+  manual_seed(0);
+  models::Options create_options;
+  if (o.model.rfind("vit", 0) == 0) create_options.image_size = o.size;
+  models::BackbonePtr model = models::create(o.model, create_options);
+  const Shape input_shape{o.batch, 3, o.size, o.size};
+  const double flops = forward_flops(*model, randn(input_shape)) * (o.train ? 3.0 : 1.0);
+
+  std::unique_ptr<optim::SGD> optimizer;
+  if (o.train) {
+    models::train_without_dropout(*model);  // batch statistics; no randomness in the timing
+    optimizer = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 1e-4, .momentum = 0.9});
+  } else {
+    model->eval();
+  }
+  // One step on a fresh random input; the output (or the loss) must be finite.
+  auto step = [&] {
+    Tensor x = randn(input_shape);
+    Tensor checked;
+    if (o.train) {
+      Tensor labels = randint(0, 1000, {o.batch});
+      Tensor loss = cross_entropy((*model)(x), labels);
+      optimizer->zero_grad();
+      loss.backward();
+      optimizer->step();
+      checked = loss.detach();
+    } else {
+      NoGradGuard no_grad;
+      checked = (*model)(x);
+    }
+    for (double v : checked.to_vector())
+      TVC_CHECK(std::isfinite(v), "bench ", o.model, ": the ", o.train ? "loss" : "output", " is not finite");
+  };
+  std::unique_ptr<LayerTimes> layers;
+  if (o.verbose) layers = std::make_unique<LayerTimes>(*model);
+  const auto first_start = Clock::now();
+  step();
+  const double first = seconds_since(first_start);
+  if (layers) layers->reset();
+
+  std::vector<double> times;
+  const auto timing_start = Clock::now();
+  while (o.iterations > 0 ? static_cast<int64_t>(times.size()) < o.iterations
+                          : times.size() < 5 || seconds_since(timing_start) < 3.0) {
+    const auto start = Clock::now();
+    step();
+    times.push_back(seconds_since(start));
+  }
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
+                                          : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
+  const int threads = get_num_threads();
+  const double peak = measure_fp32_peak_gflops(threads);
+  const double gflops = flops / median / 1e9;
+  std::printf("%s batch %lld size %lld %s, %d threads (%s): median %.2f ms (min %.2f, max %.2f), %.1f GFLOP/s, %.1f%% "
+              "of peak\n",
+              o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.size),
+              o.train ? "train" : "eval", threads, cpu_isa().c_str(), 1000 * median, 1000 * sorted.front(),
+              1000 * sorted.back(), gflops, 100 * gflops / peak);
+  std::printf("first call %.2f ms; peak resident memory %.0f MiB; %.3f GFLOP per step (convolutions, linear layers, "
+              "attention); peak %.1f GFLOP/s (%s FMA loop, %d threads); %zu timed steps\n",
+              1000 * first, peak_resident_mib(), flops / 1e9, peak, cpu_isa().c_str(), threads, times.size());
+  if (layers) layers->print(static_cast<int64_t>(times.size()));
+}
+
+}  // namespace tvc::tools
