@@ -93,7 +93,7 @@ reproducible)
   train_into() {  # train_into NAME ARGS...: tvc train ARGS into $tmp/NAME
     local name=$1
     shift
-    "$tvc" train --max-batches 25 --out "$tmp/$name" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" ||
+    "$tvc" train --max-batches 25 --val-split 0.01 --out "$tmp/$name" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" ||
       fail "tvc train $* failed: $(cat "$tmp/$name.err")"
   }
   train_into a --seed 7 --threads 1
