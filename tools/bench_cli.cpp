@@ -37,10 +37,11 @@ double forward_flops(nn::Module& model, const Tensor& x) {
     if (const auto* conv = dynamic_cast<const nn::ConvNd*>(m.get())) {
       int64_t per_output = conv->in_channels / conv->groups;
       for (int64_t k : conv->kernel_size) per_output *= k;
-      hooks.add(m->register_forward_hook([&flops, per_output](nn::Module&, const nn::TensorList&, const nn::TensorList& out) {
-        flops += 2.0 * static_cast<double>(out[0].numel() * per_output);
-        return std::optional<nn::TensorList>();
-      }));
+      hooks.add(
+          m->register_forward_hook([&flops, per_output](nn::Module&, const nn::TensorList&, const nn::TensorList& out) {
+            flops += 2.0 * static_cast<double>(out[0].numel() * per_output);
+            return std::optional<nn::TensorList>();
+          }));
     } else if (const auto* linear = dynamic_cast<const nn::Linear*>(m.get())) {
       const int64_t in = linear->in_features;
       hooks.add(m->register_forward_hook([&flops, in](nn::Module&, const nn::TensorList&, const nn::TensorList& out) {
@@ -50,16 +51,16 @@ double forward_flops(nn::Module& model, const Tensor& x) {
     } else if (const auto* mha = dynamic_cast<const nn::MultiheadAttention*>(m.get())) {
       const int64_t e = mha->embed_dim;
       const bool batch_first = mha->batch_first;
-      hooks.add(m->register_forward_hook([&flops, e, batch_first](nn::Module&, const nn::TensorList& args,
-                                                                  const nn::TensorList&) {
-        const Tensor& q = args[0];
-        const Tensor& k = args[1];
-        const int64_t n = q.dim() == 3 ? q.size(batch_first ? 0 : 1) : 1;
-        const double l = static_cast<double>(q.numel() / (n * e)), s = static_cast<double>(k.numel() / (n * e));
-        // q, k, v projections, then q k^T and the weighted sum of v.
-        flops += 2.0 * static_cast<double>(n) * e * (l * e + 2 * s * e + 2 * l * s);
-        return std::optional<nn::TensorList>();
-      }));
+      hooks.add(m->register_forward_hook(
+          [&flops, e, batch_first](nn::Module&, const nn::TensorList& args, const nn::TensorList&) {
+            const Tensor& q = args[0];
+            const Tensor& k = args[1];
+            const int64_t n = q.dim() == 3 ? q.size(batch_first ? 0 : 1) : 1;
+            const double l = static_cast<double>(q.numel() / (n * e)), s = static_cast<double>(k.numel() / (n * e));
+            // q, k, v projections, then q k^T and the weighted sum of v.
+            flops += 2.0 * static_cast<double>(n) * e * (l * e + 2 * s * e + 2 * l * s);
+            return std::optional<nn::TensorList>();
+          }));
     }
   }
   NoGradGuard no_grad;
@@ -171,19 +172,21 @@ void bench_model(const BenchOptions& o) {
   }
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
-  const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                          : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
+  const double median =
+      sorted.size() % 2 ? sorted[sorted.size() / 2] : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
   const int threads = get_num_threads();
   const double peak = measure_fp32_peak_gflops(threads);
   const double gflops = flops / median / 1e9;
-  std::printf("%s batch %lld size %lld %s, %d threads (%s): median %.2f ms (min %.2f, max %.2f), %.1f GFLOP/s, %.1f%% "
-              "of peak\n",
-              o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.size),
-              o.train ? "train" : "eval", threads, cpu_isa().c_str(), 1000 * median, 1000 * sorted.front(),
-              1000 * sorted.back(), gflops, 100 * gflops / peak);
-  std::printf("first call %.2f ms; peak resident memory %.0f MiB; %.3f GFLOP per step (convolutions, linear layers, "
-              "attention); peak %.1f GFLOP/s (%s FMA loop, %d threads); %zu timed steps\n",
-              1000 * first, peak_resident_mib(), flops / 1e9, peak, cpu_isa().c_str(), threads, times.size());
+  std::printf(
+      "%s batch %lld size %lld %s, %d threads (%s): median %.2f ms (min %.2f, max %.2f), %.1f GFLOP/s, %.1f%% "
+      "of peak\n",
+      o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.size), o.train ? "train" : "eval",
+      threads, cpu_isa().c_str(), 1000 * median, 1000 * sorted.front(), 1000 * sorted.back(), gflops,
+      100 * gflops / peak);
+  std::printf(
+      "first call %.2f ms; peak resident memory %.0f MiB; %.3f GFLOP per step (convolutions, linear layers, "
+      "attention); peak %.1f GFLOP/s (%s FMA loop, %d threads); %zu timed steps\n",
+      1000 * first, peak_resident_mib(), flops / 1e9, peak, cpu_isa().c_str(), threads, times.size());
   if (layers) layers->print(static_cast<int64_t>(times.size()));
 }
 
