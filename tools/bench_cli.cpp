@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -83,13 +82,13 @@ class LayerTimes {
     for (const auto& [name, m] : model.named_modules()) {
       if (name.empty() || !m->children().empty()) continue;
       const size_t index = rows_.size();
-      rows_.push_back({name, m->type_name(), "", 0});
+      rows_.push_back({name, m->type_name(), "", 0, {}});
       hooks_.add(m->register_forward_pre_hook([this, index](nn::Module&, const nn::TensorList&) {
-        started_[index] = Clock::now();
+        rows_[index].started = Clock::now();
         return std::optional<nn::TensorList>();
       }));
       hooks_.add(m->register_forward_hook([this, index](nn::Module&, const nn::TensorList&, const nn::TensorList& out) {
-        rows_[index].seconds += seconds_since(started_[index]);
+        rows_[index].seconds += seconds_since(rows_[index].started);
         if (!out.empty() && out[0].defined()) rows_[index].shape = cat_str(out[0].shape());
         return std::optional<nn::TensorList>();
       }));
@@ -110,9 +109,9 @@ class LayerTimes {
   struct Row {
     std::string name, type, shape;
     double seconds;
+    Clock::time_point started;  // of the call running now
   };
   std::vector<Row> rows_;
-  std::map<size_t, Clock::time_point> started_;
   nn::ScopedHooks hooks_;
 };
 

@@ -428,7 +428,7 @@ class Run {
   // The ranks of a data-parallel run (one process: a world of one). Every rank computes alike on
   // its share of each batch; rank 0 (the leader) alone prints and writes the files.
   dist::CommunicatorPtr world_;
-  bool leader_ = true;
+  bool leader() const { return world_->rank() == 0; }
   std::unique_ptr<dist::DataParallel> data_parallel_;  // with several ranks
   Data data_;
   int64_t num_classes_ = 0;
@@ -450,7 +450,6 @@ Run::Run(const Recipe& recipe, const std::string& resume_dir)
     : r_(recipe), out_(resume_dir.empty() ? recipe.out : resume_dir), world_(dist::world()) {
   if (r_.threads > 0) set_num_threads(static_cast<int>(r_.threads));
   world_->set_timeout_seconds(r_.rank_timeout);
-  leader_ = world_->rank() == 0;
   const int ranks = world_->size();
   TVC_CHECK(r_.batch_size >= ranks, "train: batch_size ", r_.batch_size, " is smaller than the ", ranks,
             " ranks: each rank trains on a share of every batch");
@@ -485,10 +484,10 @@ Run::Run(const Recipe& recipe, const std::string& resume_dir)
       std::make_unique<BatchLoader>(data_.val, data_.val_indices, eval_loader_options(r_, r_.batch_size, *world_));
   make_optimizer();
   make_schedulers(steps_per_epoch());
-  if (leader_) fs::create_directories(out_ / "checkpoints");
+  if (leader()) fs::create_directories(out_ / "checkpoints");
   if (!resume_dir.empty()) {
     load_checkpoint(out_ / "checkpoints" / "last.pth");
-  } else if (leader_) {
+  } else if (leader()) {
     if (!r_.dump_batches.empty())  // the starting point of tools/train_torch.py's replay
       io::save_safetensors((fs::path(r_.dump_batches) / "initial.safetensors").string(), model_->state_dict());
     io::write_file_atomic((out_ / "recipe.yaml").string(), recipe_to_yaml(r_));
@@ -578,7 +577,7 @@ void Run::train_epoch(int64_t epoch, int64_t first_batch) {
   const int64_t steps = steps_per_epoch();
   model_->train();
   train_loader_->start_epoch(epoch, first_batch);
-  Progress progress(cat_str("epoch ", epoch + 1, "/", r_.epochs), steps, leader_ ? stderr : nullptr);
+  Progress progress(cat_str("epoch ", epoch + 1, "/", r_.epochs), steps, leader() ? stderr : nullptr);
   const auto start = std::chrono::steady_clock::now();
   const double seconds_before = sums_.seconds;
   const double wait_before = data_parallel_ ? data_parallel_->wait_seconds() : 0;
@@ -670,7 +669,7 @@ void Run::end_epoch(int64_t epoch) {
     m.val_accuracy_average = accuracy(*average_, *val_loader_, *world_);
   }
   history_.push_back(m);
-  if (!leader_) {
+  if (!leader()) {
     sums_ = {};
     return;
   }
@@ -694,7 +693,7 @@ void Run::end_epoch(int64_t epoch) {
 }
 
 void Run::save_checkpoint(int64_t epoch, int64_t next_batch) {
-  if (!leader_) return;
+  if (!leader()) return;
   const Generator::State rng = default_generator().state();
   io::Value::Items items{
       {io::Value("format"), io::Value("tvc-train-checkpoint")},
@@ -738,7 +737,7 @@ void Run::load_checkpoint(const fs::path& path) {
   sums_ = {s[0], static_cast<int64_t>(s[1]), static_cast<int64_t>(s[2]), static_cast<int64_t>(s[3]), s[4]};
   history_ = history_from(*c.find("history"));
   best_accuracy_ = c.find("best_accuracy")->to_float();
-  if (leader_) write_metrics(out_, history_);  // rows written after this checkpoint are written again
+  if (leader()) write_metrics(out_, history_);  // rows written after this checkpoint are written again
   std::printf("resumed %s at epoch %lld, batch %lld (step %lld)\n", printable(out_.string()).c_str(),
               static_cast<long long>(start_epoch_ + 1), static_cast<long long>(start_batch_),
               static_cast<long long>(step_));
@@ -774,7 +773,7 @@ void Run::finish() {
         },
         *average_);
   }
-  if (leader_) {
+  if (leader()) {
     export_weights(out_, "final", export_state(*model_, *model_));
     if (average_) export_weights(out_, cat_str("final_", average_name()), export_state(*model_, average_->module()));
   }

@@ -76,10 +76,6 @@ void abort_world(int code) {
   if (mpi_started.load()) detail::mpi_abort(code);
 }
 
-}  // namespace tvc::dist
-
-namespace tvc::dist {
-
 std::vector<int64_t> shard(const std::vector<int64_t>& order, int num_replicas, int rank, bool drop_last) {
   TVC_CHECK(num_replicas >= 1 && rank >= 0 && rank < num_replicas, "shard: rank ", rank, " of ", num_replicas,
             " replicas");
