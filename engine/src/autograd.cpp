@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -87,6 +88,9 @@ Edge gradient_edge(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return {};
   TensorImpl* impl = t.impl();
   if (impl->grad_fn) return {impl->grad_fn, impl->output_nr};
+  // Threads recording graphs through one model at once share its parameters' accumulators.
+  static std::mutex accumulator_mutex;
+  std::lock_guard lock(accumulator_mutex);
   auto acc = impl->grad_accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
