@@ -15,6 +15,7 @@
 
 #include "../kernels/cpu/gemm.h"
 #include "tvc/autograd.h"
+#include "tvc/internal/kernel.h"
 #include "tvc/models/models.h"
 #include "tvc/ops.h"
 #include "tvc/swa/averaged_model.h"
@@ -100,6 +101,7 @@ void fma_peak(benchmark::State& state, tvc::Isa isa, int threads) {
 void sgemm_tvc(benchmark::State& state, tvc::Isa isa, int64_t n, int threads) {
   tvc::set_isa(isa);
   tvc::set_num_threads(threads);
+  tvc::apply_num_threads();  // the kernel is called directly, not through an op that applies it
   std::vector<float> a = random_floats(n * n, 1), b = random_floats(n * n, 2), c(n * n);
   timed_loop(state, 2.0 * n * n * n, threads, [&] {
     tvc::cpu::gemm<float>(n, n, n, a.data(), n, 1, b.data(), n, 1, c.data(), n, 1, 0.f);
@@ -112,6 +114,7 @@ void sgemm_tvc(benchmark::State& state, tvc::Isa isa, int64_t n, int threads) {
 // (d) The same product with oneDNN's dnnl_sgemm (row-major), the reference.
 void sgemm_onednn(benchmark::State& state, int64_t n, int threads) {
   tvc::set_num_threads(threads);
+  tvc::apply_num_threads();  // the kernel is called directly, not through an op that applies it
   std::vector<float> a = random_floats(n * n, 1), b = random_floats(n * n, 2), c(n * n);
   bool ok = true;
   timed_loop(state, 2.0 * n * n * n, threads, [&] {

@@ -3,18 +3,21 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <regex>
 #include <tuple>
+#include <utility>
 
 #include "compare.h"
 #include "model_conformance.h"
 #include "test_helpers.h"
 #include "torch_golden.h"
 #include "tvc/autograd.h"
+#include "tvc/internal/kernel.h"
 #include "tvc/models/models.h"
 #include "tvc/models/weights.h"
 #include "tvc/nn/containers.h"
@@ -349,6 +352,61 @@ TEST(ModelZoo, InitialisationIsTorchvisions) {
 TEST(ModelStages, Resnet50) { test::check_stages("resnet50", {"relu", "layer1", "layer2", "layer3", "layer4"}); }
 TEST(ModelConformance, Resnext50_32x4d) { test::check_model({.model = "resnext50_32x4d"}); }
 TEST(ModelConformance, Resnet18With10Classes) { test::check_model({.model = "resnet18", .num_classes = 10}); }
+// Mutation test of the float32 gradient criterion (ours within 3x of PyTorch's own float32
+// error, both runs pinned to the float64 run's ReLU and max-pool decisions): it must fail a
+// convolution that works in bfloat16. The mutated kernels run the real ones and round every
+// float32 result to bfloat16 (round to nearest even), the least error a kernel accumulating in
+// bfloat16 makes: its final sum is a bfloat16 number too. They are added to the kernel table as
+// a backend, active only while a RoundConvolutionsToBfloat16 lives.
+std::atomic<bool> g_round_convolutions{false};
+constexpr Op kConvOps[] = {Op::conv2d, Op::conv2d_backward_input, Op::conv2d_backward_weight};
+KernelFn g_exact_convolutions[std::size(kConvOps)];
+
+template <size_t I>
+void conv_rounded_to_bfloat16(const KernelArgs& args) {
+  g_exact_convolutions[I](args);
+  if (!g_round_convolutions.load()) return;
+  for (const Tensor& t : args.out) {
+    if (t.dtype() != DType::Float32) continue;
+    ASSERT_TRUE(t.is_contiguous() || t.is_contiguous(MemoryFormat::ChannelsLast));  // dense: numel values
+    auto* bits = static_cast<uint32_t*>(t.raw_data());
+    for (int64_t i = 0; i < t.numel(); ++i) bits[i] = (bits[i] + 0x7fff + ((bits[i] >> 16) & 1)) & 0xffff0000u;
+  }
+}
+
+void add_rounded_convolutions(KernelRegistry& registry) {
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    ((g_exact_convolutions[I] = registry.get(kConvOps[I], Device::CPU),
+      registry.set(kConvOps[I], Device::CPU, conv_rounded_to_bfloat16<I>)),
+     ...);
+  }
+  (std::make_index_sequence<std::size(kConvOps)>());
+}
+
+struct RoundConvolutionsToBfloat16 {
+  RoundConvolutionsToBfloat16() {
+    add_backend(add_rounded_convolutions);
+    g_round_convolutions = true;
+  }
+  ~RoundConvolutionsToBfloat16() { g_round_convolutions = false; }
+};
+
+TEST(ModelConformance, Float32GradientCriterionFailsABfloat16Convolution) {
+  const test::ModelCheck check{.model = "resnet18", .num_classes = 10};  // Resnet18With10Classes' goldens
+  test::ModelErrors exact = test::gradient_errors(check);
+  EXPECT_LE(exact.grad32_ratio, 3.0) << "the real kernels: our error " << exact.grad32;
+  test::ModelErrors rounded;
+  {
+    RoundConvolutionsToBfloat16 mutation;
+    rounded = test::gradient_errors(check);
+  }
+  EXPECT_GT(rounded.grad32_ratio, 3.0) << "bfloat16 convolutions: our error " << rounded.grad32 << ", PyTorch's "
+                                       << rounded.grad32_torch;
+  EXPECT_LE(rounded.grad64, 1e-8) << "float64 runs are not mutated";
+  std::printf("float32 gradient criterion: real kernels %.2fx PyTorch's own error, bfloat16 convolutions %.0fx\n",
+              exact.grad32_ratio, rounded.grad32_ratio);
+}
+
 TEST(ModelConformanceFull, ResNet) {
   for (const char* name : {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext101_32x8d",
                            "resnext101_64x4d", "wide_resnet50_2", "wide_resnet101_2"})

@@ -344,6 +344,43 @@ TEST(NnOps, PoolingMatchesTorch) {
   }
 }
 
+// Inference skips the indices and reduces each window's rows first: the values must equal the
+// indexed scan's (what a tensor requiring grad gets) exactly, NaNs in the windows included.
+TEST(NnOps, MaxPoolWithoutIndicesEqualsTheIndexedPath) {
+  using Pair = std::array<int64_t, 2>;
+  struct Config {
+    Pair kernel, stride, padding, dilation;
+    bool ceil_mode, channels_last;
+    DType dtype;
+  };
+  const std::vector<Config> configs = {{{3, 3}, {2, 2}, {1, 1}, {1, 1}, false, false, DType::Float32},
+                                       {{3, 3}, {2, 2}, {1, 1}, {1, 1}, true, true, DType::Float32},
+                                       {{2, 3}, {2, 1}, {1, 1}, {2, 1}, true, false, DType::Float64},
+                                       {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, true, DType::Float32},
+                                       {{3, 2}, {1, 3}, {1, 0}, {1, 2}, false, false, DType::Float32}};
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const Config& c = configs[i];
+    Tensor x = randn_of({2, 3, 11, 9}, c.dtype, 90 + i);
+    x.select(0, 0).select(0, 1).select(0, 3).select(0, 4).fill_(std::nan(""));  // inside
+    x.select(0, 1).select(0, 2).select(0, 0).select(0, 8).fill_(std::nan(""));  // on the border
+    if (c.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+    Tensor fast;
+    {
+      NoGradGuard no_grad;
+      fast = max_pool2d(x, c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
+    }
+    Tensor indexed = max_pool2d(x.detach().requires_grad_(), c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
+    ASSERT_EQ(fast.shape(), indexed.shape()) << "config " << i;
+    std::vector<double> a = fast.to_vector(), b = indexed.detach().to_vector();
+    int nans = 0;
+    for (size_t j = 0; j < a.size(); ++j) {
+      nans += std::isnan(b[j]);
+      EXPECT_TRUE(a[j] == b[j] || (std::isnan(a[j]) && std::isnan(b[j]))) << "config " << i << ", output " << j;
+    }
+    EXPECT_GT(nans, 0) << "config " << i << ": the NaNs reach some window";
+  }
+}
+
 // ---------------------------------------------------------------- normalisation, softmax
 
 // Three training steps with running statistics, then one evaluation step, for momentum 0.1 and

@@ -103,8 +103,10 @@ that float32 rounding takes otherwise than float64 moves a gradient by far more 
 the gradients' input is, of eight random draws, the one whose closest ReLU, max-pool or
 hard-activation decision is farthest from a tie (relative to its tensor's RMS), and both sides'
 float32 runs take the float64 run's ReLU and max-pool decisions ("pinned": how many of ours
-float32 alone would have taken otherwise). "torch32" columns: PyTorch's own float32 error
-against float64 on the same weights and input. Time: tvc's
+float32 alone would have taken otherwise). The criterion still catches a lower precision: a
+mutation test (ModelConformance.Float32GradientCriterionFailsABfloat16Convolution) rounds
+every convolution result to bfloat16 and fails it by thousands of times PyTorch's error.
+"torch32" columns: PyTorch's own float32 error against float64 on the same weights and input. Time: tvc's
 time for all of these checks of one model, 2 threads. A ViT takes only the image size it is built
 for: its plain row is eval (batch 2) and train mode at 224 px without gradients, its "(64 px)" row
 every check on the model built for 64 px, and "(160 px)" the model built for 160 px loading

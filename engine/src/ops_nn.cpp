@@ -232,8 +232,10 @@ Tensor max_pool2d(const Tensor& input, Pair kernel, std::optional<Pair> stride, 
   check_pool_input("max_pool2d", input);
   return batched(input, [&](const Tensor& x) {
     PoolSetup s = pool_setup("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
+    // The indices serve only the backward: inference skips them.
+    bool with_indices = is_grad_enabled() && x.requires_grad();
     return pool_forward(Op::max_pool2d, Op::max_pool2d_backward, "MaxPool2DWithIndicesBackward0", x, s.out_shape,
-                        s.params, true);
+                        s.params, with_indices);
   });
 }
 

@@ -100,17 +100,55 @@ T* plane_ptr(const Tensor& t, int64_t n, int64_t c) {
 
 // ---------------------------------------------------------------- forward
 
-// in = (x) -> out (values, int64 indices).
+// Max of one plane without indices (inference): each output row's window rows are first reduced
+// column by column into rows_max (W values), then each output takes the max of its window's
+// columns there. Both steps keep the NaN rule, so every value equals the windowed scan's.
+template <typename T>
+void max_plane_values(const T* xp, int64_t xs2, int64_t xs3, const Pool2dParams& p, const PlaneGeom& g, T* yp,
+                      int64_t ys2, int64_t ys3, compute_t<T>* rows_max) {
+  using C = compute_t<T>;
+  for (int64_t oh = 0; oh < g.Ho; ++oh) {
+    Window rows = max_window(p, g, oh, 0);
+    std::fill(rows_max, rows_max + g.W, -std::numeric_limits<C>::infinity());
+    for (int64_t h = rows.h0; h < rows.h1; h += rows.dh) {
+      const T* xrow = xp + h * xs2;
+      auto take = [&](int64_t w, C v) { rows_max[w] = (v > rows_max[w] || v != v) ? v : rows_max[w]; };
+      if (xs3 == 1)  // contiguous rows: a loop the compiler vectorises
+        for (int64_t w = 0; w < g.W; ++w) take(w, static_cast<C>(xrow[w]));
+      else
+        for (int64_t w = 0; w < g.W; ++w) take(w, static_cast<C>(xrow[w * xs3]));
+    }
+    for (int64_t ow = 0; ow < g.Wo; ++ow) {
+      Window win = max_window(p, g, 0, ow);
+      C best = -std::numeric_limits<C>::infinity();
+      for (int64_t w = win.w0; w < win.w1; w += win.dw)
+        best = (rows_max[w] > best || rows_max[w] != rows_max[w]) ? rows_max[w] : best;
+      yp[oh * ys2 + ow * ys3] = static_cast<T>(best);
+    }
+  }
+}
+
+// in = (x) -> out (values[, int64 indices]): the indices only when the caller asks for them
+// (autograd needs them for the backward).
 struct MaxForward {
   template <typename T, WindowFn window>
   static void run(const KernelArgs& args, const Pool2dParams& p) {
     const Tensor& x = args.in[0];
     const Tensor& y = args.out[0];
-    const Tensor& idx = args.out[1];
     using C = compute_t<T>;
     PlaneGeom g = plane_geom(x, y);
-    int64_t xs2 = x.strides()[2], xs3 = x.strides()[3];
-    int64_t ys2 = y.strides()[2], ys3 = y.strides()[3], is2 = idx.strides()[2], is3 = idx.strides()[3];
+    int64_t xs2 = x.strides()[2], xs3 = x.strides()[3], ys2 = y.strides()[2], ys3 = y.strides()[3];
+    if (args.out.size() == 1 && window == max_window) {
+      parallel_for(g.N * g.C, plane_work(p, g), [&](int64_t b, int64_t e) {
+        std::vector<C> rows_max(g.W);
+        for (int64_t it = b; it < e; ++it)
+          max_plane_values(plane_ptr<T>(x, it / g.C, it % g.C), xs2, xs3, p, g, plane_ptr<T>(y, it / g.C, it % g.C),
+                           ys2, ys3, rows_max.data());
+      });
+      return;
+    }
+    const Tensor& idx = args.out[1];
+    int64_t is2 = idx.strides()[2], is3 = idx.strides()[3];
     for_planes(g, plane_work(p, g), [&](int64_t n, int64_t c) {
       const T* xp = plane_ptr<T>(x, n, c);
       T* yp = plane_ptr<T>(y, n, c);
