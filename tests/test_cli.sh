@@ -144,6 +144,9 @@ bench)
   grep -q '; 1\.78[0-9] GFLOP per step' "$tmp/bench.out" || fail "--train: not 3 x 0.594 GFLOP per step"
   "$tvc" bench resnet18 --batch 2 --size 64 --iterations 1 >"$tmp/bench.out" 2>&1
   grep -q '; 0\.59[0-9] GFLOP per step' "$tmp/bench.out" || fail "resnet18 at 64x64, batch 2: not 0.594 GFLOP"
+  # ViT's attention is called with x alone (self-attention): 17.56 GMAC as torchvision counts
+  "$tvc" bench vit_b_16 --iterations 1 >"$tmp/bench.out" 2>&1 || fail "vit_b_16 failed: $(cat "$tmp/bench.out")"
+  grep -q '; 35\.1[0-9]* GFLOP per step' "$tmp/bench.out" || fail "vit_b_16: not 35.1 GFLOP: $(cat "$tmp/bench.out")"
   "$tvc" bench mobilenet_v2 --size 32 --iterations 1 --verbose >"$tmp/verbose.out" 2>&1 || fail "--verbose failed"
   grep -Eq '^features\.0\.0 +Conv2d +\[1, 32, 16, 16\] +[0-9.]+$' "$tmp/verbose.out" ||
     fail "--verbose: no row for features.0.0: $(head -5 "$tmp/verbose.out")"

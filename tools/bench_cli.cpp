@@ -53,7 +53,7 @@ double forward_flops(nn::Module& model, const Tensor& x) {
       hooks.add(m->register_forward_hook(
           [&flops, e, batch_first](nn::Module&, const nn::TensorList& args, const nn::TensorList&) {
             const Tensor& q = args[0];
-            const Tensor& k = args[1];
+            const Tensor& k = args.size() > 1 ? args[1] : args[0];  // called with x alone: self-attention
             const int64_t n = q.dim() == 3 ? q.size(batch_first ? 0 : 1) : 1;
             const double l = static_cast<double>(q.numel() / (n * e)), s = static_cast<double>(k.numel() / (n * e));
             // q, k, v projections, then q k^T and the weighted sum of v.
