@@ -72,6 +72,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per engine and round")
     parser.add_argument("--train", action="store_true", help="also time training steps against PyTorch's")
+    parser.add_argument("--train-batch", nargs="+", type=int, default=[8], help="the batches of the training steps")
     args = parser.parse_args()
 
     import numpy as np
@@ -130,7 +131,7 @@ def main():
                 best = min(ms["PyTorch"], ms["ONNX Runtime"], ms["OpenVINO"])
                 print(f"| {name} | {batch} | {threads} | {ms['tvc']:.1f} | {ms['PyTorch']:.1f} | "
                       f"{ms['ONNX Runtime']:.1f} | {ms['OpenVINO']:.1f} | {ms['tvc'] / best:.2f} |", flush=True)
-                if args.train:
+                if args.train and batch in args.train_batch:
                     trained = torchvision.models.get_model(name, weights=None).train()
                     optimizer = torch.optim.SGD(trained.parameters(), lr=1e-4, momentum=0.9)
 

@@ -191,6 +191,16 @@ std::vector<OpRow> norm_rows() {
   rows.push_back(make_row(Op::batch_norm, bn_eval_samples,
                           [](In x) { return batch_norm(x[0], x[1], x[2], x[3], Tensor(), false); },
                           "F.batch_norm(a, b, c, d, None, training=False)", {0, 3}));
+  // The same with a bias: eval-mode batch norm runs as one channel_affine op (x - mean) * scale
+  // + bias, whose gradients reach x, the weight (through the scale) and the bias.
+  auto bn_eval_bias_samples = [bn_eval_samples] {
+    std::vector<OpSample> out = bn_eval_samples();
+    for (OpSample& s : out) s.inputs.push_back(sample_randn({s.inputs[0].shape()[1]}, seed_of(s.label, 9)));
+    return out;
+  };
+  rows.push_back(make_row(Op::channel_affine, bn_eval_bias_samples,
+                          [](In x) { return batch_norm(x[0], x[1], x[2], x[3], x[4], false); },
+                          "F.batch_norm(a, b, c, d, e, training=False)", {0, 3, 4}));
 
   rows.push_back(make_row(
       Op::layer_norm,

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -237,11 +238,14 @@ struct TorchCase {
   std::vector<Tensor> grads32;
 };
 
-// Evaluates all cases with PyTorch in one Python run (cached by the manifest's hash).
+// Evaluates all cases with PyTorch in one Python run (cached by the hash of the manifest and
+// the oracle script, so an edited script is rerun).
 nlohmann::json run_oracle(const nlohmann::json& manifest) {
   std::string text = manifest.dump();
+  std::ifstream script(TVC_SOURCE_ROOT "/tools/torch_oracle.py");
+  std::string hashed = text + std::string(std::istreambuf_iterator<char>(script), {});
   uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  for (unsigned char c : hashed) h = (h ^ c) * 1099511628211ull;
   const char* env = std::getenv("TVC_GOLDEN_CACHE");
   std::filesystem::path dir = env && *env ? env : TVC_DEFAULT_GOLDEN_CACHE;
   std::filesystem::create_directories(dir);

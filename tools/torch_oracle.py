@@ -43,7 +43,7 @@ def make_input(spec):
 def evaluate(case):
     inputs = [make_input(s) for s in case["inputs"]]
     env = {"torch": torch, "F": F, "math": math}
-    env.update(dict(zip("abcd", inputs)))
+    env.update(dict(zip("abcdefgh", inputs)))
     out = eval(case["expr"], env)
     result = {"out": to_json(out), "grads": None}
     proj = case.get("proj")

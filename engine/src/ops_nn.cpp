@@ -312,6 +312,35 @@ Tensor normalize(const Tensor& x, const Shape& dims, double eps) {
 
 }  // namespace
 
+namespace {
+
+// (x - mean) * scale + bias in one pass, mean, scale and bias per channel (of shape cshape),
+// rounded as the three separate ops would round it: eval-mode batch norm's normalisation. On a
+// device without the kernel, the three ops.
+Tensor channel_affine(const Tensor& x, const Tensor& mean, const Tensor& scale, const Tensor& bias) {
+  if (!kernel_registry().supports(Op::channel_affine, x.device())) return add(mul(sub(x, mean), scale), bias);
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    const Shape& s = x.shape();
+    out = detail::empty_with_format(s, x.dtype(), x.suggest_memory_format());
+    detail::run(Op::channel_affine, {x, mean.expand(s), scale.expand(s), bias.expand(s)}, {out});
+  }
+  if (!autograd::any_requires_grad({x, mean, scale, bias})) return out;
+  bool g_mean = mean.requires_grad(), g_scale = scale.requires_grad(), g_bias = bias.requires_grad();
+  SavedTensor sx(g_scale ? x : Tensor()), smean(g_scale ? mean : Tensor()), sscale(scale);
+  Shape cshape = mean.shape();
+  autograd::record("ChannelAffineBackward", {x, mean, scale, bias}, {out}, [=](const GradList& g) -> GradList {
+    const char* node = "ChannelAffineBackward";
+    Tensor gx = mul(g[0], sscale.unpack(node));
+    Tensor gs = g_scale ? sum_to(mul(g[0], sub(sx.unpack(node), smean.unpack(node))), cshape) : Tensor();
+    return {gx, g_mean ? sum_to(neg(gx), cshape) : Tensor(), gs, g_bias ? sum_to(g[0], cshape) : Tensor()};
+  });
+  return out;
+}
+
+}  // namespace
+
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, std::optional<double> momentum, double eps,
                   const Tensor& num_batches_tracked) {
@@ -352,8 +381,11 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
       rv.copy_(add(rv * (1 - f), batch_var.to(rv.dtype()) * f));
     }
   } else {
-    centered = sub(input, running_mean.to(input.dtype()).reshape(cshape));
     scale = rsqrt(running_var.to(input.dtype()).reshape(cshape) + eps);
+    if (weight.defined()) scale = mul(scale, weight.reshape(cshape));
+    Tensor shift =
+        bias.defined() ? bias.reshape(cshape) : zeros(cshape, {.dtype = input.dtype(), .device = input.device()});
+    return channel_affine(input, running_mean.to(input.dtype()).reshape(cshape), scale, shift);
   }
   if (weight.defined()) scale = mul(scale, weight.reshape(cshape));
   Tensor y = mul(centered, scale);

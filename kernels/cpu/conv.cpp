@@ -77,53 +77,58 @@ Operand<T> operand(const Tensor& t) {
 
 // col (K, P) <- the receptive fields of channels [0, Cg) of x (x points at sample n, channel
 // c0; xs its strides), zero where the window reads padding; ld is col's row stride (>= P).
+// Channels are split over threads unless the caller already runs on them.
 template <typename T>
 void im2col(const T* x, const int64_t* xs, const ConvGeom& g, T* col, int64_t ld) {
-  for (int64_t c = 0; c < g.Cg; ++c)
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) {
-        T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
-        Range rw = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
-        for (int64_t oh = 0; oh < g.Ho; ++oh) {
-          T* r = row + oh * g.Wo;
-          int64_t ih = oh * g.sh - g.ph + i * g.dh;
-          if (ih < 0 || ih >= g.H) {
-            std::fill(r, r + g.Wo, T(0));
-            continue;
+  parallel_for(g.Cg, g.kh * g.kw * g.P, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t i = 0; i < g.kh; ++i)
+        for (int64_t j = 0; j < g.kw; ++j) {
+          T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
+          Range rw = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
+          for (int64_t oh = 0; oh < g.Ho; ++oh) {
+            T* r = row + oh * g.Wo;
+            int64_t ih = oh * g.sh - g.ph + i * g.dh;
+            if (ih < 0 || ih >= g.H) {
+              std::fill(r, r + g.Wo, T(0));
+              continue;
+            }
+            const T* xr = x + c * xs[1] + ih * xs[2] + (j * g.dw - g.pw) * xs[3];
+            std::fill(r, r + rw.lo, T(0));
+            int64_t step = g.sw * xs[3];
+            if (step == 1)
+              std::copy(xr + rw.lo, xr + rw.hi, r + rw.lo);
+            else
+              for (int64_t ow = rw.lo; ow < rw.hi; ++ow) r[ow] = xr[ow * step];
+            std::fill(r + rw.hi, r + g.Wo, T(0));
           }
-          const T* xr = x + c * xs[1] + ih * xs[2] + (j * g.dw - g.pw) * xs[3];
-          std::fill(r, r + rw.lo, T(0));
-          int64_t step = g.sw * xs[3];
-          if (step == 1)
-            std::copy(xr + rw.lo, xr + rw.hi, r + rw.lo);
-          else
-            for (int64_t ow = rw.lo; ow < rw.hi; ++ow) r[ow] = xr[ow * step];
-          std::fill(r + rw.hi, r + g.Wo, T(0));
         }
-      }
+  });
 }
 
 // dx += the (K, P) matrix col (row stride ld) scattered back over its receptive fields (the
-// adjoint of im2col).
+// adjoint of im2col), channels split over threads like im2col's.
 template <typename T>
 void col2im(const T* col, int64_t ld, const ConvGeom& g, T* dx, const int64_t* xs) {
-  for (int64_t c = 0; c < g.Cg; ++c)
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) {
-        const T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
-        Range rw = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
-        int64_t step = g.sw * xs[3];
-        for (int64_t oh = 0; oh < g.Ho; ++oh) {
-          int64_t ih = oh * g.sh - g.ph + i * g.dh;
-          if (ih < 0 || ih >= g.H) continue;
-          const T* r = row + oh * g.Wo;
-          T* xr = dx + c * xs[1] + ih * xs[2] + (j * g.dw - g.pw) * xs[3];
-          if (step == 1)
-            for (int64_t ow = rw.lo; ow < rw.hi; ++ow) xr[ow] += r[ow];
-          else
-            for (int64_t ow = rw.lo; ow < rw.hi; ++ow) xr[ow * step] += r[ow];
+  parallel_for(g.Cg, g.kh * g.kw * g.P, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t i = 0; i < g.kh; ++i)
+        for (int64_t j = 0; j < g.kw; ++j) {
+          const T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
+          Range rw = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
+          int64_t step = g.sw * xs[3];
+          for (int64_t oh = 0; oh < g.Ho; ++oh) {
+            int64_t ih = oh * g.sh - g.ph + i * g.dh;
+            if (ih < 0 || ih >= g.H) continue;
+            const T* r = row + oh * g.Wo;
+            T* xr = dx + c * xs[1] + ih * xs[2] + (j * g.dw - g.pw) * xs[3];
+            if (step == 1)
+              for (int64_t ow = rw.lo; ow < rw.hi; ++ow) xr[ow] += r[ow];
+            else
+              for (int64_t ow = rw.lo; ow < rw.hi; ++ow) xr[ow * step] += r[ow];
+          }
         }
-      }
+  });
 }
 
 // Runs body(begin, end) over n items: split over threads when there are at least as many items
@@ -244,25 +249,26 @@ int64_t samples_per_gemm(const ConvGeom& g, int64_t n) {
 }
 
 // A (channels, m*P) matrix of m samples' maps: the tensor itself (strides rs, cs) when m == 1
-// and its (H, W) flatten to one stride, else a copy (dense rows of m*P) in buf.
+// and its (H, W) flatten to one stride, else a copy (dense rows of m*P) in the thread's scratch
+// slot Slot.
 template <typename T>
 struct Columns {
   const T* p;
   int64_t rs, cs;
 };
-template <typename T>
+template <typename T, int Slot>
 Columns<T> gather_columns(const Operand<const T>& t, int64_t n0, int64_t m, int64_t c0, int64_t channels, int64_t Ho,
-                          int64_t Wo, std::vector<T>& buf) {
+                          int64_t Wo) {
   const T* base = t.p + n0 * t.s[0] + c0 * t.s[1];
   if (m == 1 && t.s[2] == Wo * t.s[3]) return {base, t.s[1], t.s[3]};
   int64_t P = Ho * Wo, cols = m * P;
-  buf.resize(channels * cols);
+  T* buf = thread_scratch<T, Slot>(channels * cols);
   for (int64_t c = 0; c < channels; ++c)
     for (int64_t i = 0; i < m; ++i)
       for (int64_t h = 0; h < Ho; ++h)
         for (int64_t x = 0; x < Wo; ++x)
           buf[c * cols + i * P + h * Wo + x] = base[i * t.s[0] + c * t.s[1] + h * t.s[2] + x * t.s[3]];
-  return {buf.data(), cols, 1};
+  return {buf, cols, 1};
 }
 
 // col (K, m*P) <- im2col of samples [n0, n0+m), group gi, of x.
@@ -272,14 +278,13 @@ void im2col_samples(const Operand<const T>& x, int64_t n0, int64_t m, int64_t gi
 }
 
 // The (K, m*P) matrix of samples [n0, n0+m), group gi, of x: the input itself for a pointwise
-// conv (gather_columns), else its receptive fields (im2col) in buf.
+// conv (gather_columns), else its receptive fields (im2col), in scratch slot 0.
 template <typename T>
-Columns<T> input_columns(const Operand<const T>& x, int64_t n0, int64_t m, int64_t gi, const ConvGeom& g,
-                         std::vector<T>& buf) {
-  if (is_pointwise(g)) return gather_columns(x, n0, m, gi * g.Cg, g.Cg, g.H, g.W, buf);
-  buf.resize(g.K * m * g.P);
-  im2col_samples(x, n0, m, gi, g, buf.data());
-  return {buf.data(), m * g.P, 1};
+Columns<T> input_columns(const Operand<const T>& x, int64_t n0, int64_t m, int64_t gi, const ConvGeom& g) {
+  if (is_pointwise(g)) return gather_columns<T, 0>(x, n0, m, gi * g.Cg, g.Cg, g.H, g.W);
+  T* buf = thread_scratch<T, 0>(g.K * m * g.P);
+  im2col_samples(x, n0, m, gi, g, buf);
+  return {buf, m * g.P, 1};
 }
 
 template <typename T>
@@ -287,27 +292,28 @@ void conv_forward(const Operand<const T>& x, const T* w, const T* bias, const Op
   if (g.Cg == 1 && g.G > 1) return depthwise_forward(x, w, bias, y, g);
   const int64_t nb = samples_per_gemm(g, g.N), batches = (g.N + nb - 1) / nb;
   for_items(batches * g.G, nb * g.Og * g.K * g.P, [&](int64_t b, int64_t e) {
-    std::vector<T> xbuf, out;
     for (int64_t it = b; it < e; ++it) {
       int64_t n0 = it / g.G * nb, gi = it % g.G, m = std::min(nb, g.N - n0), cols = m * g.P;
-      const Columns<T> B = input_columns(x, n0, m, gi, g, xbuf);  // (K, cols)
+      const Columns<T> B = input_columns(x, n0, m, gi, g);  // (K, cols)
       const T* wg = w + gi * g.Og * g.K;
       T* yg = y.p + n0 * y.s[0] + gi * g.Og * y.s[1];
       // Y (Og, cols) = W_g (Og, K) @ B, into y itself when one dense sample, else through out.
       bool in_place = m == 1 && y.s[2] == g.Wo * y.s[3];
-      if (!in_place) out.resize(g.Og * cols);
-      gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, in_place ? yg : out.data(), in_place ? y.s[1] : cols,
+      T* out = in_place ? nullptr : thread_scratch<T, 1>(g.Og * cols);
+      gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, in_place ? yg : out, in_place ? y.s[1] : cols,
               in_place ? y.s[3] : 1, T(0));
       if (in_place && !bias) continue;
-      for (int64_t o = 0; o < g.Og; ++o) {
-        T bv = bias ? bias[gi * g.Og + o] : T(0);
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t h = 0; h < g.Ho; ++h)
-            for (int64_t q = 0; q < g.Wo; ++q) {
-              T& dst = yg[i * y.s[0] + o * y.s[1] + h * y.s[2] + q * y.s[3]];
-              dst = (in_place ? dst : out[o * cols + i * g.P + h * g.Wo + q]) + bv;
-            }
-      }
+      parallel_for(g.Og, cols, [&](int64_t o0, int64_t o1) {
+        for (int64_t o = o0; o < o1; ++o) {
+          T bv = bias ? bias[gi * g.Og + o] : T(0);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t h = 0; h < g.Ho; ++h)
+              for (int64_t q = 0; q < g.Wo; ++q) {
+                T& dst = yg[i * y.s[0] + o * y.s[1] + h * y.s[2] + q * y.s[3]];
+                dst = (in_place ? dst : out[o * cols + i * g.P + h * g.Wo + q]) + bv;
+              }
+        }
+      });
     }
   });
 }
@@ -317,10 +323,9 @@ void conv_backward_input(const Operand<const T>& dy, const T* w, const Operand<T
   if (g.Cg == 1 && g.G > 1) return depthwise_backward_input(dy, w, dx, g);
   const int64_t nb = samples_per_gemm(g, g.N), batches = (g.N + nb - 1) / nb;
   for_items(batches * g.G, nb * g.Og * g.K * g.P, [&](int64_t b, int64_t e) {
-    std::vector<T> col, dybuf;
     for (int64_t it = b; it < e; ++it) {
       int64_t n0 = it / g.G * nb, gi = it % g.G, m = std::min(nb, g.N - n0), cols = m * g.P;
-      Columns<T> dY = gather_columns(dy, n0, m, gi * g.Og, g.Og, g.Ho, g.Wo, dybuf);
+      Columns<T> dY = gather_columns<T, 1>(dy, n0, m, gi * g.Og, g.Og, g.Ho, g.Wo);
       const T* wg = w + gi * g.Og * g.K;
       T* dxg = dx.p + n0 * dx.s[0] + gi * g.Cg * dx.s[1];
       // (K, cols) = W_g^T (K, Og) @ dY_g (Og, cols), straight into dx for one dense pointwise
@@ -329,14 +334,14 @@ void conv_backward_input(const Operand<const T>& dy, const T* w, const Operand<T
         gemm<T>(g.K, g.P, g.Og, wg, 1, g.K, dY.p, dY.rs, dY.cs, dxg, dx.s[1], dx.s[3], T(0));
         continue;
       }
-      col.resize(g.K * cols);
-      gemm<T>(g.K, cols, g.Og, wg, 1, g.K, dY.p, dY.rs, dY.cs, col.data(), cols, 1, T(0));
+      T* col = thread_scratch<T, 0>(g.K * cols);
+      gemm<T>(g.K, cols, g.Og, wg, 1, g.K, dY.p, dY.rs, dY.cs, col, cols, 1, T(0));
       for (int64_t i = 0; i < m; ++i) {
         T* dxi = dxg + i * dx.s[0];
         for (int64_t c = 0; c < g.Cg; ++c)
           for (int64_t h = 0; h < g.H; ++h)
             for (int64_t x = 0; x < g.W; ++x) dxi[c * dx.s[1] + h * dx.s[2] + x * dx.s[3]] = T(0);
-        col2im(col.data() + i * g.P, cols, g, dxi, dx.s);
+        col2im(col + i * g.P, cols, g, dxi, dx.s);
       }
     }
   });
@@ -359,13 +364,12 @@ void conv_backward_weight(const Operand<const T>& dy, const Operand<const T>& x,
   std::vector<T> partial((chunks - 1) * wsize);
   auto run_chunk = [&](int64_t ch) {
     T* acc = ch == 0 ? dw : partial.data() + (ch - 1) * wsize;
-    std::vector<T> xbuf, dybuf;
     int64_t n0 = g.N * ch / chunks, n1 = g.N * (ch + 1) / chunks;
     for (int64_t s = n0; s < n1; s += nb) {
       int64_t m = std::min(nb, n1 - s), cols = m * g.P;
       for (int64_t gi = 0; gi < g.G; ++gi) {
-        const Columns<T> B = input_columns(x, s, m, gi, g, xbuf);  // (K, cols), used transposed
-        Columns<T> dY = gather_columns(dy, s, m, gi * g.Og, g.Og, g.Ho, g.Wo, dybuf);
+        const Columns<T> B = input_columns(x, s, m, gi, g);  // (K, cols), used transposed
+        Columns<T> dY = gather_columns<T, 1>(dy, s, m, gi * g.Og, g.Og, g.Ho, g.Wo);
         // dW_g (Og, K) += dY_g (Og, cols) @ col^T (cols, K)
         gemm<T>(g.Og, g.K, cols, dY.p, dY.rs, dY.cs, B.p, B.cs, B.rs, acc + gi * g.Og * g.K, g.K, 1,
                 s == n0 ? T(0) : T(1));

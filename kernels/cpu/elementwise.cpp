@@ -286,6 +286,35 @@ void where_kernel(const KernelArgs& args) {
   });
 }
 
+// ---------------------------------------------------------------- channel_affine
+
+// in = (x, mean, scale, bias) broadcast to out -> out = (x - mean) * scale + bias (kernel.h).
+void channel_affine_kernel(const KernelArgs& args) {
+  const Tensor& out = args.out[0];
+  dispatch_floating(out.dtype(), Op::channel_affine, [&]<typename T>() {
+    using C = compute_t<T>;
+    // Each step rounded to T, as the separate ops: a no-op for float and double.
+    auto affine = [](C x, C m, C s, C b) {
+      C centered = static_cast<C>(static_cast<T>(x - m));
+      return static_cast<T>(static_cast<C>(static_cast<T>(centered * s)) + b);
+    };
+    for_each_strided<5>({&out, &args.in[0], &args.in[1], &args.in[2], &args.in[3]},
+                        [&](std::array<char*, 5> p, const std::array<int64_t, 5>& st, int64_t n) {
+                          auto at = [&](int k, int64_t i) { return *reinterpret_cast<const T*>(p[k] + i * st[k]); };
+                          auto* y = reinterpret_cast<T*>(p[0]);
+                          if (st[0] == sizeof(T) && st[1] == sizeof(T) && st[2] == 0 && st[3] == 0 && st[4] == 0) {
+                            // a row of one channel (NCHW): the constants hoisted, a loop that vectorises
+                            const T* x = reinterpret_cast<const T*>(p[1]);
+                            const C m = at(2, 0), s = at(3, 0), b = at(4, 0);
+                            for (int64_t i = 0; i < n; ++i) y[i] = affine(x[i], m, s, b);
+                          } else {
+                            for (int64_t i = 0; i < n; ++i)
+                              *reinterpret_cast<T*>(p[0] + i * st[0]) = affine(at(1, i), at(2, i), at(3, i), at(4, i));
+                          }
+                        });
+  });
+}
+
 // ---------------------------------------------------------------- lerp
 
 // PyTorch's lerp formula: start + w * (end - start) for |w| < 0.5, else
@@ -386,6 +415,7 @@ void register_elementwise_kernels(KernelRegistry& r) {
   r.set(Op::ge, cpu, ge_kernel);
   r.set(Op::where, cpu, where_kernel);
   r.set(Op::lerp, cpu, lerp_kernel);
+  r.set(Op::channel_affine, cpu, channel_affine_kernel);
 }
 
 }  // namespace tvc::cpu

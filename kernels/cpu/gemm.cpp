@@ -55,16 +55,6 @@ struct KernelFor<double> {
   static const GemmKernelF64& get(const GemmKernels& k) { return k.f64; }
 };
 
-// A per-thread, 64-byte aligned scratch buffer for the packed operands, grown on demand.
-template <typename T, int Which>
-T* pack_buffer(int64_t elements) {
-  thread_local std::vector<char> raw;
-  size_t need = static_cast<size_t>(elements) * sizeof(T) + 64;
-  if (raw.size() < need) raw.assign(need, 0);
-  auto p = reinterpret_cast<uintptr_t>(raw.data());
-  return reinterpret_cast<T*>((p + 63) & ~uintptr_t{63});
-}
-
 // Packs A[0:mc, 0:kc] (strides rs, cs) into ceil(mc/mr) micro-panels of kc x mr (element [k][i]
 // at panel[k * mr + i]), zero-padding the rows past mc.
 template <typename T>
@@ -117,8 +107,8 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
   const int64_t MC = std::min((M + mr - 1) / mr * mr, kn.mc);
   const int64_t NC = std::min((N + nr - 1) / nr * nr, kn.nc);
   const int64_t KC = std::min(K, kn.kc);
-  T* ap = pack_buffer<T, 0>(MC * KC);
-  T* bp = pack_buffer<T, 1>(KC * NC);
+  T* ap = thread_scratch<T, 2>(MC * KC);
+  T* bp = thread_scratch<T, 3>(KC * NC);
   // With few rows each element of B is used too few times to pay for packing it: when B's rows
   // are contiguous its full NR-column panels are read in place, and only a partial one is packed.
   const bool b_in_place = b_cs == 1 && M <= kBInPlaceRows;

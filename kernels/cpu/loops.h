@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <vector>
@@ -112,6 +113,22 @@ class RegionErrors {
   std::mutex mutex_;
   std::exception_ptr first_;
 };
+
+// A per-thread scratch buffer of at least `elements` T, 64-byte aligned, kept for the thread's
+// next calls and grown on demand; its contents are not initialised. Buffers in use at the same
+// time need different slots: 0 and 1 are the convolutions', 2 and 3 the GEMM's packing.
+template <typename T, int Slot>
+T* thread_scratch(int64_t elements) {
+  thread_local std::unique_ptr<char[]> raw;
+  thread_local size_t capacity = 0;
+  size_t need = static_cast<size_t>(elements) * sizeof(T) + 64;
+  if (capacity < need) {
+    raw.reset(new char[need]);
+    capacity = need;
+  }
+  auto p = reinterpret_cast<uintptr_t>(raw.get());
+  return reinterpret_cast<T*>((p + 63) & ~uintptr_t{63});
+}
 
 // Runs body(begin, end) over [0, n) split into contiguous chunks, one per thread.
 template <typename F>

@@ -137,6 +137,10 @@ struct Pool2dParams {
   int64_t divisor_override = 0;  // 0: none
 };
 
+// channel_affine: in = (x, mean, scale, bias), all of out's shape (the last three broadcast
+// views) -> out = (x - mean) * scale + bias, each step rounded to the dtype as the separate
+// sub, mul and add ops round it (eval-mode batch norm in one pass).
+
 // lerp: in = (start_0..start_{n-1}, end_0..end_{n-1}) -> out (out_0..out_{n-1}), n >= 1 pairs of
 // one floating dtype; out_i has the shape of start_i and end_i and may be start_i itself (in
 // place); out_i = lerp(start_i, end_i, weight).

@@ -106,6 +106,7 @@
   X(adaptive_max_pool2d_backward, BACKWARD) \
   /* normalisation */                       \
   X(batch_norm, COMPOSED)                   \
+  X(channel_affine, KERNEL)                 \
   X(layer_norm, COMPOSED)                   \
   X(group_norm, COMPOSED)                   \
   X(softmax, COMPOSED)                      \
