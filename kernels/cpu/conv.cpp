@@ -16,6 +16,7 @@
 // the weight gradient sums per-chunk partials (fixed chunks of the batch) in chunk order, so
 // results do not depend on the thread count.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -164,8 +165,71 @@ void depthwise_plane(const T* x, const int64_t* xs, const T* w, const ConvGeom& 
     }
 }
 
+// Float32 planes with contiguous input rows and stride 1 or 2: each output row's
+// columns whose taps all lie inside the input go to the instruction set's row kernel
+// (depthwise_row); the border columns are summed here, over the taps inside, in the same order.
+// y_rs is y's row stride (its columns contiguous); rows and offsets are scratch of kh*kw.
+void depthwise_plane_rows(const float* x, int64_t x_rs, const float* w, float bias, const ConvGeom& g, float* y,
+                          int64_t y_rs, const float** rows, float* tap_w, int64_t* offsets) {
+  int64_t lo = 0, hi = g.Wo;  // the columns whose every tap lies inside the input
+  for (int64_t j = 0; j < g.kw; ++j) {
+    Range r = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
+    lo = std::max(lo, r.lo), hi = std::min(hi, r.hi);
+  }
+  hi = std::max(hi, lo);
+  for (int64_t oh = 0; oh < g.Ho; ++oh) {
+    int64_t taps = 0;  // the taps of this row inside the input's rows: input row pointer at ow = 0
+    for (int64_t i = 0; i < g.kh; ++i) {
+      int64_t ih = oh * g.sh - g.ph + i * g.dh;
+      if (ih < 0 || ih >= g.H) continue;
+      for (int64_t j = 0; j < g.kw; ++j, ++taps) {
+        offsets[taps] = j * g.dw - g.pw;
+        rows[taps] = x + ih * x_rs + offsets[taps];
+        tap_w[taps] = w[i * g.kw + j];
+      }
+    }
+    float* yr = y + oh * y_rs;
+    auto border = [&](int64_t ow) {
+      float sum = bias;
+      for (int64_t t = 0; t < taps; ++t) {
+        int64_t iw = ow * g.sw + offsets[t];
+        if (iw >= 0 && iw < g.W) sum += tap_w[t] * rows[t][ow * g.sw];
+      }
+      yr[ow] = sum;
+    };
+    for (int64_t ow = 0; ow < lo; ++ow) border(ow);
+    if (hi > lo) {
+      for (int64_t t = 0; t < taps; ++t) rows[t] += lo * g.sw;
+      depthwise_row(hi - lo, taps, rows, tap_w, g.sw, bias, yr + lo);
+      for (int64_t t = 0; t < taps; ++t) rows[t] -= lo * g.sw;
+    }
+    for (int64_t ow = hi; ow < g.Wo; ++ow) border(ow);
+  }
+}
+
 template <typename T>
 void depthwise_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y, const ConvGeom& g) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (x.s[3] == 1 && (g.sw == 1 || g.sw == 2)) {
+      parallel_for(g.N * g.O, g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
+        std::vector<const float*> rows(g.kh * g.kw);
+        std::vector<float> tap_w(g.kh * g.kw), buf(y.s[3] == 1 ? 0 : g.P);
+        std::vector<int64_t> offsets(g.kh * g.kw);
+        for (int64_t it = b; it < e; ++it) {
+          int64_t n = it / g.O, o = it % g.O, c = o / g.Og;
+          float* yp = y.p + n * y.s[0] + o * y.s[1];
+          bool direct = y.s[3] == 1;
+          depthwise_plane_rows(x.p + n * x.s[0] + c * x.s[1], x.s[2], w + o * g.kh * g.kw, bias ? bias[o] : 0.f, g,
+                               direct ? yp : buf.data(), direct ? y.s[2] : g.Wo, rows.data(), tap_w.data(),
+                               offsets.data());
+          if (!direct)
+            for (int64_t oh = 0; oh < g.Ho; ++oh)
+              for (int64_t ow = 0; ow < g.Wo; ++ow) yp[oh * y.s[2] + ow * y.s[3]] = buf[oh * g.Wo + ow];
+        }
+      });
+      return;
+    }
+  }
   parallel_for(g.N * g.O, g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
     std::vector<T> buf(g.P);
     for (int64_t it = b; it < e; ++it) {

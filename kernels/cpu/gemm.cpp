@@ -228,6 +228,11 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_c
   if (M * N * K <= kSmallGemm) return gemm_small(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta);
   gemm_packed(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta);
 }
+void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride, float bias,
+                   float* y) {
+  active_kernels().depthwise_row(n, taps, rows, w, stride, bias, y);
+}
+
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t,
                           float*, int64_t, int64_t, float);
 template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t, const double*, int64_t, int64_t,

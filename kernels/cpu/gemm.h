@@ -14,4 +14,10 @@ template <typename T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
           int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta);
 
+// One row of a float32 depthwise convolution with the active instruction set's kernel:
+//   y[ow] = bias + sum over taps t in order of w[t] * rows[t][ow * stride], ow in [0, n),
+// every tap inside the input, rows contiguous, stride 1 or 2 (gemm_kernels.h, DepthwiseRowF32).
+void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride, float bias,
+                   float* y);
+
 }  // namespace tvc::cpu

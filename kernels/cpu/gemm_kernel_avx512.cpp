@@ -8,6 +8,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
     {12, 32, 384, 1536, 384, gemm_micro_kernel<float, 16, 12, 2>},
     {12, 16, 192, 1536, 384, gemm_micro_kernel<double, 8, 12, 2>},
     {16, 24, fma_peak_loop<16, 24>},
+    depthwise_row<16>,
 };
 
 }  // namespace tvc::cpu

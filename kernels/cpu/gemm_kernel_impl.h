@@ -67,6 +67,79 @@ void gemm_micro_kernel(int64_t kc, const T* __restrict a, const T* __restrict b,
   }
 }
 
+template <int W>
+struct FloatVector {
+  typedef float type __attribute__((vector_size(W * sizeof(float))));
+};
+
+// The even lanes of the 2W floats lo, hi.
+template <int W>
+typename FloatVector<W>::type even_lanes(typename FloatVector<W>::type lo, typename FloatVector<W>::type hi) {
+  if constexpr (W == 4)
+    return __builtin_shufflevector(lo, hi, 0, 2, 4, 6);
+  else if constexpr (W == 8)
+    return __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14);
+  else
+    return __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+}
+
+// See DepthwiseRowF32: U vectors of W outputs stay in registers over the taps.
+template <int W>
+void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride, float bias,
+                   float* y) {
+  typedef typename FloatVector<W>::type V;
+  constexpr int U = 4;
+  // With stride 2 a vector of outputs loads 2W inputs, the last one past the last input used:
+  // the loops stop one output early so that it is still inside the row.
+  const int64_t end = stride == 2 ? n - 1 : n;
+  int64_t ow = 0;
+  for (; ow + U * W <= end; ow += U * W) {
+    V acc[U];
+#pragma GCC unroll 8
+    for (int u = 0; u < U; ++u) acc[u] = V{} + bias;
+    for (int64_t t = 0; t < taps; ++t) {
+      const float* x = rows[t] + ow * stride;
+      const V wv = V{} + w[t];
+#pragma GCC unroll 8
+      for (int u = 0; u < U; ++u) {
+        V xv;
+        if (stride == 1) {
+          __builtin_memcpy(&xv, x + u * W, sizeof(V));
+        } else {  // stride 2: the even lanes of two vectors
+          V lo, hi;
+          __builtin_memcpy(&lo, x + 2 * u * W, sizeof(V));
+          __builtin_memcpy(&hi, x + 2 * u * W + W, sizeof(V));
+          xv = even_lanes<W>(lo, hi);
+        }
+        acc[u] += wv * xv;
+      }
+    }
+    __builtin_memcpy(y + ow, acc, sizeof(acc));
+  }
+  for (; ow + W <= end; ow += W) {  // one vector at a time
+    V acc = V{} + bias;
+    for (int64_t t = 0; t < taps; ++t) {
+      const float* x = rows[t] + ow * stride;
+      V xv;
+      if (stride == 1) {
+        __builtin_memcpy(&xv, x, sizeof(V));
+      } else {
+        V lo, hi;
+        __builtin_memcpy(&lo, x, sizeof(V));
+        __builtin_memcpy(&hi, x + W, sizeof(V));
+        xv = even_lanes<W>(lo, hi);
+      }
+      acc += (V{} + w[t]) * xv;
+    }
+    __builtin_memcpy(y + ow, &acc, sizeof(acc));
+  }
+  for (; ow < n; ++ow) {
+    float s = bias;
+    for (int64_t t = 0; t < taps; ++t) s += w[t] * rows[t][ow * stride];
+    y[ow] = s;
+  }
+}
+
 // See FmaPeakLoop: Chains accumulators of W floats.
 template <int W, int Chains>
 float fma_peak_loop(int64_t iterations) {

@@ -1,4 +1,5 @@
-// The GEMM micro-kernels of each CPU instruction set and their blocking (not installed).
+// The micro-kernels of each CPU instruction set (GEMM with its blocking, the FMA peak loop, the
+// depthwise convolution row) (not installed).
 //
 // This header holds declarations only: it is included by gemm_kernel_{generic,avx2,avx512}.cpp,
 // which are compiled with different -m flags, and any inline function or template shared with the
@@ -39,10 +40,17 @@ struct FmaPeakLoop {
   int64_t lanes, chains;
   float (*run)(int64_t iterations);
 };
+// One output row of a float32 depthwise convolution, every tap inside the input:
+//   y[ow] = bias + w[0] * rows[0][ow * stride] + ... + w[taps-1] * rows[taps-1][ow * stride]
+// for ow in [0, n), summed in tap order; rows[t] points at tap t's input for ow = 0 (its rows
+// contiguous), stride is 1 or 2.
+using DepthwiseRowF32 = void (*)(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride,
+                                 float bias, float* y);
 struct GemmKernels {
   GemmKernelF32 f32;
   GemmKernelF64 f64;
   FmaPeakLoop peak;
+  DepthwiseRowF32 depthwise_row;
 };
 
 extern const GemmKernels gemm_kernels_generic;  // gemm_kernel_generic.cpp, baseline x86-64
