@@ -8,7 +8,8 @@
 // the (Og, K) weight by it; backward w.r.t. input runs the GEMM transposed into a (K, P) matrix
 // and col2im scatters it back. Small maps put several samples side by side in one (K, m*P)
 // matrix (samples_per_gemm). 1x1, stride-1, unpadded convs use the input itself as the (K, P)
-// matrix. Depthwise convs (Cg == 1) use direct loops, as a GEMM with K = kh*kw is slow.
+// matrix. Depthwise convs (Cg == 1) use direct loops, as a GEMM with K = kh*kw is slow: float32
+// rows go to the instruction set's row kernel (depthwise_row, gemm_kernels.h).
 // Tensors may have any strides (channels-last included): the kernels read and write through
 // them, so the output keeps whatever layout the caller allocated.
 //
