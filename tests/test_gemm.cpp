@@ -130,7 +130,8 @@ std::vector<Case> small_cases() {
 // Shapes larger than the blocks (KC 192..384, NC 256..384, MC 1536) with odd remainders; for
 // each, every pair of layouts of A and B, C's layout and beta in turn.
 std::vector<Case> large_cases() {
-  const int64_t shapes[][3] = {{257, 129, 300}, {19, 801, 400}, {1601, 19, 45}, {13, 33, 2049}};
+  const int64_t shapes[][3] = {{257, 129, 300}, {19, 801, 400},  {1601, 19, 45},
+                               {13, 33, 2049},  {1, 1000, 1280}, {8, 77, 517}};  // few rows: the dot-product path
   std::vector<Case> cases;
   int i = 0;
   for (const auto& s : shapes)
@@ -163,18 +164,20 @@ TEST(Gemm, EmptyInnerDimScalesC) {
 // product, one split along N (few rows, B read in place, as in convolutions) and one with K
 // across blocks.
 TEST(Gemm, BitIdenticalForAnyThreadCount) {
-  const int64_t shapes[][3] = {{515, 517, 300}, {64, 3136, 576}, {300, 200, 1000}};
-  const Layout b_layouts[] = {Layout::ColMajor, Layout::RowMajor, Layout::Strided};
+  const int64_t shapes[][3] = {{515, 517, 300}, {64, 3136, 576}, {300, 200, 1000}, {4, 1000, 1280}};
+  const Layout b_layouts[] = {Layout::ColMajor, Layout::RowMajor, Layout::Strided, Layout::ColMajor};
   int threads = get_num_threads();
   for_each_isa([&] {
-    for (int t = 0; t < 3; ++t) {
+    for (int t = 0; t < 4; ++t) {
       int64_t M = shapes[t][0], N = shapes[t][1], K = shapes[t][2];
       std::mt19937 gen(7);
       Matrix<float> a(M, K, Layout::RowMajor, gen), b(K, N, b_layouts[t], gen);
       std::vector<float> c1(M * N), c2(M * N);
       set_num_threads(1);
+      apply_num_threads();  // the kernel is called directly, not through an op that applies it
       cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, c1.data(), N, 1, 0.f);
       set_num_threads(2);
+      apply_num_threads();
       cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, c2.data(), N, 1, 0.f);
       EXPECT_EQ(c1, c2) << "M=" << M << " N=" << N << " K=" << K;
     }

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -185,6 +186,25 @@ Grid thread_grid(int64_t threads, int64_t mtiles, int64_t ntiles, int64_t mr, in
   return best;
 }
 
+// Few rows of C (a linear layer's batch) times a B whose columns are contiguous (x @ W^T with W
+// row-major): each element is one dot product of an A row and a B column, both read in place,
+// since packing all of B for a few rows costs more than the products. Columns are split over
+// threads and every dot product runs in a fixed order, so results do not depend on the threads.
+constexpr int64_t kDotRows = 8;
+
+void gemm_dots(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, const float* B, int64_t b_cs, float* C,
+               int64_t c_rs, int64_t c_cs, float beta) {
+  const DotF32 dot = active_kernels().dot;
+  parallel_for(N, M * K, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j)
+      for (int64_t i = 0; i < M; ++i) {
+        float s = dot(K, A + i * a_rs, B + j * b_cs);
+        float& c = C[i * c_rs + j * c_cs];
+        c = beta == 0.f ? s : s + beta * c;
+      }
+  });
+}
+
 template <typename T>
 void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
                  int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
@@ -226,6 +246,8 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_c
   // A column-major C is computed as C^T = B^T @ A^T, so the micro-kernel writes along rows.
   if (c_rs == 1 && c_cs != 1) return gemm(N, M, K, B, b_cs, b_rs, A, a_cs, a_rs, C, c_cs, c_rs, beta);
   if (M * N * K <= kSmallGemm) return gemm_small(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta);
+  if constexpr (std::is_same_v<T, float>)
+    if (M <= kDotRows && a_cs == 1 && b_rs == 1) return gemm_dots(M, N, K, A, a_rs, B, b_cs, C, c_rs, c_cs, beta);
   gemm_packed(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta);
 }
 void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride, float bias,

@@ -9,6 +9,7 @@ extern const GemmKernels gemm_kernels_avx2 = {
     {6, 8, 192, 1536, 384, gemm_micro_kernel<double, 4, 6, 2>},
     {8, 12, fma_peak_loop<8, 12>},
     depthwise_row<8>,
+    dot<8>,
 };
 
 }  // namespace tvc::cpu

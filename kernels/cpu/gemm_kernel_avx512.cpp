@@ -9,6 +9,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
     {12, 16, 192, 1536, 384, gemm_micro_kernel<double, 8, 12, 2>},
     {16, 24, fma_peak_loop<16, 24>},
     depthwise_row<16>,
+    dot<16>,
 };
 
 }  // namespace tvc::cpu

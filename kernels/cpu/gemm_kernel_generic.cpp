@@ -9,6 +9,7 @@ extern const GemmKernels gemm_kernels_generic = {
     {4, 4, 256, 1536, 256, gemm_micro_kernel<double, 2, 4, 2>},
     {4, 12, fma_peak_loop<4, 12>},
     depthwise_row<4>,
+    dot<4>,
 };
 
 }  // namespace tvc::cpu

@@ -140,6 +140,33 @@ void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const floa
   }
 }
 
+// See DotF32: 4 vector accumulators of W lanes, added pairwise, then the lanes, then the tail.
+template <int W>
+float dot(int64_t n, const float* a, const float* b) {
+  typedef typename FloatVector<W>::type V;
+  V acc[4] = {};
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W)
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) {
+      V av, bv;
+      __builtin_memcpy(&av, a + i + u * W, sizeof(V));
+      __builtin_memcpy(&bv, b + i + u * W, sizeof(V));
+      acc[u] += av * bv;
+    }
+  for (; i + W <= n; i += W) {
+    V av, bv;
+    __builtin_memcpy(&av, a + i, sizeof(V));
+    __builtin_memcpy(&bv, b + i, sizeof(V));
+    acc[0] += av * bv;
+  }
+  V total = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  float sum = 0;
+  for (int lane = 0; lane < W; ++lane) sum += total[lane];
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
 // See FmaPeakLoop: Chains accumulators of W floats.
 template <int W, int Chains>
 float fma_peak_loop(int64_t iterations) {

@@ -46,11 +46,14 @@ struct FmaPeakLoop {
 // contiguous), stride is 1 or 2.
 using DepthwiseRowF32 = void (*)(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride,
                                  float bias, float* y);
+// The dot product of n floats a and b (both contiguous), summed in a fixed order.
+using DotF32 = float (*)(int64_t n, const float* a, const float* b);
 struct GemmKernels {
   GemmKernelF32 f32;
   GemmKernelF64 f64;
   FmaPeakLoop peak;
   DepthwiseRowF32 depthwise_row;
+  DotF32 dot;
 };
 
 extern const GemmKernels gemm_kernels_generic;  // gemm_kernel_generic.cpp, baseline x86-64
