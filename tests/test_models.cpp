@@ -369,8 +369,8 @@ void conv_rounded_to_bfloat16(const KernelArgs& args) {
   for (const Tensor& t : args.out) {
     if (t.dtype() != DType::Float32) continue;
     ASSERT_TRUE(t.is_contiguous() || t.is_contiguous(MemoryFormat::ChannelsLast));  // dense: numel values
-    auto* bits = static_cast<uint32_t*>(t.raw_data());
-    for (int64_t i = 0; i < t.numel(); ++i) bits[i] = (bits[i] + 0x7fff + ((bits[i] >> 16) & 1)) & 0xffff0000u;
+    auto* values = static_cast<float*>(t.raw_data());
+    for (int64_t i = 0; i < t.numel(); ++i) values[i] = BFloat16(values[i]);
   }
 }
 
