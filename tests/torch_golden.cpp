@@ -1,12 +1,15 @@
 #include "torch_golden.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "tvc/ops.h"
@@ -26,6 +29,22 @@ std::filesystem::path cache_dir() {
   std::filesystem::path dir = env && *env ? env : TVC_DEFAULT_GOLDEN_CACHE;
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// How a child command ended and the last line it printed (a Python error's own line), for the
+// first line of a failure message: a long log may be cut short where CI shows it.
+std::string failure_summary(int status, const std::string& output) {
+  // std::system runs sh -c, which reports a child killed by signal S as exit status 128 + S.
+  int signal = WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status) > 128 ? WEXITSTATUS(status) - 128 : 0;
+  std::string how =
+      status == -1 ? "could not be started"
+      : signal     ? "was killed by signal " + std::to_string(signal) + (signal == SIGKILL ? " (out of memory?)" : "")
+                   : "exited with status " + std::to_string(WEXITSTATUS(status));
+  const size_t end = output.find_last_not_of(" \n");
+  if (end == std::string::npos) return how;
+  const size_t newline = output.rfind('\n', end);
+  const size_t begin = newline == std::string::npos ? 0 : newline + 1;
+  return how + ": " + output.substr(begin, end - begin + 1);
 }
 
 }  // namespace
@@ -51,9 +70,8 @@ bool run_python(const std::filesystem::path& script, const std::filesystem::path
   std::string msg(std::istreambuf_iterator<char>(err), {});
   std::filesystem::remove(out.string() + ".err");
   if (rc == 0) return true;
-  ADD_FAILURE() << "PyTorch golden failed (install python3-torch python3-torchvision "
-                   "libopenblas0-pthread): "
-                << script << "\n"
+  ADD_FAILURE() << "PyTorch golden " << failure_summary(rc, msg) << "\n"
+                << "script: " << script << " (install python3-torch python3-torchvision libopenblas0-pthread)\n"
                 << msg;
   return false;
 }
@@ -106,17 +124,38 @@ std::string python_golden_folder(const std::string& script, const std::vector<st
   std::snprintf(name, sizeof name, "files-%016llx", static_cast<unsigned long long>(fnv1a(key)));
   std::filesystem::path dir = cache_dir() / name;
   if (std::filesystem::exists(dir / "complete")) return dir.string();
-  std::filesystem::create_directories(dir);
-  std::filesystem::path log = dir / "log";
-  int rc = std::system((command + " '" + dir.string() + "' > " + log.string() + " 2>&1").c_str());
-  if (rc != 0 || !std::filesystem::exists(dir / "complete")) {
-    ADD_FAILURE() << "golden script failed (install python3-torch python3-torchvision and the safetensors "
-                     "package): "
-                  << command << "\n"
-                  << read_file(log);
-    return "";
+  // The script writes into a folder of this process's own, renamed into place when complete:
+  // test programs running at once may need the same goldens, and none reads a half-written one.
+  const std::filesystem::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
+  const std::filesystem::path log = tmp / "log";
+  // Goldens are deterministic, so a run that failed for a passing reason of the machine (memory,
+  // disk, a killed process) is run once more; the first failure is printed either way.
+  std::string failure;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::filesystem::remove_all(tmp);
+    std::filesystem::create_directories(tmp);
+    int rc = std::system((command + " '" + tmp.string() + "' > " + log.string() + " 2>&1").c_str());
+    if (rc == 0 && std::filesystem::exists(tmp / "complete")) {
+      std::error_code taken;
+      std::filesystem::rename(tmp, dir, taken);
+      if (taken) {  // another process renamed its copy first, or an old run left an incomplete folder
+        if (!std::filesystem::exists(dir / "complete")) {
+          std::filesystem::remove_all(dir);
+          std::filesystem::rename(tmp, dir);
+        }
+        std::filesystem::remove_all(tmp);
+      }
+      return dir.string();
+    }
+    const std::string output = read_file(log);
+    failure = failure_summary(rc, output) + "\n" + output;
+    std::cerr << "golden script " << script << " " << failure_summary(rc, output)
+              << (attempt == 0 ? " (running it once more)" : "") << "\n";
   }
-  return dir.string();
+  std::filesystem::remove_all(tmp);  // no partial goldens left behind
+  ADD_FAILURE() << "golden script " << script << " " << failure
+                << "\ncommand (needs python3-torch python3-torchvision and the safetensors package): " << command;
+  return "";
 }
 
 nlohmann::json torch_json(const std::string& code) {

@@ -18,8 +18,10 @@ std::string torch_run(const std::string& code);
 std::string torch_run_uncached(const std::string& code);
 // The folder of files a Python script writes: `/usr/bin/python3 script ARGS... FOLDER` runs once
 // into a folder of the golden cache keyed by a hash of the script's text and the arguments; the
-// script writes a file named `complete` last, and until it has, the next call runs it again.
-// Returns the folder ("" after a recorded test failure).
+// script writes a file named `complete` last, into a folder of the calling process's own that
+// is renamed into place once complete (programs running at once may need the same goldens). A
+// failed run is run once more; a second failure is a test failure whose message starts with how
+// the script ended and its last line. Returns the folder ("" after a recorded test failure).
 std::string python_golden_folder(const std::string& script, const std::vector<std::string>& args);
 // stdout parsed as JSON.
 nlohmann::json torch_json(const std::string& code);
