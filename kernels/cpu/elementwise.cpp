@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "cpu_kernels.h"
+#include "gemm.h"
 #include "loops.h"
 
 namespace tvc::cpu {
@@ -87,6 +88,21 @@ void unary_numeric(const KernelArgs& args, Op op, F f) {
   });
 }
 
+// A float32 function of the vector kernels (gemm.h) when input and output are dense in the same
+// layout: true when it has been computed.
+bool vector_function_dense(const KernelArgs& args, VectorFunction f) {
+  const Tensor& in = args.in[0];
+  const Tensor& out = args.out[0];
+  if (in.dtype() != DType::Float32 || out.dtype() != DType::Float32 || in.strides() != out.strides() ||
+      !(in.is_contiguous() || in.is_contiguous(MemoryFormat::ChannelsLast)))
+    return false;
+  const float* x = in.data_ptr<float>();
+  float* y = out.data_ptr<float>();
+  parallel_for(in.numel(), 1,
+               [&](int64_t begin, int64_t end) { vector_function(f, end - begin, x + begin, y + begin); });
+  return true;
+}
+
 template <typename C>
 C sigmoid_of(C x) {
   return C(1) / (C(1) + std::exp(-x));
@@ -102,6 +118,7 @@ void sign_kernel(const KernelArgs& a) {
   unary_numeric(a, Op::sign, [](auto x) { return (decltype(x)(0) < x) - (x < decltype(x)(0)); });
 }
 void exp_kernel(const KernelArgs& a) {
+  if (vector_function_dense(a, VectorFunction::exp)) return;
   unary_floating(a, Op::exp, [](auto x) { return std::exp(x); });
 }
 void log_kernel(const KernelArgs& a) {
@@ -141,9 +158,11 @@ void gelu_kernel(const KernelArgs& a) {
   }
 }
 void silu_kernel(const KernelArgs& a) {
+  if (vector_function_dense(a, VectorFunction::silu)) return;
   unary_floating(a, Op::silu, [](auto x) { return x * sigmoid_of(x); });
 }
 void sigmoid_kernel(const KernelArgs& a) {
+  if (vector_function_dense(a, VectorFunction::sigmoid)) return;
   unary_floating(a, Op::sigmoid, [](auto x) { return sigmoid_of(x); });
 }
 void hardsigmoid_kernel(const KernelArgs& a) {

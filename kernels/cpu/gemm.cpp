@@ -255,6 +255,11 @@ void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const floa
   active_kernels().depthwise_row(n, taps, rows, w, stride, bias, y);
 }
 
+void vector_function(VectorFunction f, int64_t n, const float* x, float* y) {
+  const GemmKernels& k = active_kernels();
+  (f == VectorFunction::exp ? k.exp : f == VectorFunction::sigmoid ? k.sigmoid : k.silu)(n, x, y);
+}
+
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t,
                           float*, int64_t, int64_t, float);
 template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t, const double*, int64_t, int64_t,

@@ -10,6 +10,9 @@ extern const GemmKernels gemm_kernels_avx2 = {
     {8, 12, fma_peak_loop<8, 12>},
     depthwise_row<8>,
     dot<8>,
+    exp_f32<8>,
+    sigmoid_f32<8>,
+    silu_f32<8>,
 };
 
 }  // namespace tvc::cpu

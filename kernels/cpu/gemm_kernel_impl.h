@@ -167,7 +167,91 @@ float dot(int64_t n, const float* a, const float* b) {
   return sum;
 }
 
-// See FmaPeakLoop: Chains accumulators of W floats.
+template <int W>
+struct IntVector {
+  typedef int32_t type __attribute__((vector_size(W * sizeof(int32_t))));
+};
+
+// e^x of W floats, within 2 ulp: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is
+// exact), e^r by Cephes' degree-6 polynomial, times 2^n as two powers of two built in the exponent
+// bits (so that n from -150 to 128 scales without overflow and denormal results round once).
+// inf above 88.72284 (the largest finite result), 0 below -103.97208; NaN stays NaN.
+template <int W>
+typename FloatVector<W>::type exp_lanes(typename FloatVector<W>::type x) {
+  typedef typename FloatVector<W>::type V;
+  typedef typename IntVector<W>::type I;
+  const V hi = V{} + 88.72283935546875f, lo = V{} - 103.972084045410f;
+  V xc = x > hi ? hi : x;  // comparisons with NaN are false: NaN passes through
+  xc = xc < lo ? lo : xc;
+  const V shifter = V{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const V n = (xc * 1.44269504088896341f + shifter) - shifter;
+  V r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const V e = p * (r * r) + r + 1.0f;
+  const I ni = __builtin_convertvector(n, I);
+  const I half = ni >> 1;
+  const I bits1 = (half + 127) << 23, bits2 = (ni - half + 127) << 23;
+  V scale1, scale2;
+  __builtin_memcpy(&scale1, &bits1, sizeof(V));
+  __builtin_memcpy(&scale2, &bits2, sizeof(V));
+  V y = e * scale1 * scale2;
+  y = x > hi ? V{} + __builtin_inff() : y;
+  y = x < lo ? V{} : y;
+  return y;
+}
+
+// See UnaryF32: whole vectors, then the tail through a zero-padded vector.
+template <int W, typename F>
+void map_lanes(int64_t n, const float* x, float* y, F f) {
+  typedef typename FloatVector<W>::type V;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    V v;
+    __builtin_memcpy(&v, x + i, sizeof(V));
+    v = f(v);
+    __builtin_memcpy(y + i, &v, sizeof(V));
+  }
+  if (i < n) {
+    float buf[W] = {};
+    for (int64_t k = i; k < n; ++k) buf[k - i] = x[k];
+    V v;
+    __builtin_memcpy(&v, buf, sizeof(V));
+    v = f(v);
+    __builtin_memcpy(buf, &v, sizeof(V));
+    for (int64_t k = i; k < n; ++k) y[k] = buf[k - i];
+  }
+}
+
+template <int W>
+void exp_f32(int64_t n, const float* x, float* y) {
+  map_lanes<W>(n, x, y, [](auto v) { return exp_lanes<W>(v); });
+}
+
+// sigmoid(x) = 1 / (1 + z) for x >= 0 and z / (1 + z) below, with z = e^-|x|: z never overflows,
+// so the tiny results of very negative x keep their precision.
+template <int W>
+typename FloatVector<W>::type sigmoid_lanes(typename FloatVector<W>::type x) {
+  typedef typename FloatVector<W>::type V;
+  const V z = exp_lanes<W>(x < 0 ? x : -x);  // NaN stays NaN
+  return (x < 0 ? z : V{} + 1.0f) / (1.0f + z);
+}
+
+template <int W>
+void sigmoid_f32(int64_t n, const float* x, float* y) {
+  map_lanes<W>(n, x, y, [](auto v) { return sigmoid_lanes<W>(v); });
+}
+
+template <int W>
+void silu_f32(int64_t n, const float* x, float* y) {
+  map_lanes<W>(n, x, y, [](auto v) { return v * sigmoid_lanes<W>(v); });
+}
+
 template <int W, int Chains>
 float fma_peak_loop(int64_t iterations) {
   typedef float V __attribute__((vector_size(W * sizeof(float))));

@@ -1,5 +1,5 @@
 // The micro-kernels of each CPU instruction set (GEMM with its blocking, the FMA peak loop, the
-// depthwise convolution row) (not installed).
+// depthwise convolution row, dot products, e^x and the functions made of it) (not installed).
 //
 // This header holds declarations only: it is included by gemm_kernel_{generic,avx2,avx512}.cpp,
 // which are compiled with different -m flags, and any inline function or template shared with the
@@ -48,12 +48,17 @@ using DepthwiseRowF32 = void (*)(int64_t n, int64_t taps, const float* const* ro
                                  float bias, float* y);
 // The dot product of n floats a and b (both contiguous), summed in a fixed order.
 using DotF32 = float (*)(int64_t n, const float* a, const float* b);
+// y[i] = f(x[i]) for n contiguous floats (x and y may be the same array): e^x within 2 ulp (inf
+// above 88.72284, 0 below -103.97208, NaN kept), sigmoid 1 / (1 + e^-x), silu x * sigmoid(x),
+// both within 3 ulp or 1e-40 (silu's tail is x times a sigmoid in the denormal range).
+using UnaryF32 = void (*)(int64_t n, const float* x, float* y);
 struct GemmKernels {
   GemmKernelF32 f32;
   GemmKernelF64 f64;
   FmaPeakLoop peak;
   DepthwiseRowF32 depthwise_row;
   DotF32 dot;
+  UnaryF32 exp, sigmoid, silu;
 };
 
 extern const GemmKernels gemm_kernels_generic;  // gemm_kernel_generic.cpp, baseline x86-64

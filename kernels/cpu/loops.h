@@ -205,18 +205,30 @@ void for_each_strided(const std::array<const Tensor*, N>& ops, Inner&& inner) {
   std::array<int64_t, N> inner_st = g.strides.back();
   int64_t outer = 1;
   for (int64_t d = 0; d + 1 < nd; ++d) outer *= g.shape[d];
-  parallel_for(outer, inner_n, [&](int64_t begin, int64_t end) {
+  // Rows are the units of work; with fewer rows than threads (a dense tensor is one row) long rows
+  // are cut into pieces so that every thread gets a share. Elementwise results do not depend on
+  // the cut.
+  int64_t pieces = 1;
+#ifdef _OPENMP
+  if (const int64_t threads = omp_get_max_threads(); outer < threads)
+    pieces = std::clamp<int64_t>(inner_n / kParallelGrain, 1, threads);
+#endif
+  parallel_for(outer * pieces, inner_n / pieces, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> idx(std::max<int64_t>(nd - 1, 1), 0);
-    int64_t rem = begin;
+    int64_t rem = begin / pieces;
     for (int64_t d = nd - 2; d >= 0; --d) {
       idx[d] = rem % g.shape[d];
       rem /= g.shape[d];
     }
-    for (int64_t o = begin; o < end; ++o) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t piece = item % pieces;
+      const int64_t from = inner_n * piece / pieces, to = inner_n * (piece + 1) / pieces;
       std::array<char*, N> p = base;
+      for (size_t k = 0; k < N; ++k) p[k] += from * inner_st[k];
       for (int64_t d = 0; d + 1 < nd; ++d)
         for (size_t k = 0; k < N; ++k) p[k] += idx[d] * g.strides[d][k];
-      inner(p, inner_st, inner_n);
+      inner(p, inner_st, to - from);
+      if (piece + 1 < pieces) continue;
       for (int64_t d = nd - 2; d >= 0; --d) {
         if (++idx[d] < g.shape[d]) break;
         idx[d] = 0;
