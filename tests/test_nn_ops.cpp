@@ -57,11 +57,16 @@ TEST(NnOps, Conv2dForwardAndGradientsMatchTorch) {
       {{2, 4, 9, 8}, {6, 2, 3, 2}, false, {2, 1}, {1, 2}, {2, 2}, 2},
       {{2, 6, 7, 7}, {6, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 6},  // depthwise
       {{2, 3, 8, 7}, {6, 1, 3, 3}, true, {2, 2}, {1, 1}, {1, 1}, 3},  // depthwise, multiplier 2
-      // depthwise rows wide enough for the vector row kernel of every instruction set
+      // depthwise rows wide enough for whole vectors of every instruction set's row kernel
       {{1, 3, 5, 75}, {3, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 3},
       {{1, 2, 6, 140}, {4, 1, 5, 5}, false, {2, 2}, {2, 2}, {1, 1}, 2},
       {{1, 2, 5, 150}, {2, 1, 3, 3}, true, {1, 2}, {1, 2}, {1, 2}, 2},
       {{1, 4, 9, 70}, {4, 1, 7, 7}, true, {1, 1}, {3, 3}, {1, 1}, 4},
+      // small maps (a padded plane read as one row), strides 1 and 2, dilated
+      {{1, 8, 7, 7}, {8, 1, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 8},
+      {{2, 4, 14, 14}, {4, 1, 5, 5}, true, {2, 2}, {2, 2}, {1, 1}, 4},
+      {{1, 3, 20, 21}, {3, 1, 3, 3}, true, {2, 2}, {2, 2}, {2, 2}, 3},
+      {{1, 3, 9, 11}, {6, 1, 3, 3}, false, {1, 1}, {0, 2}, {2, 1}, 3},
       {{2, 5, 4, 6}, {3, 5, 1, 1}, true, {1, 1}, {0, 0}, {1, 1}, 1},  // pointwise
       {{2, 5, 4, 6}, {3, 5, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1, true},
       {{2, 4, 6, 6}, {4, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 4, true},

@@ -8,8 +8,9 @@
 // the (Og, K) weight by it; backward w.r.t. input runs the GEMM transposed into a (K, P) matrix
 // and col2im scatters it back. Small maps put several samples side by side in one (K, m*P)
 // matrix (samples_per_gemm). 1x1, stride-1, unpadded convs use the input itself as the (K, P)
-// matrix. Depthwise convs (Cg == 1) use direct loops, as a GEMM with K = kh*kw is slow: float32
-// rows go to the instruction set's row kernel (depthwise_row, gemm_kernels.h).
+// matrix. Depthwise convs (Cg == 1) use direct loops, as a GEMM with K = kh*kw is slow: a float32
+// plane, zero-padded, goes to the instruction set's row kernel as one long row (depthwise_row,
+// gemm_kernels.h).
 // Tensors may have any strides (channels-last included): the kernels read and write through
 // them, so the output keeps whatever layout the caller allocated.
 //
@@ -166,63 +167,46 @@ void depthwise_plane(const T* x, const int64_t* xs, const T* w, const ConvGeom& 
     }
 }
 
-// Float32 planes with contiguous input rows and stride 1 or 2: each output row's
-// columns whose taps all lie inside the input go to the instruction set's row kernel
-// (depthwise_row); the border columns are summed here, over the taps inside, in the same order.
-// y_rs is y's row stride (its columns contiguous); rows and offsets are scratch of kh*kw.
-void depthwise_plane_rows(const float* x, int64_t x_rs, const float* w, float bias, const ConvGeom& g, float* y,
-                          int64_t y_rs, const float** rows, float* tap_w, int64_t* offsets) {
-  int64_t lo = 0, hi = g.Wo;  // the columns whose every tap lies inside the input
-  for (int64_t j = 0; j < g.kw; ++j) {
-    Range r = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
-    lo = std::max(lo, r.lo), hi = std::min(hi, r.hi);
-  }
-  hi = std::max(hi, lo);
-  for (int64_t oh = 0; oh < g.Ho; ++oh) {
-    int64_t taps = 0;  // the taps of this row inside the input's rows: input row pointer at ow = 0
-    for (int64_t i = 0; i < g.kh; ++i) {
-      int64_t ih = oh * g.sh - g.ph + i * g.dh;
-      if (ih < 0 || ih >= g.H) continue;
-      for (int64_t j = 0; j < g.kw; ++j, ++taps) {
-        offsets[taps] = j * g.dw - g.pw;
-        rows[taps] = x + ih * x_rs + offsets[taps];
-        tap_w[taps] = w[i * g.kw + j];
-      }
+// Float32 planes with contiguous input rows, stride 1 or 2, all to the instruction set's row
+// kernel (depthwise_row) as one long row: the plane is copied into a zero-padded (Hp, Wp) buffer
+// xp, and output (oh, ow) is element q = oh * Wp + ow of a flat result whose tap (i, j) is
+// xp[stride * q + i * dh * Wp + j * dw]; the q with ow >= Wo are computed and dropped. Short rows
+// (small maps, 5x5 windows) become whole vectors this way. Taps over the padding add exact zeros,
+// so every output is the sum over the taps inside the input, in tap order. y_rs is y's row
+// stride (its columns contiguous); xp holds Hp * Wp + 64 floats, yq (Ho - 1) * Wp + Wo, rows and
+// tap_w kh * kw.
+void depthwise_plane_flat(const float* x, int64_t x_rs, const float* w, float bias, const ConvGeom& g, float* y,
+                          int64_t y_rs, float* xp, float* yq, const float** rows, float* tap_w) {
+  const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw;
+  std::fill(xp, xp + Hp * Wp + 64, 0.f);  // the stride-2 kernel's last vector loads may read past the end
+  for (int64_t h = 0; h < g.H; ++h) std::copy(x + h * x_rs, x + h * x_rs + g.W, xp + (h + g.ph) * Wp + g.pw);
+  for (int64_t i = 0, t = 0; i < g.kh; ++i)
+    for (int64_t j = 0; j < g.kw; ++j, ++t) {
+      rows[t] = xp + i * g.dh * Wp + j * g.dw;
+      tap_w[t] = w[t];
     }
-    float* yr = y + oh * y_rs;
-    auto border = [&](int64_t ow) {
-      float sum = bias;
-      for (int64_t t = 0; t < taps; ++t) {
-        int64_t iw = ow * g.sw + offsets[t];
-        if (iw >= 0 && iw < g.W) sum += tap_w[t] * rows[t][ow * g.sw];
-      }
-      yr[ow] = sum;
-    };
-    for (int64_t ow = 0; ow < lo; ++ow) border(ow);
-    if (hi > lo) {
-      for (int64_t t = 0; t < taps; ++t) rows[t] += lo * g.sw;
-      depthwise_row(hi - lo, taps, rows, tap_w, g.sw, bias, yr + lo);
-      for (int64_t t = 0; t < taps; ++t) rows[t] -= lo * g.sw;
-    }
-    for (int64_t ow = hi; ow < g.Wo; ++ow) border(ow);
-  }
+  depthwise_row((g.Ho - 1) * Wp + g.Wo, g.kh * g.kw, rows, tap_w, g.sw, bias, yq);
+  for (int64_t oh = 0; oh < g.Ho; ++oh) std::copy(yq + oh * Wp, yq + oh * Wp + g.Wo, y + oh * y_rs);
 }
 
 template <typename T>
 void depthwise_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y, const ConvGeom& g) {
   if constexpr (std::is_same_v<T, float>) {
-    if (x.s[3] == 1 && (g.sw == 1 || g.sw == 2)) {
-      parallel_for(g.N * g.O, g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
-        std::vector<const float*> rows(g.kh * g.kw);
-        std::vector<float> tap_w(g.kh * g.kw), buf(y.s[3] == 1 ? 0 : g.P);
-        std::vector<int64_t> offsets(g.kh * g.kw);
+    // The flat row needs the row stride equal to the column stride: one stride both ways.
+    if (x.s[3] == 1 && (g.sw == 1 || g.sw == 2) && g.sh == g.sw) {
+      const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, taps = g.kh * g.kw;
+      parallel_for(g.N * g.O, g.P * taps, [&](int64_t b, int64_t e) {
+        float* xp = thread_scratch<float, 0>(Hp * Wp + 64);
+        float* yq = thread_scratch<float, 1>((g.Ho - 1) * Wp + g.Wo + g.P);
+        float* buf = yq + (g.Ho - 1) * Wp + g.Wo;  // the plane, when y's columns are strided
+        std::vector<const float*> rows(taps);
+        std::vector<float> tap_w(taps);
         for (int64_t it = b; it < e; ++it) {
           int64_t n = it / g.O, o = it % g.O, c = o / g.Og;
           float* yp = y.p + n * y.s[0] + o * y.s[1];
           bool direct = y.s[3] == 1;
-          depthwise_plane_rows(x.p + n * x.s[0] + c * x.s[1], x.s[2], w + o * g.kh * g.kw, bias ? bias[o] : 0.f, g,
-                               direct ? yp : buf.data(), direct ? y.s[2] : g.Wo, rows.data(), tap_w.data(),
-                               offsets.data());
+          depthwise_plane_flat(x.p + n * x.s[0] + c * x.s[1], x.s[2], w + o * taps, bias ? bias[o] : 0.f, g,
+                               direct ? yp : buf, direct ? y.s[2] : g.Wo, xp, yq, rows.data(), tap_w.data());
           if (!direct)
             for (int64_t oh = 0; oh < g.Ho; ++oh)
               for (int64_t ow = 0; ow < g.Wo; ++ow) yp[oh * y.s[2] + ow * y.s[3]] = buf[oh * g.Wo + ow];
