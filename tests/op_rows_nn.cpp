@@ -174,7 +174,8 @@ std::vector<OpRow> norm_rows() {
          randn_sample("3-d", {{2, 3, 5}, {3}, {3}}), randn_sample("size-1 spatial", {{3, 2, 1, 1}, {2}, {2}})});
     return c;
   };
-  rows.push_back(make_row(Op::batch_norm, bn_samples,
+  // Training: the statistics kernel, channel_affine and the fused backward kernel.
+  rows.push_back(make_row(Op::batch_norm_stats, bn_samples,
                           [](In x) { return batch_norm(x[0], Tensor(), Tensor(), x[1], x[2], true); },
                           "F.batch_norm(a, None, None, b, c, training=True)", {0, 1, 2}));
   // Evaluation mode with running statistics (positive variance), no bias.

@@ -339,6 +339,44 @@ Tensor channel_affine(const Tensor& x, const Tensor& mean, const Tensor& scale, 
   return out;
 }
 
+// Batch norm with the batch's statistics through the statistics kernel, channel_affine and the
+// fused backward kernel: y and the batch's biased mean and var (C). In training each of these
+// is one pass over x where the ops they replace (moments, the affine, their backward rules) are
+// a dozen.
+struct BatchNormed {
+  Tensor y, mean, var;
+};
+BatchNormed batch_norm_fused(const Tensor& input, const Tensor& weight, const Tensor& bias, double eps) {
+  const int64_t C = input.shape()[1];
+  const Shape cshape = channel_shape(input);
+  const TensorOptions per_channel{.dtype = input.dtype(), .device = input.device()};
+  const MemoryFormat format = input.suggest_memory_format();
+  Tensor x, mean = empty({C}, per_channel), var = empty({C}, per_channel), invstd, y;
+  {
+    NoGradGuard no_grad;
+    x = input.detach().contiguous(format);
+    detail::run(Op::batch_norm_stats, {x}, {mean, var});
+    invstd = rsqrt(var + eps);
+    Tensor scale = weight.defined() ? mul(invstd, weight.detach()) : invstd;
+    Tensor shift = bias.defined() ? bias.detach() : zeros({C}, per_channel);
+    y = channel_affine(x, mean.reshape(cshape), scale.reshape(cshape), shift.reshape(cshape));
+  }
+  if (!autograd::any_requires_grad({input, weight, bias})) return {y, mean, var};
+  const bool g_weight = weight.defined() && weight.requires_grad(), g_bias = bias.defined() && bias.requires_grad();
+  SavedTensor sx(x), sweight(weight.defined() ? weight : ones({C}, per_channel));
+  autograd::record("NativeBatchNormBackward0", {input, weight, bias}, {y}, [=](const GradList& g) -> GradList {
+    const char* node = "NativeBatchNormBackward0";
+    const Tensor xs = sx.unpack(node);
+    Tensor dx = detail::empty_with_format(xs.shape(), xs.dtype(), format), sum_dy_xhat = empty({C}, per_channel),
+           sum_dy = empty({C}, per_channel);
+    detail::run(Op::batch_norm_backward,
+                {g[0].contiguous(format), xs, mean, invstd, sweight.unpack(node).detach().to(xs.dtype())},
+                {dx, sum_dy_xhat, sum_dy});
+    return {dx, g_weight ? sum_dy_xhat : Tensor(), g_bias ? sum_dy : Tensor()};
+  });
+  return {y, mean, var};
+}
+
 }  // namespace
 
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
@@ -364,22 +402,33 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
     int64_t n = C == 0 ? 0 : input.numel() / C;
     TVC_CHECK(!training || n > 1, "batch_norm: expected more than 1 value per channel when training, ",
               "got input of shape ", input.shape());
-    Moments mo = moments(input, dims);
-    centered = mo.centered;
-    scale = rsqrt(mo.var + eps);
+    const bool fused = input.numel() > 0 && kernel_registry().supports(Op::batch_norm_stats, input.device()) &&
+                       kernel_registry().supports(Op::batch_norm_backward, input.device()) &&
+                       kernel_registry().supports(Op::channel_affine, input.device());
+    Tensor y, batch_mean, batch_var;
+    if (fused) {
+      BatchNormed b = batch_norm_fused(input, weight, bias, eps);
+      y = b.y, batch_mean = b.mean, batch_var = b.var;
+    } else {
+      Moments mo = moments(input, dims);
+      centered = mo.centered;
+      scale = rsqrt(mo.var + eps);
+      batch_mean = mo.mean.detach().reshape({C});
+      batch_var = mo.var.detach().reshape({C});
+    }
     if (training && running_mean.defined()) {
       NoGradGuard no_grad;
       TVC_CHECK(momentum || num_batches_tracked.defined(),
                 "batch_norm: momentum = None (cumulative average) needs num_batches_tracked");
       if (num_batches_tracked.defined()) num_batches_tracked.detach().add_(1);
       double f = momentum ? *momentum : 1.0 / num_batches_tracked.item_double();
-      Tensor batch_mean = mo.mean.detach().reshape({C});
       // The running variance is unbiased (Bessel's correction), as PyTorch.
-      Tensor batch_var = mo.var.detach().reshape({C}) * (static_cast<double>(n) / static_cast<double>(n - 1));
+      Tensor unbiased = batch_var * (static_cast<double>(n) / static_cast<double>(n - 1));
       Tensor rm = running_mean.detach(), rv = running_var.detach();
       rm.copy_(add(rm * (1 - f), batch_mean.to(rm.dtype()) * f));
-      rv.copy_(add(rv * (1 - f), batch_var.to(rv.dtype()) * f));
+      rv.copy_(add(rv * (1 - f), unbiased.to(rv.dtype()) * f));
     }
+    if (fused) return y;
   } else {
     scale = rsqrt(running_var.to(input.dtype()).reshape(cshape) + eps);
     if (weight.defined()) scale = mul(scale, weight.reshape(cshape));

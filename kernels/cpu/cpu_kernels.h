@@ -12,5 +12,6 @@ void register_gemm_kernels(KernelRegistry& registry, Isa isa);
 void register_conv_kernels(KernelRegistry& registry);
 void register_pool_kernels(KernelRegistry& registry);
 void register_index_kernels(KernelRegistry& registry);
+void register_norm_kernels(KernelRegistry& registry);
 
 }  // namespace tvc::cpu

@@ -11,6 +11,7 @@ void register_cpu_kernels(KernelRegistry& registry, Isa isa) {
   cpu::register_conv_kernels(registry);
   cpu::register_pool_kernels(registry);
   cpu::register_index_kernels(registry);
+  cpu::register_norm_kernels(registry);
 }
 
 }  // namespace tvc

@@ -141,6 +141,14 @@ struct Pool2dParams {
 // views) -> out = (x - mean) * scale + bias, each step rounded to the dtype as the separate
 // sub, mul and add ops round it (eval-mode batch norm in one pass).
 
+// batch_norm_stats: in = (x (N, C, *), dense: contiguous or channels-last) -> out = (mean (C),
+// var (C)), each channel's statistics over N and *, var biased, summed in double.
+// batch_norm_backward: in = (grad_out, x, mean, invstd, weight), grad_out and x (N, C, *) dense in
+// the same layout, the rest (C) -> out = (grad_x (x's shape and layout), sum_dy_xhat (C), sum_dy
+// (C)): with xhat = (x - mean) * invstd and means over N and *,
+//   grad_x = weight * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)),
+// sum_dy_xhat = Σ dy * xhat (the weight's gradient), sum_dy = Σ dy (the bias's); sums in double.
+
 // lerp: in = (start_0..start_{n-1}, end_0..end_{n-1}) -> out (out_0..out_{n-1}), n >= 1 pairs of
 // one floating dtype; out_i has the shape of start_i and end_i and may be start_i itself (in
 // place); out_i = lerp(start_i, end_i, weight).

@@ -107,6 +107,8 @@
   /* normalisation */                       \
   X(batch_norm, COMPOSED)                   \
   X(channel_affine, KERNEL)                 \
+  X(batch_norm_stats, KERNEL)               \
+  X(batch_norm_backward, BACKWARD)          \
   X(layer_norm, COMPOSED)                   \
   X(group_norm, COMPOSED)                   \
   X(softmax, COMPOSED)                      \

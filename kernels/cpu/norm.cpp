@@ -1,0 +1,176 @@
+// CPU kernels: training-mode batch norm's statistics and its backward (kernel.h).
+//
+// Shape legend: x is (N, C, *), seen as (N, C, S) with S the product of the trailing dims, n = N*S
+// values per channel; it is dense either as (N, C, S) (contiguous) or with C innermost
+// (channels-last): the op layer makes it one of the two. Sums run in double per channel, with
+// the work split over channels, so results do not depend on the thread count.
+#include <cmath>
+#include <vector>
+
+#include "cpu_kernels.h"
+#include "loops.h"
+
+namespace tvc::cpu {
+namespace {
+
+// Σ f(i) for i in [0, n) in double, in 8 partial sums combined in a fixed order (so the loop
+// vectorises).
+template <typename F>
+double sum_of(int64_t n, F f) {
+  double acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += f(i + k);
+  for (; i < n; ++i) acc[i % 8] += f(i);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// The dims of a (N, C, S) view of x and whether C is innermost.
+struct ChannelView {
+  int64_t N, C, S;
+  bool channels_last;
+};
+
+ChannelView channel_view(const Tensor& x) {
+  ChannelView v{x.shape()[0], x.shape()[1], 1, false};
+  for (int64_t d = 2; d < x.dim(); ++d) v.S *= x.shape()[d];
+  v.channels_last = !x.is_contiguous();
+  return v;
+}
+
+// in = (x) -> out = (mean, var): biased statistics per channel.
+void batch_norm_stats_kernel(const KernelArgs& args) {
+  const Tensor& x = args.in[0];
+  dispatch_floating(x.dtype(), Op::batch_norm_stats, [&]<typename T>() {
+    using C = compute_t<T>;
+    const ChannelView v = channel_view(x);
+    const T* xp = x.data_ptr<T>();
+    T* mean = args.out[0].data_ptr<T>();
+    T* var = args.out[1].data_ptr<T>();
+    const double n = static_cast<double>(v.N * v.S);
+    auto value = [](T t) { return static_cast<double>(static_cast<C>(t)); };
+    if (!v.channels_last) {
+      parallel_for(v.C, v.N * v.S, [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+          double sum = 0, squares = 0;
+          for (int64_t i = 0; i < v.N; ++i) {
+            const T* row = xp + (i * v.C + c) * v.S;
+            sum += sum_of(v.S, [&](int64_t s) { return value(row[s]); });
+          }
+          const double m = sum / n;
+          for (int64_t i = 0; i < v.N; ++i) {
+            const T* row = xp + (i * v.C + c) * v.S;
+            squares += sum_of(v.S, [&](int64_t s) {
+              const double d = value(row[s]) - m;
+              return d * d;
+            });
+          }
+          mean[c] = static_cast<T>(m);
+          var[c] = static_cast<T>(squares / n);
+        }
+      });
+      return;
+    }
+    // Channels-last: rows of C values; each thread takes a block of channels over every row.
+    const int64_t rows = v.N * v.S;
+    parallel_for(v.C, rows, [&](int64_t b, int64_t e) {
+      std::vector<double> sum(e - b, 0.0), squares(e - b, 0.0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = b; c < e; ++c) sum[c - b] += value(xp[r * v.C + c]);
+      for (int64_t c = b; c < e; ++c) sum[c - b] /= n;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = b; c < e; ++c) {
+          const double d = value(xp[r * v.C + c]) - sum[c - b];
+          squares[c - b] += d * d;
+        }
+      for (int64_t c = b; c < e; ++c) {
+        mean[c] = static_cast<T>(sum[c - b]);
+        var[c] = static_cast<T>(squares[c - b] / n);
+      }
+    });
+  });
+}
+
+// in = (grad_out, x, mean, invstd, weight) -> out = (grad_x, sum_dy_xhat, sum_dy) (kernel.h).
+void batch_norm_backward_kernel(const KernelArgs& args) {
+  const Tensor& dy = args.in[0];
+  const Tensor& x = args.in[1];
+  dispatch_floating(x.dtype(), Op::batch_norm_backward, [&]<typename T>() {
+    using C = compute_t<T>;
+    const ChannelView v = channel_view(x);
+    const T* dyp = dy.data_ptr<T>();
+    const T* xp = x.data_ptr<T>();
+    const T* mean = args.in[2].data_ptr<T>();
+    const T* invstd = args.in[3].data_ptr<T>();
+    const T* weight = args.in[4].data_ptr<T>();
+    T* dx = args.out[0].data_ptr<T>();
+    T* sum_dy_xhat = args.out[1].data_ptr<T>();
+    T* sum_dy = args.out[2].data_ptr<T>();
+    const double n = static_cast<double>(v.N * v.S);
+    auto value = [](T t) { return static_cast<double>(static_cast<C>(t)); };
+    // dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)), xhat = (x - mean) * invstd, as
+    // a * dy + b * (x - mean) + d per channel.
+    struct Coefficients {
+      C a, b, d;
+    };
+    auto coefficients = [&](int64_t c, double s_dy, double s_dy_xc) {
+      const double inv = value(invstd[c]), w = value(weight[c]);
+      sum_dy[c] = static_cast<T>(s_dy);
+      sum_dy_xhat[c] = static_cast<T>(s_dy_xc * inv);
+      return Coefficients{static_cast<C>(w * inv), static_cast<C>(-w * inv * inv * inv * s_dy_xc / n),
+                          static_cast<C>(-w * inv * s_dy / n)};
+    };
+    auto grad = [](const Coefficients& k, T g, T xv, C m) {
+      return static_cast<T>(k.a * static_cast<C>(g) + k.b * (static_cast<C>(xv) - m) + k.d);
+    };
+    if (!v.channels_last) {
+      parallel_for(v.C, v.N * v.S, [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+          const double m = value(mean[c]);
+          double s_dy = 0, s_dy_xc = 0;
+          for (int64_t i = 0; i < v.N; ++i) {
+            const int64_t at = (i * v.C + c) * v.S;
+            s_dy += sum_of(v.S, [&](int64_t s) { return value(dyp[at + s]); });
+            s_dy_xc += sum_of(v.S, [&](int64_t s) { return value(dyp[at + s]) * (value(xp[at + s]) - m); });
+          }
+          const Coefficients k = coefficients(c, s_dy, s_dy_xc);
+          const C mc = static_cast<C>(mean[c]);
+          for (int64_t i = 0; i < v.N; ++i) {
+            const int64_t at = (i * v.C + c) * v.S;
+            for (int64_t s = 0; s < v.S; ++s) dx[at + s] = grad(k, dyp[at + s], xp[at + s], mc);
+          }
+        }
+      });
+      return;
+    }
+    const int64_t rows = v.N * v.S;
+    parallel_for(v.C, rows, [&](int64_t b, int64_t e) {
+      std::vector<double> s_dy(e - b, 0.0), s_dy_xc(e - b, 0.0), m(e - b);
+      for (int64_t c = b; c < e; ++c) m[c - b] = value(mean[c]);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = b; c < e; ++c) {
+          const double g = value(dyp[r * v.C + c]);
+          s_dy[c - b] += g;
+          s_dy_xc[c - b] += g * (value(xp[r * v.C + c]) - m[c - b]);
+        }
+      std::vector<Coefficients> k;
+      std::vector<C> mc;
+      for (int64_t c = b; c < e; ++c) {
+        k.push_back(coefficients(c, s_dy[c - b], s_dy_xc[c - b]));
+        mc.push_back(static_cast<C>(mean[c]));
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = b; c < e; ++c) dx[r * v.C + c] = grad(k[c - b], dyp[r * v.C + c], xp[r * v.C + c], mc[c - b]);
+    });
+  });
+}
+
+}  // namespace
+
+void register_norm_kernels(KernelRegistry& r) {
+  const Device cpu = Device::CPU;
+  r.set(Op::batch_norm_stats, cpu, batch_norm_stats_kernel);
+  r.set(Op::batch_norm_backward, cpu, batch_norm_backward_kernel);
+}
+
+}  // namespace tvc::cpu
