@@ -2,6 +2,7 @@
 // their backward rules. Shapes broadcast as in PyTorch; the result is channels-last when an
 // input is (detail::result_format).
 #include <cmath>
+#include <limits>
 
 #include "internal.h"
 
@@ -308,16 +309,30 @@ Tensor erf(const Tensor& t) {
   });
 }
 
+namespace {
+
+// grad * (1 where the bounds of p hold for x, else 0): one pass with the kernel, on a device
+// without it the comparisons and products as ops. Allocated like x.
+Tensor clamp_backward(const Tensor& g, const Tensor& x, const UnaryParams& p) {
+  if (!kernel_registry().supports(Op::clamp_backward, g.device())) {
+    Tensor keep = ones_like(g);
+    if (p.has_a) keep = mul(keep, ge(x, scalar_like(p.a, x.dtype())).to(g.dtype()));
+    if (p.has_b) keep = mul(keep, le(x, scalar_like(p.b, x.dtype())).to(g.dtype()));
+    return mul(g, keep);
+  }
+  Tensor out = detail::empty_with_format(x.shape(), g.dtype(), x.suggest_memory_format());
+  detail::run(Op::clamp_backward, {g, x}, {out}, &p);
+  return out;
+}
+
+}  // namespace
+
 Tensor clamp(const Tensor& t, std::optional<double> min, std::optional<double> max) {
   TVC_CHECK(min || max, "clamp: at least one of min and max must be given");
   UnaryParams p{.a = min.value_or(0), .b = max.value_or(0), .has_a = min.has_value(), .has_b = max.has_value()};
   Tensor out = unary_forward(Op::clamp, t, t.dtype(), &p);
-  return record_unary("ClampBackward1", t, out, [min, max](const Tensor& g, const Tensor& x, const Tensor&) {
-    Tensor keep = ones_like(g);
-    if (min) keep = mul(keep, ge(x, scalar_like(*min, x.dtype())).to(g.dtype()));
-    if (max) keep = mul(keep, le(x, scalar_like(*max, x.dtype())).to(g.dtype()));
-    return mul(g, keep);
-  });
+  return record_unary("ClampBackward1", t, out,
+                      [p](const Tensor& g, const Tensor& x, const Tensor&) { return clamp_backward(g, x, p); });
 }
 
 // ---------------------------------------------------------------- activations
@@ -325,7 +340,11 @@ Tensor clamp(const Tensor& t, std::optional<double> min, std::optional<double> m
 Tensor relu(const Tensor& t) {
   Tensor out = unary_forward(Op::relu, t, t.dtype());
   return record_unary("ReluBackward0", t, out, [](const Tensor& g, const Tensor&, const Tensor& y) {
-    return mul(g, gt(y, scalar_like(0, y.dtype())).to(g.dtype()));
+    // grad where y > 0: y >= the smallest positive value of y's compute type (float for the
+    // 16-bit types).
+    const double smallest = y.dtype() == DType::Float64 ? std::numeric_limits<double>::denorm_min()
+                                                        : std::numeric_limits<float>::denorm_min();
+    return clamp_backward(g, y, {.a = smallest, .has_b = false});
   });
 }
 

@@ -188,17 +188,37 @@ void softplus_kernel(const KernelArgs& a) {
     return bx > static_cast<C>(threshold) ? x : std::log1p(std::exp(bx)) / static_cast<C>(beta);
   });
 }
+// clamp's bounds in the compute type C: a missing one is the type's infinity or extreme.
+template <typename C>
+std::pair<C, C> clamp_bounds(const UnaryParams& p) {
+  using limits = std::numeric_limits<C>;
+  return {p.has_a                ? static_cast<C>(p.a)
+          : limits::has_infinity ? -limits::infinity()
+                                 : limits::lowest(),
+          p.has_b                ? static_cast<C>(p.b)
+          : limits::has_infinity ? limits::infinity()
+                                 : limits::max()};
+}
+
 void clamp_kernel(const KernelArgs& a) {
   const auto& p = a.p<UnaryParams>();
-  // Branch-free (vectorisable); a missing bound is the type's infinity or extreme, and NaN
-  // compares false both ways, so it passes through as in PyTorch.
+  // Branch-free (vectorisable); NaN compares false both ways, so it passes through as in PyTorch.
   unary_numeric(a, Op::clamp, [p](auto x) {
-    using C = decltype(x);
-    using limits = std::numeric_limits<C>;
-    C lo = p.has_a ? static_cast<C>(p.a) : limits::has_infinity ? -limits::infinity() : limits::lowest();
-    C hi = p.has_b ? static_cast<C>(p.b) : limits::has_infinity ? limits::infinity() : limits::max();
+    const auto [lo, hi] = clamp_bounds<decltype(x)>(p);
     x = x < lo ? lo : x;
     return x > hi ? hi : x;
+  });
+}
+
+// in = (grad, x) -> out = grad * (lo <= x <= hi), the mask as 1 or 0 (kernel.h).
+void clamp_backward_kernel(const KernelArgs& a) {
+  const auto& p = a.p<UnaryParams>();
+  const Tensor& out = a.out[0];
+  dispatch_floating(out.dtype(), Op::clamp_backward, [&]<typename T>() {
+    using C = compute_t<T>;
+    const auto [lo, hi] = clamp_bounds<C>(p);
+    map_elements<T, T, C, 3>({&out, &a.in[0], &a.in[1]},
+                             [lo, hi](C g, C x) { return g * static_cast<C>(x >= lo && x <= hi); });
   });
 }
 void pow_scalar_kernel(const KernelArgs& a) {
@@ -418,6 +438,7 @@ void register_elementwise_kernels(KernelRegistry& r) {
   r.set(Op::tanh, cpu, tanh_kernel);
   r.set(Op::softplus, cpu, softplus_kernel);
   r.set(Op::clamp, cpu, clamp_kernel);
+  r.set(Op::clamp_backward, cpu, clamp_backward_kernel);
   r.set(Op::pow_scalar, cpu, pow_scalar_kernel);
   r.set(Op::add, cpu, add_kernel);
   r.set(Op::sub, cpu, sub_kernel);

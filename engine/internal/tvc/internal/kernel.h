@@ -95,6 +95,8 @@ void register_cpu_kernels(KernelRegistry& registry, Isa isa);
 
 // Unary ops with constants: leaky_relu (a = slope), clamp (a = min, b = max, has_a/has_b),
 // softplus (a = beta, b = threshold), gelu (approximate_tanh), pow_scalar (a = exponent).
+// clamp_backward: in = (grad, x) -> out = grad * (1 where a <= x <= b, else 0), a bound left out
+// when has_a / has_b is false; NaN x gives grad * 0.
 struct UnaryParams {
   double a = 0, b = 0;
   bool has_a = true, has_b = true;

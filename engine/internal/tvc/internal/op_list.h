@@ -57,6 +57,7 @@
   X(softplus, KERNEL)                       \
   X(mish, COMPOSED)                         \
   X(clamp, KERNEL)                          \
+  X(clamp_backward, BACKWARD)               \
   X(pow_scalar, KERNEL)                     \
   /* elementwise binary, broadcasting */    \
   X(add, KERNEL)                            \
