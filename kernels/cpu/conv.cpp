@@ -167,6 +167,15 @@ void depthwise_plane(const T* x, const int64_t* xs, const T* w, const ConvGeom& 
     }
 }
 
+// The flat (one long row) paths below need a float32 plane with contiguous rows, one stride both
+// ways, 1 or 2 (see depthwise_plane_flat).
+bool flat_depthwise(const ConvGeom& g, int64_t column_stride) {
+  return column_stride == 1 && (g.sw == 1 || g.sw == 2) && g.sh == g.sw;
+}
+
+// The offset of tap t = (i, j) in a padded plane of row length Wp.
+int64_t tap_offset(const ConvGeom& g, int64_t Wp, int64_t i, int64_t j) { return i * g.dh * Wp + j * g.dw; }
+
 // Float32 planes with contiguous input rows, stride 1 or 2, all to the instruction set's row
 // kernel (depthwise_row) as one long row: the plane is copied into a zero-padded (Hp, Wp) buffer
 // xp, and output (oh, ow) is element q = oh * Wp + ow of a flat result whose tap (i, j) is
@@ -182,7 +191,7 @@ void depthwise_plane_flat(const float* x, int64_t x_rs, const float* w, float bi
   for (int64_t h = 0; h < g.H; ++h) std::copy(x + h * x_rs, x + h * x_rs + g.W, xp + (h + g.ph) * Wp + g.pw);
   for (int64_t i = 0, t = 0; i < g.kh; ++i)
     for (int64_t j = 0; j < g.kw; ++j, ++t) {
-      rows[t] = xp + i * g.dh * Wp + j * g.dw;
+      rows[t] = xp + tap_offset(g, Wp, i, j);
       tap_w[t] = w[t];
     }
   depthwise_row((g.Ho - 1) * Wp + g.Wo, g.kh * g.kw, rows, tap_w, g.sw, bias, yq);
@@ -192,8 +201,7 @@ void depthwise_plane_flat(const float* x, int64_t x_rs, const float* w, float bi
 template <typename T>
 void depthwise_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y, const ConvGeom& g) {
   if constexpr (std::is_same_v<T, float>) {
-    // The flat row needs the row stride equal to the column stride: one stride both ways.
-    if (x.s[3] == 1 && (g.sw == 1 || g.sw == 2) && g.sh == g.sw) {
+    if (flat_depthwise(g, x.s[3])) {
       const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, taps = g.kh * g.kw;
       parallel_for(g.N * g.O, g.P * taps, [&](int64_t b, int64_t e) {
         float* xp = thread_scratch<float, 0>(Hp * Wp + 64);
@@ -228,8 +236,47 @@ void depthwise_forward(const Operand<const T>& x, const T* w, const T* bias, con
   });
 }
 
+// The input gradient of one float32 plane (one output channel per input channel) through the
+// row kernel over one long row: dy spread to the stride-s positions s * (oh * Wp + ow) of a zero
+// padded plane dyu, behind M = the largest tap offset of zeros, gives every element p of the
+// padded input plane as dx_pad[p] = Σ_t w_t * dyu[M + p - offset_t], the taps in order; dx is the
+// inside of dx_pad. dy_rs and dx_rs are row strides (columns contiguous); dyu holds
+// M + Hp * Wp + 64 floats, dxp Hp * Wp, rows and tap_w kh * kw.
+void depthwise_plane_input_flat(const float* dy, int64_t dy_rs, const float* w, const ConvGeom& g, float* dx,
+                                int64_t dx_rs, float* dyu, float* dxp, const float** rows, float* tap_w) {
+  const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, M = tap_offset(g, Wp, g.kh - 1, g.kw - 1);
+  std::fill(dyu, dyu + M + Hp * Wp + 64, 0.f);
+  for (int64_t oh = 0; oh < g.Ho; ++oh)
+    for (int64_t ow = 0; ow < g.Wo; ++ow) dyu[M + g.sw * (oh * Wp + ow)] = dy[oh * dy_rs + ow];
+  for (int64_t i = 0, t = 0; i < g.kh; ++i)
+    for (int64_t j = 0; j < g.kw; ++j, ++t) {
+      rows[t] = dyu + M - tap_offset(g, Wp, i, j);
+      tap_w[t] = w[t];
+    }
+  depthwise_row(Hp * Wp, g.kh * g.kw, rows, tap_w, 1, 0.f, dxp);
+  for (int64_t h = 0; h < g.H; ++h)
+    std::copy(dxp + (h + g.ph) * Wp + g.pw, dxp + (h + g.ph) * Wp + g.pw + g.W, dx + h * dx_rs);
+}
+
 template <typename T>
 void depthwise_backward_input(const Operand<const T>& dy, const T* w, const Operand<T>& dx, const ConvGeom& g) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (g.Og == 1 && flat_depthwise(g, dy.s[3]) && dx.s[3] == 1) {
+      const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, taps = g.kh * g.kw;
+      parallel_for(g.N * g.C, g.P * taps, [&](int64_t b, int64_t e) {
+        float* dyu = thread_scratch<float, 0>(tap_offset(g, Wp, g.kh - 1, g.kw - 1) + Hp * Wp + 64);
+        float* dxp = thread_scratch<float, 1>(Hp * Wp);
+        std::vector<const float*> rows(taps);
+        std::vector<float> tap_w(taps);
+        for (int64_t it = b; it < e; ++it) {
+          int64_t n = it / g.C, c = it % g.C;
+          depthwise_plane_input_flat(dy.p + n * dy.s[0] + c * dy.s[1], dy.s[2], w + c * taps, g,
+                                     dx.p + n * dx.s[0] + c * dx.s[1], dx.s[2], dyu, dxp, rows.data(), tap_w.data());
+        }
+      });
+      return;
+    }
+  }
   parallel_for(g.N * g.C, g.Og * g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
     std::vector<T> buf(g.H * g.W);
     const int64_t bs[4] = {0, 0, g.W, 1};
@@ -259,8 +306,48 @@ void depthwise_backward_input(const Operand<const T>& dy, const T* w, const Oper
   });
 }
 
+// The weight gradient of a float32 depthwise conv, per output channel o: with each sample's input
+// plane zero-padded (xp, Hp x Wp) and its dy spread to q = oh * Wp + ow of a zero row dyq of
+// L = (Ho - 1) * Wp + Wo, tap t's gradient is Σ_q dyq[q] * xp[s * q + offset_t]: a dot product
+// of contiguous rows (for stride 2 xp's even and odd elements are split first), summed over the
+// samples in double.
+void depthwise_weight_flat(const Operand<const float>& dy, const Operand<const float>& x, int64_t o, const ConvGeom& g,
+                           float* dw) {
+  const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, taps = g.kh * g.kw, L = (g.Ho - 1) * Wp + g.Wo;
+  const int64_t half = (Hp * Wp + 1) / 2;
+  float* xp = thread_scratch<float, 0>(Hp * Wp + 2 * half);
+  float *even = xp + Hp * Wp, *odd = even + half;
+  float* dyq = thread_scratch<float, 1>(L);
+  std::vector<double> acc(taps, 0.0);
+  for (int64_t n = 0; n < g.N; ++n) {
+    const float* xc = x.p + n * x.s[0] + (o / g.Og) * x.s[1];
+    std::fill(xp, xp + Hp * Wp, 0.f);
+    for (int64_t h = 0; h < g.H; ++h) std::copy(xc + h * x.s[2], xc + h * x.s[2] + g.W, xp + (h + g.ph) * Wp + g.pw);
+    if (g.sw == 2)
+      for (int64_t k = 0; k < Hp * Wp; ++k) (k % 2 ? odd : even)[k / 2] = xp[k];
+    const float* dyc = dy.p + n * dy.s[0] + o * dy.s[1];
+    std::fill(dyq, dyq + L, 0.f);
+    for (int64_t oh = 0; oh < g.Ho; ++oh) std::copy(dyc + oh * dy.s[2], dyc + oh * dy.s[2] + g.Wo, dyq + oh * Wp);
+    for (int64_t i = 0, t = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j, ++t) {
+        const int64_t off = tap_offset(g, Wp, i, j);
+        const float* src = g.sw == 1 ? xp + off : (off % 2 ? odd : even) + off / 2;
+        acc[t] += dot(L, dyq, src);
+      }
+  }
+  for (int64_t t = 0; t < taps; ++t) dw[o * taps + t] = static_cast<float>(acc[t]);
+}
+
 template <typename T>
 void depthwise_backward_weight(const Operand<const T>& dy, const Operand<const T>& x, T* dw, const ConvGeom& g) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (flat_depthwise(g, dy.s[3]) && x.s[3] == 1) {
+      parallel_for(g.O, g.N * g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
+        for (int64_t o = b; o < e; ++o) depthwise_weight_flat(dy, x, o, g, dw);
+      });
+      return;
+    }
+  }
   parallel_for(g.O, g.N * g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o) {
       int64_t c = o / g.Og;

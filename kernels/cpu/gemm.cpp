@@ -255,6 +255,8 @@ void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const floa
   active_kernels().depthwise_row(n, taps, rows, w, stride, bias, y);
 }
 
+float dot(int64_t n, const float* a, const float* b) { return active_kernels().dot(n, a, b); }
+
 void vector_function(VectorFunction f, int64_t n, const float* x, float* y) {
   const GemmKernels& k = active_kernels();
   (f == VectorFunction::exp ? k.exp : f == VectorFunction::sigmoid ? k.sigmoid : k.silu)(n, x, y);

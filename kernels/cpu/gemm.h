@@ -20,6 +20,10 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_c
 void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride, float bias,
                    float* y);
 
+// The dot product of n contiguous floats a and b with the active instruction set's kernel, summed
+// in a fixed order (gemm_kernels.h, DotF32).
+float dot(int64_t n, const float* a, const float* b);
+
 // y[i] = f(x[i]) for n contiguous floats (x and y may be the same array) with the active
 // instruction set's kernel (gemm_kernels.h, UnaryF32): e^x, sigmoid, silu.
 enum class VectorFunction { exp, sigmoid, silu };
