@@ -19,7 +19,8 @@ then again), so that the machine's drift touches all alike. tvc's steps are time
 (its median over each round's steps); the others' here. The table gives each engine's median ms
 over all rounds and tvc's ratio to the best of the three others; --train adds a training step
 (forward, cross-entropy, backward, SGD) against PyTorch's. The header names the date, CPU and
-versions. Timing is wall clock of a whole call (inference: output materialised).
+versions. Timing is wall clock of a whole call (inference: output materialised); every engine's
+fresh random input is made before its clock starts.
 """
 import argparse
 import datetime
@@ -43,11 +44,13 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
-def time_calls(fn, steps):
+def time_calls(fn, steps, make_input):
+    """Times fn(x) on a fresh input x = make_input() per call, made before the clock starts."""
     times = []
     for _ in range(steps):
+        x = make_input()
         start = time.perf_counter()
-        fn()
+        fn(x)
         times.append(time.perf_counter() - start)
     return times
 
@@ -107,20 +110,26 @@ def main():
                                                                      "PERFORMANCE_HINT": "LATENCY"})
                 request = compiled.create_infer_request()
 
-                def run_torch():
+                def run_torch(x):
                     with torch.inference_mode():
-                        model(torch.randn(*shape))
+                        model(x)
 
-                def run_ort():
-                    session.run(None, {"x": np.random.randn(*shape).astype(np.float32)})
+                def run_ort(x):
+                    session.run(None, {"x": x})
 
-                def run_ov():
-                    request.infer({0: np.random.randn(*shape).astype(np.float32)})
+                def run_ov(x):
+                    request.infer({0: x})
+
+                def torch_input():
+                    return torch.randn(*shape)
+
+                def numpy_input():
+                    return np.random.randn(*shape).astype(np.float32)
 
                 engines = {"tvc": lambda steps: tvc_round(args.tvc, name, batch, args.size, threads, steps, False),
-                           "PyTorch": lambda steps: time_calls(run_torch, steps),
-                           "ONNX Runtime": lambda steps: time_calls(run_ort, steps),
-                           "OpenVINO": lambda steps: time_calls(run_ov, steps)}
+                           "PyTorch": lambda steps: time_calls(run_torch, steps, torch_input),
+                           "ONNX Runtime": lambda steps: time_calls(run_ort, steps, numpy_input),
+                           "OpenVINO": lambda steps: time_calls(run_ov, steps, numpy_input)}
                 for fn in list(engines.values())[1:]:  # warm-up (first-call costs are not timed)
                     fn(1)
                 times = {k: [] for k in engines}
@@ -135,18 +144,21 @@ def main():
                     trained = torchvision.models.get_model(name, weights=None).train()
                     optimizer = torch.optim.SGD(trained.parameters(), lr=1e-4, momentum=0.9)
 
-                    def train_torch():
-                        loss = torch.nn.functional.cross_entropy(trained(torch.randn(*shape)),
-                                                                 torch.randint(0, 1000, (batch,)))
+                    def train_torch(inputs):
+                        x, labels = inputs
+                        loss = torch.nn.functional.cross_entropy(trained(x), labels)
                         optimizer.zero_grad()
                         loss.backward()
                         optimizer.step()
 
-                    train_torch()
+                    def train_inputs():
+                        return torch.randn(*shape), torch.randint(0, 1000, (batch,))
+
+                    train_torch(train_inputs())
                     t_times, p_times = [], []
                     for _ in range(args.rounds):
                         t_times += tvc_round(args.tvc, name, batch, args.size, threads, args.steps, True)
-                        p_times += time_calls(train_torch, args.steps)
+                        p_times += time_calls(train_torch, args.steps, train_inputs)
                     t, p = 1000 * statistics.median(t_times), 1000 * statistics.median(p_times)
                     train_rows.append(f"| {name} | {batch} | {threads} | {t:.1f} | {p:.1f} | {t / p:.2f} |")
     if train_rows:

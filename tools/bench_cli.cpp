@@ -136,12 +136,11 @@ void bench_model(const BenchOptions& o) {
   } else {
     model->eval();
   }
-  // One step on a fresh random input; the output (or the loss) must be finite.
-  auto step = [&] {
-    Tensor x = randn(input_shape);
+  // One step on the input (fresh and random each time, made before the clock starts); the output
+  // (or the loss) must be finite.
+  auto step = [&](const Tensor& x, const Tensor& labels) {
     Tensor checked;
     if (o.train) {
-      Tensor labels = randint(0, 1000, {o.batch});
       Tensor loss = cross_entropy((*model)(x), labels);
       optimizer->zero_grad();
       loss.backward();
@@ -156,8 +155,11 @@ void bench_model(const BenchOptions& o) {
   };
   std::unique_ptr<LayerTimes> layers;
   if (o.verbose) layers = std::make_unique<LayerTimes>(*model);
+  auto input = [&] { return randn(input_shape); };
+  auto labels = [&] { return o.train ? randint(0, 1000, {o.batch}) : Tensor(); };
+  Tensor x = input(), y = labels();
   const auto first_start = Clock::now();
-  step();
+  step(x, y);
   const double first = seconds_since(first_start);
   if (layers) layers->reset();
 
@@ -165,8 +167,9 @@ void bench_model(const BenchOptions& o) {
   const auto timing_start = Clock::now();
   while (o.iterations > 0 ? static_cast<int64_t>(times.size()) < o.iterations
                           : times.size() < 5 || seconds_since(timing_start) < 3.0) {
+    x = input(), y = labels();
     const auto start = Clock::now();
-    step();
+    step(x, y);
     times.push_back(seconds_since(start));
   }
   std::vector<double> sorted = times;
