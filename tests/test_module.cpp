@@ -669,6 +669,51 @@ TEST(Layers, OutputsAndGradientsMatchPyTorch) {
   }
 }
 
+// inplace=True activations write into their input: without autograd in one kernel pass (the same
+// memory, a view's other elements untouched), with it through the recorded path; both give the
+// out-of-place values, and the gradients of the out-of-place modules.
+TEST(Layers, InplaceActivationsWriteIntoTheirInput) {
+  const std::vector<std::pair<ModulePtr, ModulePtr>> pairs = {
+      {make_shared<ReLU>(true), make_shared<ReLU>()},
+      {make_shared<ReLU6>(true), make_shared<ReLU6>()},
+      {make_shared<SiLU>(true), make_shared<SiLU>()},
+      {make_shared<Hardsigmoid>(true), make_shared<Hardsigmoid>()},
+      {make_shared<Hardswish>(true), make_shared<Hardswish>()},
+  };
+  for (const auto& [inplace, plain] : pairs) {
+    const std::string name = plain->type_name();
+    Tensor big = randn_of({6, 70000}, 3) * 4.0;  // long rows: the vector and threaded paths
+    Tensor view = big.slice(0, 1, 5).slice(1, 0, 69999, 2);
+    const Tensor want = (*plain)(view);  // the same strided path
+    const Tensor untouched = big.select(0, 0).clone();
+    {
+      NoGradGuard no_grad;
+      const uint64_t version = big.storage()->version();
+      Tensor out = (*inplace)(view);
+      EXPECT_TRUE(out.is_same(view)) << name;
+      EXPECT_GT(big.storage()->version(), version) << name;
+    }
+    EXPECT_EQ(relative_error(view, want), 0) << name;
+    EXPECT_EQ(relative_error(big.select(0, 0), untouched), 0) << name;
+    Tensor dense = randn_of({3, 70001}, 6) * 4.0;  // dense: the vector kernels write into their input
+    const Tensor dense_want = (*plain)(dense);
+    {
+      NoGradGuard no_grad;
+      (*inplace)(dense);
+    }
+    EXPECT_EQ(relative_error(dense, dense_want), 0) << name;
+
+    Tensor leaf = randn_of({3, 40}, 4).requires_grad_(), leaf2 = leaf.detach().clone().requires_grad_();
+    Tensor g = randn_of({3, 40}, 5);
+    Tensor y = (*inplace)(leaf * 3.0);
+    (y * g).sum().backward();
+    (((*plain)(leaf2 * 3.0)) * g).sum().backward();
+    EXPECT_LT(relative_error(leaf.grad(), leaf2.grad()), 1e-7) << name;
+  }
+  Tensor ints = tensor<int64_t>({-2, 3});
+  EXPECT_NE(error_of([&] { ints.silu_(); }).find("silu_"), std::string::npos);
+}
+
 TEST(Layers, InplaceActivationsAndDropout) {
   Tensor leaf = randn_of({3, 4}, 8).requires_grad_();
   Tensor x = leaf * 1.0;

@@ -508,10 +508,25 @@ Tensor& binary_inplace(Tensor& self, Op op, const Tensor& other, Tensor (*out_of
   return self;
 }
 
-Tensor& unary_inplace(Tensor& self, const char* op, const std::function<Tensor(const Tensor&)>& f) {
-  autograd::check_inplace(self, op);
-  check_writable(self, op);
-  Tensor r = f(autograd::any_requires_grad({self}) ? self.clone() : self);
+// An in-place unary op: self = op(self). When autograd does not record it and the op's result
+// has self's dtype, the kernel writes into self (one pass); otherwise f computes the result aside
+// (from a copy of self when autograd records it) and self adopts it with its history.
+Tensor& unary_inplace(Tensor& self, const char* name, Op op, DType result_dtype, const UnaryParams* params,
+                      const std::function<Tensor(const Tensor&)>& f) {
+  autograd::check_inplace(self, name);
+  check_writable(self, name);
+  TVC_CHECK(is_floating(self.dtype()) || result_dtype == self.dtype(), name, ": the result of dtype ",
+            dtype_name(result_dtype), " cannot be written into a tensor of dtype ", dtype_name(self.dtype()));
+  const bool recorded = autograd::any_requires_grad({self});
+  if (!recorded && result_dtype == self.dtype()) {
+    {
+      NoGradGuard no_grad;
+      detail::run(op, {self}, {self}, params);
+    }
+    self.storage()->bump_version();
+    return self;
+  }
+  Tensor r = f(recorded ? self.clone() : self);
   adopt(self, r.to(self.dtype()));
   return self;
 }
@@ -536,13 +551,36 @@ Tensor& Tensor::div_(const Tensor& other) {
 Tensor& Tensor::div_(Scalar other) { return div_(as_tensor(other, *this)); }
 
 Tensor& Tensor::clamp_(std::optional<double> min, std::optional<double> max) {
-  return unary_inplace(*this, "clamp_", [&](const Tensor& t) { return tvc::clamp(t, min, max); });
+  TVC_CHECK(min || max, "clamp_: at least one of min and max must be given");
+  UnaryParams p{.a = min.value_or(0), .b = max.value_or(0), .has_a = min.has_value(), .has_b = max.has_value()};
+  return unary_inplace(*this, "clamp_", Op::clamp, dtype(), &p,
+                       [&](const Tensor& t) { return tvc::clamp(t, min, max); });
 }
 Tensor& Tensor::relu_() {
-  return unary_inplace(*this, "relu_", [](const Tensor& t) { return tvc::relu(t); });
+  return unary_inplace(*this, "relu_", Op::relu, dtype(), nullptr, [](const Tensor& t) { return tvc::relu(t); });
+}
+Tensor& Tensor::sigmoid_() {
+  return unary_inplace(*this, "sigmoid_", Op::sigmoid, float_dtype(*this), nullptr,
+                       [](const Tensor& t) { return tvc::sigmoid(t); });
+}
+Tensor& Tensor::silu_() {
+  return unary_inplace(*this, "silu_", Op::silu, float_dtype(*this), nullptr,
+                       [](const Tensor& t) { return tvc::silu(t); });
+}
+Tensor& Tensor::hardsigmoid_() {
+  return unary_inplace(*this, "hardsigmoid_", Op::hardsigmoid, float_dtype(*this), nullptr,
+                       [](const Tensor& t) { return tvc::hardsigmoid(t); });
+}
+Tensor& Tensor::hardswish_() {
+  return unary_inplace(*this, "hardswish_", Op::hardswish, float_dtype(*this), nullptr,
+                       [](const Tensor& t) { return tvc::hardswish(t); });
 }
 Tensor& Tensor::masked_fill_(const Tensor& mask, Scalar value) {
-  return unary_inplace(*this, "masked_fill_", [&](const Tensor& t) { return masked_fill(t, mask, value); });
+  autograd::check_inplace(*this, "masked_fill_");
+  check_writable(*this, "masked_fill_");
+  Tensor r = masked_fill(autograd::any_requires_grad({*this}) ? clone() : *this, mask, value);
+  adopt(*this, r.to(dtype()));
+  return *this;
 }
 
 Tensor& Tensor::fill_(Scalar value) {

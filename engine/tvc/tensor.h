@@ -161,8 +161,14 @@ class Tensor {
   Tensor& mul_(Scalar other);
   Tensor& div_(const Tensor& other);
   Tensor& div_(Scalar other);
+  // Activations in place: when autograd does not record the op, its kernel writes into this
+  // tensor in one pass; when it does, the result is computed aside and taken over with its history.
   Tensor& clamp_(std::optional<double> min, std::optional<double> max);
   Tensor& relu_();
+  Tensor& sigmoid_();
+  Tensor& silu_();
+  Tensor& hardsigmoid_();
+  Tensor& hardswish_();
   Tensor& masked_fill_(const Tensor& mask, Scalar value);
   // Random fills from gen (the default generator when null), drawn in float64 and rounded.
   Tensor& uniform_(double from = 0, double to = 1, Generator* gen = nullptr);

@@ -287,8 +287,14 @@ std::string Dropout::extra_repr() const { return "p=" + py_repr(p) + ", inplace=
 // ---------------------------------------------------------------- activations
 
 Tensor Activation::forward(const Tensor& x) {
-  auto fn = [this](const Tensor& t) { return function(t); };
-  return inplace ? compute_inplace(x, fn) : fn(x);
+  if (!inplace) return function(x);
+  Tensor y = x;
+  function_(y);
+  return y;
+}
+
+void Activation::function_(Tensor& x) const {
+  compute_inplace(x, [this](const Tensor& t) { return function(t); });
 }
 
 std::string LeakyReLU::extra_repr() const {

@@ -237,6 +237,9 @@ class Activation : public Module {
  protected:
   explicit Activation(bool inplace) : inplace(inplace) {}
   virtual Tensor function(const Tensor& x) const = 0;
+  // The function written into x; by default computed aside and copied in. Those with an in-place
+  // op (Tensor::relu_ and the like) write into x in one pass when autograd does not record them.
+  virtual void function_(Tensor& x) const;
 };
 
 class ReLU : public Cloneable<ReLU, Activation> {
@@ -245,6 +248,7 @@ class ReLU : public Cloneable<ReLU, Activation> {
 
  protected:
   Tensor function(const Tensor& x) const override { return relu(x); }
+  void function_(Tensor& x) const override { x.relu_(); }
 };
 
 class ReLU6 : public Cloneable<ReLU6, Activation> {
@@ -253,6 +257,7 @@ class ReLU6 : public Cloneable<ReLU6, Activation> {
 
  protected:
   Tensor function(const Tensor& x) const override { return relu6(x); }
+  void function_(Tensor& x) const override { x.clamp_(0.0, 6.0); }
 };
 
 class LeakyReLU : public Cloneable<LeakyReLU, Activation> {
@@ -273,6 +278,7 @@ class SiLU : public Cloneable<SiLU, Activation> {
 
  protected:
   Tensor function(const Tensor& x) const override { return silu(x); }
+  void function_(Tensor& x) const override { x.silu_(); }
 };
 
 // PyTorch prints Hardsigmoid and Hardswish without their inplace flag.
@@ -283,6 +289,7 @@ class Hardsigmoid : public Cloneable<Hardsigmoid, Activation> {
 
  protected:
   Tensor function(const Tensor& x) const override { return hardsigmoid(x); }
+  void function_(Tensor& x) const override { x.hardsigmoid_(); }
 };
 
 class Hardswish : public Cloneable<Hardswish, Activation> {
@@ -292,6 +299,7 @@ class Hardswish : public Cloneable<Hardswish, Activation> {
 
  protected:
   Tensor function(const Tensor& x) const override { return hardswish(x); }
+  void function_(Tensor& x) const override { x.hardswish_(); }
 };
 
 class Mish : public Cloneable<Mish, Activation> {
