@@ -13,18 +13,6 @@
 namespace tvc::cpu {
 namespace {
 
-// Σ f(i) for i in [0, n) in double, in 8 partial sums combined in a fixed order (so the loop
-// vectorises).
-template <typename F>
-double sum_of(int64_t n, F f) {
-  double acc[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += f(i + k);
-  for (; i < n; ++i) acc[i % 8] += f(i);
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 // The dims of a (N, C, S) view of x and whether C is innermost.
 struct ChannelView {
   int64_t N, C, S;
@@ -55,12 +43,12 @@ void batch_norm_stats_kernel(const KernelArgs& args) {
           double sum = 0, squares = 0;
           for (int64_t i = 0; i < v.N; ++i) {
             const T* row = xp + (i * v.C + c) * v.S;
-            sum += sum_of(v.S, [&](int64_t s) { return value(row[s]); });
+            sum += sum_in_lanes<double>(v.S, [&](int64_t s) { return value(row[s]); });
           }
           const double m = sum / n;
           for (int64_t i = 0; i < v.N; ++i) {
             const T* row = xp + (i * v.C + c) * v.S;
-            squares += sum_of(v.S, [&](int64_t s) {
+            squares += sum_in_lanes<double>(v.S, [&](int64_t s) {
               const double d = value(row[s]) - m;
               return d * d;
             });
@@ -130,8 +118,9 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
           double s_dy = 0, s_dy_xc = 0;
           for (int64_t i = 0; i < v.N; ++i) {
             const int64_t at = (i * v.C + c) * v.S;
-            s_dy += sum_of(v.S, [&](int64_t s) { return value(dyp[at + s]); });
-            s_dy_xc += sum_of(v.S, [&](int64_t s) { return value(dyp[at + s]) * (value(xp[at + s]) - m); });
+            s_dy += sum_in_lanes<double>(v.S, [&](int64_t s) { return value(dyp[at + s]); });
+            s_dy_xc +=
+                sum_in_lanes<double>(v.S, [&](int64_t s) { return value(dyp[at + s]) * (value(xp[at + s]) - m); });
           }
           const Coefficients k = coefficients(c, s_dy, s_dy_xc);
           const C mc = static_cast<C>(mean[c]);

@@ -185,9 +185,13 @@ struct AvgForward {
       for (int64_t oh = 0; oh < g.Ho; ++oh)
         for (int64_t ow = 0; ow < g.Wo; ++ow) {
           Window win = window(p, g, oh, ow);
+          // Each window row summed in lanes (loops.h); rows in order.
           C sum = 0;
-          for (int64_t h = win.h0; h < win.h1; ++h)
-            for (int64_t w = win.w0; w < win.w1; ++w) sum += static_cast<C>(xp[h * xs2 + w * xs3]);
+          const int64_t width = win.w1 - win.w0;
+          for (int64_t h = win.h0; h < win.h1; ++h) {
+            const T* row = xp + h * xs2 + win.w0 * xs3;
+            sum += sum_in_lanes<C>(width, [&](int64_t w) { return static_cast<C>(row[w * xs3]); });
+          }
           bool empty = win.h0 >= win.h1 || win.w0 >= win.w1;
           yp[oh * ys2 + ow * ys3] = static_cast<T>(empty ? C(0) : sum / static_cast<C>(win.divisor));
         }
