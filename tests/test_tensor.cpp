@@ -7,8 +7,10 @@
 #include <thread>
 
 #include "compare.h"
+#include "test_helpers.h"
 #include "torch_golden.h"
 #include "tvc/autograd.h"
+#include "tvc/internal/kernel.h"
 #include "tvc/internal/tensor_impl.h"
 #include "tvc/ops.h"
 
@@ -102,6 +104,14 @@ TEST(Tensor, FromBlobUnalignedNoCopy) {
     EXPECT_EQ(sum(relu(t)).item<double>(), 42);
   }
   EXPECT_TRUE(deleted);
+}
+
+// A backend compiled against another op list (a stale object file) is refused, not registered
+// under Op numbers that now name other ops.
+TEST(KernelRegistry, RefusesABackendBuiltAgainstAnotherOpList) {
+  auto registration = [](KernelRegistry&) {};
+  EXPECT_NE(test::error_of([&] { add_backend(registration, kOpListHash + 1); }).find("another list of ops"),
+            std::string::npos);
 }
 
 TEST(Tensor, CreationOps) {

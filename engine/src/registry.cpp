@@ -125,7 +125,10 @@ void set_isa(Isa isa) {
   publish(state(), isa);
 }
 
-void add_backend(BackendRegistration registration) {
+void add_backend(BackendRegistration registration, uint64_t op_list_hash) {
+  TVC_CHECK(op_list_hash == kOpListHash,
+            "add_backend: the backend was built against another list of ops than this library (a stale object "
+            "file: rebuild the backend, e.g. tvc-cuda, from clean)");
   kernel_registry();
   RegistryState& s = state();
   std::lock_guard lock(s.mutex);

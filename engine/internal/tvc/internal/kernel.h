@@ -72,7 +72,9 @@ const KernelRegistry& kernel_registry();
 // A backend's registration function, which sets its kernels and memory in a table.
 using BackendRegistration = void (*)(KernelRegistry& registry);
 // Adds a backend (e.g. tvc::cuda::enable(), tvc/cuda.h) to every table from now on, once.
-void add_backend(BackendRegistration registration);
+// op_list_hash is the backend's kOpListHash (the default, taken where it is called); a backend
+// built against another op list is refused with an error saying to rebuild it.
+void add_backend(BackendRegistration registration, uint64_t op_list_hash = kOpListHash);
 
 // The memory functions of a device other than the CPU; throws naming op when its backend is not
 // enabled (tvc::cuda::enable()).

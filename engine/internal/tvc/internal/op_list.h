@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #define TVC_OP_LIST(X)                      \
   /* memory */                              \
@@ -144,6 +145,18 @@ enum class Op : uint16_t {
       Count
 };
 inline constexpr int kNumOps = static_cast<int>(Op::Count);
+
+// A hash (FNV-1a) of the op names in order. A backend built as a library of its own passes the
+// one it was compiled with to add_backend, which refuses a backend built against another op list:
+// a stale object file whose Op numbers name other ops (nvcc's objects are not rebuilt when this
+// header changes).
+#define TVC_OP_NAME(name, kind) #name ","
+inline constexpr uint64_t kOpListHash = [] {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : std::string_view(TVC_OP_LIST(TVC_OP_NAME))) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}();
+#undef TVC_OP_NAME
 
 const char* op_name(Op op);
 OpKind op_kind(Op op);
