@@ -167,28 +167,33 @@ void depthwise_plane(const T* x, const int64_t* xs, const T* w, const ConvGeom& 
     }
 }
 
-// The flat (one long row) paths below need a float32 plane with contiguous rows, one stride both
-// ways, 1 or 2 (see depthwise_plane_flat).
-bool flat_depthwise(const ConvGeom& g, int64_t column_stride) {
-  return column_stride == 1 && (g.sw == 1 || g.sw == 2) && g.sh == g.sw;
-}
+// The flat (one long row) paths below need a float32 plane with one stride both ways, 1 or 2
+// (see depthwise_plane_flat); the backward ones also contiguous rows.
+bool flat_depthwise(const ConvGeom& g) { return (g.sw == 1 || g.sw == 2) && g.sh == g.sw; }
 
 // The offset of tap t = (i, j) in a padded plane of row length Wp.
 int64_t tap_offset(const ConvGeom& g, int64_t Wp, int64_t i, int64_t j) { return i * g.dh * Wp + j * g.dw; }
 
-// Float32 planes with contiguous input rows, stride 1 or 2, all to the instruction set's row
-// kernel (depthwise_row) as one long row: the plane is copied into a zero-padded (Hp, Wp) buffer
+// Float32 planes (x's row and column strides x_rs, x_cs: channels-last planes too), stride 1 or 2,
+// all to the instruction set's row kernel (depthwise_row) as one long row: the plane is copied
+// into a zero-padded (Hp, Wp) buffer
 // xp, and output (oh, ow) is element q = oh * Wp + ow of a flat result whose tap (i, j) is
 // xp[stride * q + i * dh * Wp + j * dw]; the q with ow >= Wo are computed and dropped. Short rows
 // (small maps, 5x5 windows) become whole vectors this way. Taps over the padding add exact zeros,
 // so every output is the sum over the taps inside the input, in tap order. y_rs is y's row
 // stride (its columns contiguous); xp holds Hp * Wp + 64 floats, yq (Ho - 1) * Wp + Wo, rows and
 // tap_w kh * kw.
-void depthwise_plane_flat(const float* x, int64_t x_rs, const float* w, float bias, const ConvGeom& g, float* y,
-                          int64_t y_rs, float* xp, float* yq, const float** rows, float* tap_w) {
+void depthwise_plane_flat(const float* x, int64_t x_rs, int64_t x_cs, const float* w, float bias, const ConvGeom& g,
+                          float* y, int64_t y_rs, float* xp, float* yq, const float** rows, float* tap_w) {
   const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw;
   std::fill(xp, xp + Hp * Wp + 64, 0.f);  // the stride-2 kernel's last vector loads may read past the end
-  for (int64_t h = 0; h < g.H; ++h) std::copy(x + h * x_rs, x + h * x_rs + g.W, xp + (h + g.ph) * Wp + g.pw);
+  for (int64_t h = 0; h < g.H; ++h) {
+    float* row = xp + (h + g.ph) * Wp + g.pw;
+    if (x_cs == 1)
+      std::copy(x + h * x_rs, x + h * x_rs + g.W, row);
+    else
+      for (int64_t w = 0; w < g.W; ++w) row[w] = x[h * x_rs + w * x_cs];
+  }
   for (int64_t i = 0, t = 0; i < g.kh; ++i)
     for (int64_t j = 0; j < g.kw; ++j, ++t) {
       rows[t] = xp + tap_offset(g, Wp, i, j);
@@ -201,7 +206,7 @@ void depthwise_plane_flat(const float* x, int64_t x_rs, const float* w, float bi
 template <typename T>
 void depthwise_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y, const ConvGeom& g) {
   if constexpr (std::is_same_v<T, float>) {
-    if (flat_depthwise(g, x.s[3])) {
+    if (flat_depthwise(g)) {
       const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, taps = g.kh * g.kw;
       parallel_for(g.N * g.O, g.P * taps, [&](int64_t b, int64_t e) {
         float* xp = thread_scratch<float, 0>(Hp * Wp + 64);
@@ -213,7 +218,7 @@ void depthwise_forward(const Operand<const T>& x, const T* w, const T* bias, con
           int64_t n = it / g.O, o = it % g.O, c = o / g.Og;
           float* yp = y.p + n * y.s[0] + o * y.s[1];
           bool direct = y.s[3] == 1;
-          depthwise_plane_flat(x.p + n * x.s[0] + c * x.s[1], x.s[2], w + o * taps, bias ? bias[o] : 0.f, g,
+          depthwise_plane_flat(x.p + n * x.s[0] + c * x.s[1], x.s[2], x.s[3], w + o * taps, bias ? bias[o] : 0.f, g,
                                direct ? yp : buf, direct ? y.s[2] : g.Wo, xp, yq, rows.data(), tap_w.data());
           if (!direct)
             for (int64_t oh = 0; oh < g.Ho; ++oh)
@@ -261,7 +266,7 @@ void depthwise_plane_input_flat(const float* dy, int64_t dy_rs, const float* w, 
 template <typename T>
 void depthwise_backward_input(const Operand<const T>& dy, const T* w, const Operand<T>& dx, const ConvGeom& g) {
   if constexpr (std::is_same_v<T, float>) {
-    if (g.Og == 1 && flat_depthwise(g, dy.s[3]) && dx.s[3] == 1) {
+    if (g.Og == 1 && flat_depthwise(g) && dy.s[3] == 1 && dx.s[3] == 1) {
       const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, taps = g.kh * g.kw;
       parallel_for(g.N * g.C, g.P * taps, [&](int64_t b, int64_t e) {
         float* dyu = thread_scratch<float, 0>(tap_offset(g, Wp, g.kh - 1, g.kw - 1) + Hp * Wp + 64);
@@ -341,7 +346,7 @@ void depthwise_weight_flat(const Operand<const float>& dy, const Operand<const f
 template <typename T>
 void depthwise_backward_weight(const Operand<const T>& dy, const Operand<const T>& x, T* dw, const ConvGeom& g) {
   if constexpr (std::is_same_v<T, float>) {
-    if (flat_depthwise(g, dy.s[3]) && x.s[3] == 1) {
+    if (flat_depthwise(g) && dy.s[3] == 1 && x.s[3] == 1) {
       parallel_for(g.O, g.N * g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
         for (int64_t o = b; o < e; ++o) depthwise_weight_flat(dy, x, o, g, dw);
       });
