@@ -290,8 +290,8 @@ bool same_values(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-// The vector e^x, sigmoid and silu of float32 (the kernels of every instruction set, taken by
-// dense float32 tensors) against float64: within 2 ulp (exp) and 3 ulp (sigmoid, silu) over the whole
+// The vector e^x, sigmoid, silu and gelu of float32 (the kernels of every instruction set, taken by
+// dense float32 tensors) against float64: within 2 ulp (exp), 3 ulp (sigmoid, silu) and 8 ulp (gelu) over the whole
 // range (or within 1e-40), special values kept;
 // a channels-last tensor and one sliced to a non-multiple of the vector width take them too.
 TEST(VectorFunctions, MatchFloat64OnEveryInstructionSet) {
@@ -313,11 +313,13 @@ TEST(VectorFunctions, MatchFloat64OnEveryInstructionSet) {
       {"exp", [](const Tensor& t) { return tvc::exp(t); }, [](double v) { return std::exp(v); }, 2},
       {"sigmoid", [](const Tensor& t) { return tvc::sigmoid(t); }, [](double v) { return 1 / (1 + std::exp(-v)); }, 3},
       {"silu", [](const Tensor& t) { return tvc::silu(t); }, [](double v) { return v / (1 + std::exp(-v)); }, 3},
+      {"gelu", [](const Tensor& t) { return tvc::gelu(t); },
+       [](double v) { return v * 0.5 * std::erfc(-v / std::sqrt(2.0)); }, 8},
   };
   for_each_isa([&] {
     for (const Function& f : functions) {
       const std::vector<double> got = f.op(x).to_vector();
-      // Within 3 ulp (2 for exp) or 1e-40: silu's tail is x times a sigmoid in the denormal
+      // Within max_ulps or 1e-40: silu's tail is x times a sigmoid in the denormal
       // range, with the denormals' precision.
       double worst = 0;
       float worst_at = 0;

@@ -150,7 +150,7 @@ void gelu_kernel(const KernelArgs& a) {
       const C k = static_cast<C>(0.7978845608028654);  // sqrt(2/pi)
       return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
     });
-  } else {
+  } else if (!vector_function_dense(a, VectorFunction::gelu)) {
     unary_floating(a, Op::gelu, [](auto x) {
       using C = decltype(x);
       return x * C(0.5) * (C(1) + std::erf(x * static_cast<C>(0.7071067811865476)));

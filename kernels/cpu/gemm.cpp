@@ -259,7 +259,8 @@ float dot(int64_t n, const float* a, const float* b) { return active_kernels().d
 
 void vector_function(VectorFunction f, int64_t n, const float* x, float* y) {
   const GemmKernels& k = active_kernels();
-  (f == VectorFunction::exp ? k.exp : f == VectorFunction::sigmoid ? k.sigmoid : k.silu)(n, x, y);
+  const UnaryF32 kernels[] = {k.exp, k.sigmoid, k.silu, k.gelu};  // in VectorFunction's order
+  kernels[static_cast<int>(f)](n, x, y);
 }
 
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t,

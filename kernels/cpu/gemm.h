@@ -25,8 +25,8 @@ void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const floa
 float dot(int64_t n, const float* a, const float* b);
 
 // y[i] = f(x[i]) for n contiguous floats (x and y may be the same array) with the active
-// instruction set's kernel (gemm_kernels.h, UnaryF32): e^x, sigmoid, silu.
-enum class VectorFunction { exp, sigmoid, silu };
+// instruction set's kernel (gemm_kernels.h, UnaryF32): e^x, sigmoid, silu, gelu (erf form).
+enum class VectorFunction { exp, sigmoid, silu, gelu };
 void vector_function(VectorFunction f, int64_t n, const float* x, float* y);
 
 }  // namespace tvc::cpu

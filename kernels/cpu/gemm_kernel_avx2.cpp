@@ -13,6 +13,7 @@ extern const GemmKernels gemm_kernels_avx2 = {
     exp_f32<8>,
     sigmoid_f32<8>,
     silu_f32<8>,
+    gelu_f32<8>,
 };
 
 }  // namespace tvc::cpu

@@ -13,6 +13,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
     exp_f32<16>,
     sigmoid_f32<16>,
     silu_f32<16>,
+    gelu_f32<16>,
 };
 
 }  // namespace tvc::cpu

@@ -13,6 +13,7 @@ extern const GemmKernels gemm_kernels_generic = {
     exp_f32<4>,
     sigmoid_f32<4>,
     silu_f32<4>,
+    gelu_f32<4>,
 };
 
 }  // namespace tvc::cpu

@@ -252,6 +252,49 @@ void silu_f32(int64_t n, const float* x, float* y) {
   map_lanes<W>(n, x, y, [](auto v) { return v * sigmoid_lanes<W>(v); });
 }
 
+// Phi(x) = P(X <= x) for a standard normal X: with z = |x| / sqrt(2) and t = 1 / (1 + z / 2),
+// erfc(z) = t * exp(-z^2 + P(t)), P the degree-9 Chebyshev fit of Numerical Recipes (section 6.2,
+// fractional error below 1.2e-7 for every z), and Phi = erfc(z) / 2 below 0, 1 - erfc(z) / 2
+// above: relative precision in the negative tail, where 1 + erf(x / sqrt(2)) cancels. The
+// exponent -x^2 / 2 + P(t) is carried as a float pair (x split into 12-bit halves, so x^2 is an
+// exact sum; the sum with P by Fast2Sum), since its rounding alone, times e^..., would cost z^2
+// ulps. x is clamped to [-20, 20], where Phi is 0 and 1 in float.
+template <int W>
+typename FloatVector<W>::type normal_cdf_lanes(typename FloatVector<W>::type x) {
+  typedef typename FloatVector<W>::type V;
+  typedef typename IntVector<W>::type I;
+  V xc = x > 20.0f ? V{} + 20.0f : x;  // NaN stays NaN
+  xc = xc < -20.0f ? V{} - 20.0f : xc;
+  const V z = (xc < 0 ? -xc : xc) * 0.707106781186547524f;
+  const V t = 1.0f / (1.0f + 0.5f * z);
+  V p = V{} + 0.17087277f;
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  I bits;
+  __builtin_memcpy(&bits, &xc, sizeof(V));
+  bits &= static_cast<int32_t>(0xfffff000u);
+  V high;
+  __builtin_memcpy(&high, &bits, sizeof(V));
+  const V low = xc - high;
+  const V a = -0.5f * (high * high);                       // exact
+  const V b = p - 0.5f * (2.0f * high * low + low * low);  // -x^2 / 2 = a + (b - p), nearly exactly
+  const V sum = a + b, rest = b - (sum - a);  // a + b exactly where |a| >= |b| (large |x|, where it matters)
+  const V half_erfc = 0.5f * t * exp_lanes<W>(sum) * (1.0f + rest);
+  return xc < 0 ? half_erfc : 1.0f - half_erfc;
+}
+
+template <int W>
+void gelu_f32(int64_t n, const float* x, float* y) {
+  map_lanes<W>(n, x, y, [](auto v) { return v * normal_cdf_lanes<W>(v); });
+}
+
 template <int W, int Chains>
 float fma_peak_loop(int64_t iterations) {
   typedef float V __attribute__((vector_size(W * sizeof(float))));

@@ -50,7 +50,8 @@ using DepthwiseRowF32 = void (*)(int64_t n, int64_t taps, const float* const* ro
 using DotF32 = float (*)(int64_t n, const float* a, const float* b);
 // y[i] = f(x[i]) for n contiguous floats (x and y may be the same array): e^x within 2 ulp (inf
 // above 88.72284, 0 below -103.97208, NaN kept), sigmoid 1 / (1 + e^-x), silu x * sigmoid(x),
-// both within 3 ulp or 1e-40 (silu's tail is x times a sigmoid in the denormal range).
+// both within 3 ulp or 1e-40 (silu's tail is x times a sigmoid in the denormal range), gelu
+// x * Phi(x) (erf form) within 8 ulp or 1e-40.
 using UnaryF32 = void (*)(int64_t n, const float* x, float* y);
 struct GemmKernels {
   GemmKernelF32 f32;
@@ -58,7 +59,7 @@ struct GemmKernels {
   FmaPeakLoop peak;
   DepthwiseRowF32 depthwise_row;
   DotF32 dot;
-  UnaryF32 exp, sigmoid, silu;
+  UnaryF32 exp, sigmoid, silu, gelu;
 };
 
 extern const GemmKernels gemm_kernels_generic;  // gemm_kernel_generic.cpp, baseline x86-64
