@@ -216,7 +216,8 @@ void clamp_backward_kernel(const KernelArgs& a) {
   const Tensor& out = a.out[0];
   dispatch_floating(out.dtype(), Op::clamp_backward, [&]<typename T>() {
     using C = compute_t<T>;
-    const auto [lo, hi] = clamp_bounds<C>(p);
+    const std::pair<C, C> bounds = clamp_bounds<C>(p);
+    const C lo = bounds.first, hi = bounds.second;  // (clang 14 cannot capture structured bindings)
     map_elements<T, T, C, 3>({&out, &a.in[0], &a.in[1]},
                              [lo, hi](C g, C x) { return g * static_cast<C>(x >= lo && x <= hi); });
   });
