@@ -311,6 +311,12 @@ Tensor erf(const Tensor& t) {
 
 namespace {
 
+// clamp's kernel parameters; at least one bound must be given.
+UnaryParams clamp_params(const char* op, std::optional<double> min, std::optional<double> max) {
+  TVC_CHECK(min || max, op, ": at least one of min and max must be given");
+  return {.a = min.value_or(0), .b = max.value_or(0), .has_a = min.has_value(), .has_b = max.has_value()};
+}
+
 // grad * (1 where the bounds of p hold for x, else 0): one pass with the kernel, on a device
 // without it the comparisons and products as ops. Allocated like x.
 Tensor clamp_backward(const Tensor& g, const Tensor& x, const UnaryParams& p) {
@@ -328,8 +334,7 @@ Tensor clamp_backward(const Tensor& g, const Tensor& x, const UnaryParams& p) {
 }  // namespace
 
 Tensor clamp(const Tensor& t, std::optional<double> min, std::optional<double> max) {
-  TVC_CHECK(min || max, "clamp: at least one of min and max must be given");
-  UnaryParams p{.a = min.value_or(0), .b = max.value_or(0), .has_a = min.has_value(), .has_b = max.has_value()};
+  const UnaryParams p = clamp_params("clamp", min, max);
   Tensor out = unary_forward(Op::clamp, t, t.dtype(), &p);
   return record_unary("ClampBackward1", t, out,
                       [p](const Tensor& g, const Tensor& x, const Tensor&) { return clamp_backward(g, x, p); });
@@ -531,6 +536,11 @@ Tensor& unary_inplace(Tensor& self, const char* name, Op op, DType result_dtype,
   return self;
 }
 
+// unary_inplace for an activation with a floating result and no parameters.
+Tensor& float_unary_inplace(Tensor& self, const char* name, Op op, Tensor (*out_of_place)(const Tensor&)) {
+  return unary_inplace(self, name, op, float_dtype(self), nullptr, out_of_place);
+}
+
 }  // namespace
 
 Tensor& Tensor::add_(const Tensor& other, Scalar alpha) {
@@ -551,30 +561,17 @@ Tensor& Tensor::div_(const Tensor& other) {
 Tensor& Tensor::div_(Scalar other) { return div_(as_tensor(other, *this)); }
 
 Tensor& Tensor::clamp_(std::optional<double> min, std::optional<double> max) {
-  TVC_CHECK(min || max, "clamp_: at least one of min and max must be given");
-  UnaryParams p{.a = min.value_or(0), .b = max.value_or(0), .has_a = min.has_value(), .has_b = max.has_value()};
+  const UnaryParams p = clamp_params("clamp_", min, max);
   return unary_inplace(*this, "clamp_", Op::clamp, dtype(), &p,
                        [&](const Tensor& t) { return tvc::clamp(t, min, max); });
 }
 Tensor& Tensor::relu_() {
   return unary_inplace(*this, "relu_", Op::relu, dtype(), nullptr, [](const Tensor& t) { return tvc::relu(t); });
 }
-Tensor& Tensor::sigmoid_() {
-  return unary_inplace(*this, "sigmoid_", Op::sigmoid, float_dtype(*this), nullptr,
-                       [](const Tensor& t) { return tvc::sigmoid(t); });
-}
-Tensor& Tensor::silu_() {
-  return unary_inplace(*this, "silu_", Op::silu, float_dtype(*this), nullptr,
-                       [](const Tensor& t) { return tvc::silu(t); });
-}
-Tensor& Tensor::hardsigmoid_() {
-  return unary_inplace(*this, "hardsigmoid_", Op::hardsigmoid, float_dtype(*this), nullptr,
-                       [](const Tensor& t) { return tvc::hardsigmoid(t); });
-}
-Tensor& Tensor::hardswish_() {
-  return unary_inplace(*this, "hardswish_", Op::hardswish, float_dtype(*this), nullptr,
-                       [](const Tensor& t) { return tvc::hardswish(t); });
-}
+Tensor& Tensor::sigmoid_() { return float_unary_inplace(*this, "sigmoid_", Op::sigmoid, tvc::sigmoid); }
+Tensor& Tensor::silu_() { return float_unary_inplace(*this, "silu_", Op::silu, tvc::silu); }
+Tensor& Tensor::hardsigmoid_() { return float_unary_inplace(*this, "hardsigmoid_", Op::hardsigmoid, tvc::hardsigmoid); }
+Tensor& Tensor::hardswish_() { return float_unary_inplace(*this, "hardswish_", Op::hardswish, tvc::hardswish); }
 Tensor& Tensor::masked_fill_(const Tensor& mask, Scalar value) {
   autograd::check_inplace(*this, "masked_fill_");
   check_writable(*this, "masked_fill_");
