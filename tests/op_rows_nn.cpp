@@ -69,9 +69,45 @@ std::vector<OpRow> conv_rows() {
   rows.push_back(conv2d_row({2, 2}, {1, 1}, {1, 1}, 3, true, ", stride=2, padding=1, groups=3",
                             {randn_sample("multiplier 2", {{2, 3, 7, 6}, {6, 1, 3, 3}, {6}}),
                              randn_sample("multiplier 1", {{1, 3, 5, 5}, {3, 1, 3, 3}, {3}}),
+                             // 20 output columns at stride 2: long rows in the float32 kernel
+                             randn_sample("wide", {{1, 3, 7, 40}, {6, 1, 3, 3}, {6}}),
                              randn_sample("unbatched", {{3, 4, 4}, {3, 1, 2, 2}, {3}})}));
   rows.push_back(conv2d_row({1, 1}, {2, 1}, {2, 2}, 3, false, ", padding=(2, 1), dilation=2, groups=3",
                             {randn_sample("depthwise dilated", {{2, 3, 6, 7}, {3, 1, 3, 3}})}));
+
+  // conv2d_epilogue, inputs (x, weight, scale, shift[, residual]): the fused kernel where autograd
+  // does not record (the gradcheck's finite differences), the separate ops where it does.
+  auto epilogue_row = [](EpilogueActivation act, std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
+                         int64_t groups, bool residual, const std::string& torch_conv_args,
+                         const std::string& torch_act, std::vector<OpSample> samples) {
+    std::string expr = "F.conv2d(a, b" + torch_conv_args + ") * c.view(1, -1, 1, 1) + d.view(1, -1, 1, 1)";
+    if (residual) expr += " + e";
+    if (!torch_act.empty()) expr = torch_act + "(" + expr + ")";
+    std::vector<int> grads{0, 1, 2, 3};
+    if (residual) grads.push_back(4);
+    return make_row(
+        Op::conv2d_epilogue, [samples] { return with_layouts(samples); },
+        [=](In x) {
+          return conv2d_epilogue(x[0], x[1], x[2], x[3], residual ? x[4] : Tensor(), act, stride, padding, {1, 1},
+                                 groups);
+        },
+        expr, grads);
+  };
+  rows.push_back(
+      epilogue_row(EpilogueActivation::ReLU, {1, 1}, {1, 1}, 1, true, ", padding=1", "F.relu",
+                   {randn_sample("3x3", {{2, 3, 7, 5}, {4, 3, 3, 3}, {4}, {4}, {2, 4, 7, 5}}),
+                    randn_sample("padded pointwise", {{1, 5, 4, 4}, {3, 5, 1, 1}, {3}, {3}, {1, 3, 6, 6}})}));
+  rows.push_back(epilogue_row(EpilogueActivation::ReLU6, {1, 1}, {1, 1}, 1, true, ", padding=1", "F.relu6",
+                              // several samples per GEMM (small maps)
+                              {randn_sample("many samples", {{20, 2, 6, 6}, {3, 2, 3, 3}, {3}, {3}, {20, 3, 6, 6}})}));
+  rows.push_back(epilogue_row(EpilogueActivation::SiLU, {2, 2}, {1, 1}, 3, false, ", stride=2, padding=1, groups=3",
+                              "F.silu",
+                              {randn_sample("depthwise", {{2, 3, 7, 6}, {3, 1, 3, 3}, {3}, {3}}),
+                               randn_sample("multiplier 2", {{1, 3, 5, 5}, {6, 1, 3, 3}, {6}, {6}})}));
+  rows.push_back(epilogue_row(EpilogueActivation::Hardswish, {1, 1}, {0, 0}, 1, false, "", "F.hardswish",
+                              {randn_sample("pointwise", {{2, 6, 3, 5}, {4, 6, 1, 1}, {4}, {4}})}));
+  rows.push_back(epilogue_row(EpilogueActivation::None, {1, 1}, {1, 1}, 2, true, ", padding=1, groups=2", "",
+                              {randn_sample("grouped", {{2, 4, 5, 7}, {6, 2, 3, 3}, {6}, {6}, {2, 6, 5, 7}})}));
 
   auto conv1d_samples = [](std::vector<OpSample> cases) {
     OpSample nc = cases.front();

@@ -5,7 +5,7 @@
 #   reproducible  a few training batches of the small CNN with 1 and 2 threads: bit-identical
 #                 final weights; --ema adds the EMA's weights without changing the training
 #   train         `tvc train --epochs 1 --seed 0` reaches a test accuracy >= 88%
-#   bench         `tvc bench`: the result line's form, eval and train, --verbose's layer table,
+#   bench         `tvc bench`: the result line's form, eval and train, --verbose's kernel table,
 #                 bad options
 #   distributed   the small CNN under mpirun: 2 and 4 ranks with sync_bn train as one process
 #                 (1e-5), a killed or hung rank ends the job naming it, --resume with another
@@ -148,8 +148,12 @@ bench)
   "$tvc" bench vit_b_16 --iterations 1 >"$tmp/bench.out" 2>&1 || fail "vit_b_16 failed: $(cat "$tmp/bench.out")"
   grep -q '; 35\.1[0-9]* GFLOP per step' "$tmp/bench.out" || fail "vit_b_16: not 35.1 GFLOP: $(cat "$tmp/bench.out")"
   "$tvc" bench mobilenet_v2 --size 32 --iterations 1 --verbose >"$tmp/verbose.out" 2>&1 || fail "--verbose failed"
-  grep -Eq '^features\.0\.0 +Conv2d +\[1, 32, 16, 16\] +[0-9.]+$' "$tmp/verbose.out" ||
-    fail "--verbose: no row for features.0.0: $(head -5 "$tmp/verbose.out")"
+  # features.0 (Conv2dNormActivation): its convolution, batch norm and ReLU6 as one fused kernel
+  grep -Eq '^features\.0 +conv2d_epilogue +im2col\+gemm +\[1, 32, 16, 16\] +1 +[0-9.]+$' "$tmp/verbose.out" ||
+    fail "--verbose: no fused row for features.0: $(head -5 "$tmp/verbose.out")"
+  grep -Eq '^features\.1\.conv\.0 +conv2d_epilogue +depthwise rows +\[1, 32, 16, 16\] +1 +[0-9.]+$' \
+    "$tmp/verbose.out" || fail "--verbose: no depthwise row for features.1.conv.0: $(head -8 "$tmp/verbose.out")"
+  grep -Eq '^\(all kernels\) +[0-9.]+$' "$tmp/verbose.out" || fail "--verbose: no total: $(tail -3 "$tmp/verbose.out")"
   expect 2 'batch' bench resnet18 --batch 0
   expect 2 'MODEL is required' bench
   expect 1 "unknown model 'resnet19'" bench resnet19

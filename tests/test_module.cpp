@@ -13,6 +13,7 @@
 #include "tvc/nn/containers.h"
 #include "tvc/nn/init.h"
 #include "tvc/nn/layers.h"
+#include "tvc/profiler.h"
 
 namespace tvc::test {
 namespace {
@@ -712,6 +713,136 @@ TEST(Layers, InplaceActivationsWriteIntoTheirInput) {
   }
   Tensor ints = tensor<int64_t>({-2, 3});
   EXPECT_NE(error_of([&] { ints.silu_(); }).find("silu_"), std::string::npos);
+}
+
+// The kernel ops a call ran (KernelProfiler), by name.
+std::vector<std::string> kernels_of(const std::function<void()>& call) {
+  KernelProfiler profiler;
+  call();
+  std::vector<std::string> ops;
+  for (const KernelRecord& r : profiler.records()) ops.push_back(r.op);
+  return ops;
+}
+bool ran(const std::vector<std::string>& ops, const std::string& op) {
+  return std::find(ops.begin(), ops.end(), op) != ops.end();
+}
+
+// Conv2d, BatchNorm2d and an activation: one fused kernel in evaluation mode without autograd,
+// the modules one by one (same values) whenever fusing would change what the caller sees: hooks,
+// training mode (running statistics updated), autograd recording, an activation it does not fuse.
+TEST(Layers, ConvNormActivationFusesOnlyWhereNothingChanges) {
+  auto conv = make_shared<Conv2d>(4, 6, 3, ConvOptions{.padding = 1});
+  auto bn = make_shared<BatchNorm2d>(6, BatchNormOptions{.eps = 1e-3});
+  {
+    NoGradGuard no_grad;
+    bn->running_mean().copy_(randn_of({6}, 1));
+    bn->running_var().copy_(rand({6}) + 0.5);
+    bn->weight().copy_(randn_of({6}, 2));
+    bn->bias().copy_(randn_of({6}, 3));
+  }
+  auto act = make_shared<SiLU>();
+  Sequential seq({conv, bn, act});
+  seq.eval();
+  const Tensor x = randn_of({2, 4, 9, 7}, 4) * 2.0, residual = randn_of({2, 6, 9, 7}, 5);
+  Tensor want, want_residual;
+  {
+    NoGradGuard no_grad;
+    want = (*act)((*bn)((*conv)(x)));
+    want_residual = relu((*bn)((*conv)(x)) + residual);
+  }
+  {
+    NoGradGuard no_grad;
+    Tensor y;
+    std::vector<std::string> ops = kernels_of([&] { y = seq(x); });
+    EXPECT_TRUE(ran(ops, "conv2d_epilogue"));
+    EXPECT_FALSE(ran(ops, "conv2d") || ran(ops, "channel_affine") || ran(ops, "silu"));
+    EXPECT_LE(relative_error(y, want), 1e-6);
+    ReLU relu_module;
+    ops = kernels_of([&] { y = conv_norm_activation(*conv, *bn, &relu_module, x, residual); });
+    EXPECT_TRUE(ran(ops, "conv2d_epilogue"));
+    EXPECT_LE(relative_error(y, want_residual), 1e-6);
+    const Tensor x_cl = x.contiguous(MemoryFormat::ChannelsLast);
+    y = seq(x_cl);
+    EXPECT_EQ(y.suggest_memory_format(), MemoryFormat::ChannelsLast);
+    EXPECT_LE(relative_error(y, want), 1e-6);
+  }
+  {  // a hook on any of the three: every module runs, the hook sees the norm's output
+    NoGradGuard no_grad;
+    int calls = 0;
+    auto handle = bn->register_forward_hook([&](Module&, const TensorList&, const TensorList&) {
+      ++calls;
+      return std::optional<TensorList>();
+    });
+    Tensor y;
+    std::vector<std::string> ops = kernels_of([&] { y = seq(x); });
+    handle.remove();
+    EXPECT_EQ(calls, 1);
+    EXPECT_FALSE(ran(ops, "conv2d_epilogue"));
+    EXPECT_EQ(relative_error(y, want), 0);
+  }
+  {  // autograd recording: the separate ops, with gradients
+    Tensor y = seq(x);
+    ASSERT_TRUE(y.requires_grad());
+    y.sum().backward();
+    EXPECT_TRUE(conv->weight().grad().defined());
+    EXPECT_TRUE(bn->weight().grad().defined());
+    EXPECT_EQ(relative_error(y.detach(), want), 0);
+    seq.zero_grad();
+  }
+  {  // an activation it does not fuse, and no activation
+    NoGradGuard no_grad;
+    auto leaky = make_shared<LeakyReLU>(0.2);
+    Sequential with_leaky({conv, bn, leaky}), with_pool({conv, bn, make_shared<MaxPool2d>(2)});
+    with_leaky.eval(), with_pool.eval();
+    Tensor y;
+    std::vector<std::string> ops = kernels_of([&] { y = with_leaky(x); });
+    EXPECT_FALSE(ran(ops, "conv2d_epilogue"));
+    EXPECT_EQ(relative_error(y, (*leaky)((*bn)((*conv)(x)))), 0);
+    ops = kernels_of([&] { y = with_pool(x); });
+    EXPECT_TRUE(ran(ops, "conv2d_epilogue"));
+    EXPECT_LE(relative_error(y, max_pool2d((*bn)((*conv)(x)), {2, 2})), 1e-6);
+  }
+  {  // training mode: batch statistics, running statistics updated
+    NoGradGuard no_grad;
+    seq.train();
+    const Tensor before = bn->running_mean().clone();
+    Tensor y;
+    std::vector<std::string> ops = kernels_of([&] { y = seq(x); });
+    EXPECT_FALSE(ran(ops, "conv2d_epilogue"));
+    EXPECT_GT(relative_error(bn->running_mean(), before), 0);
+    EXPECT_EQ(bn->num_batches_tracked().item<int64_t>(), 1);
+  }
+}
+
+// KernelProfiler: one record per kernel on the profiling thread, with the innermost module being
+// called, the path the kernel says it took, its output shape and a time; the innermost of nested
+// profilers records; nothing is recorded without one.
+TEST(Profiler, RecordsKernelsWithTheirModuleAndPath) {
+  auto conv = make_shared<Conv2d>(3, 4, 3), pointwise = make_shared<Conv2d>(4, 5, 1);
+  Sequential seq({conv, pointwise});
+  NoGradGuard no_grad;
+  const Tensor x = randn_of({1, 3, 8, 8}, 1);
+  KernelProfiler outer;
+  Tensor y = relu(x);
+  {
+    KernelProfiler inner;
+    seq(x);
+    ASSERT_EQ(inner.records().size(), 2u);
+    const KernelRecord& a = inner.records()[0];
+    const KernelRecord& b = inner.records()[1];
+    EXPECT_EQ(a.op, "conv2d");
+    EXPECT_EQ(a.path, "im2col+gemm");
+    EXPECT_EQ(a.module, conv.get());
+    EXPECT_EQ(a.shape, (Shape{1, 4, 6, 6}));
+    EXPECT_GE(a.seconds, 0);
+    EXPECT_EQ(b.path, "pointwise gemm");
+    EXPECT_EQ(b.module, pointwise.get());
+  }
+  ASSERT_EQ(outer.records().size(), 1u);  // relu only: the inner profiler took the convolutions
+  EXPECT_EQ(outer.records()[0].module, nullptr);
+  EXPECT_EQ(outer.records()[0].path, "");
+  outer.clear();
+  EXPECT_TRUE(outer.records().empty());
 }
 
 TEST(Layers, InplaceActivationsAndDropout) {

@@ -4,6 +4,7 @@
 // err = ||a - b|| / ||b|| <= 1e-5 in float32 and <= 1e-10 in float64.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <sstream>
 
 #include "compare.h"
@@ -218,16 +219,18 @@ TEST(NnOps, Conv2dHalfTypesAndExpandedGradients) {
   }
 }
 
+// Expects f to throw a tvc::Error whose message holds each of parts.
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
 TEST(NnOps, Conv2dRejectsBadShapes) {
   Tensor x = randn_of({2, 4, 5, 5}, DType::Float32, 1);
-  auto expect_error = [](auto&& f, const std::vector<std::string>& parts) {
-    try {
-      f();
-      ADD_FAILURE() << "no error";
-    } catch (const Error& e) {
-      for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-    }
-  };
   expect_error(
       [&] {
         conv2d(x, randn_of({3, 3, 3, 3}, DType::Float32, 2));
@@ -256,6 +259,76 @@ TEST(NnOps, Conv2dRejectsBadShapes) {
       {"conv1d", "weight", "[3, 2, 3]"});
   expect_error([&] { max_pool2d(x, {2, 2}, std::nullopt, {2, 2}); }, {"max_pool2d", "padding"});
   expect_error([&] { avg_pool2d(x, {7, 7}); }, {"avg_pool2d", "[2, 4, 5, 5]"});
+}
+
+// The fused epilogue kernel (no autograd) against the separate ops (autograd recording), in
+// float32 and float64, over the kernel's paths: pointwise and 3x3 GEMMs (in place, the epilogue
+// inside the GEMM on one or several threads, and several samples per GEMM on small maps), grouped, depthwise (the
+// float32 flat path, stride 1 and 2, and float64's direct loops), NCHW and channels-last inputs and outputs, a residual
+// in either layout or strided.
+TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
+  struct Case {
+    const char* label;
+    Shape x, w;
+    std::array<int64_t, 2> stride, padding;
+    int64_t groups;
+  };
+  const std::vector<Case> cases{{"pointwise", {2, 6, 5, 7}, {5, 6, 1, 1}, {1, 1}, {0, 0}, 1},
+                                {"3x3", {1, 4, 9, 8}, {6, 4, 3, 3}, {1, 1}, {1, 1}, 1},
+                                // several threads and K, N blocks in the GEMM
+                                {"large", {1, 32, 20, 24}, {80, 32, 3, 3}, {1, 1}, {1, 1}, 1},
+                                {"small maps", {12, 3, 4, 4}, {5, 3, 3, 3}, {2, 2}, {1, 1}, 1},
+                                {"grouped", {2, 4, 6, 5}, {6, 2, 3, 3}, {1, 1}, {1, 1}, 2},
+                                {"depthwise", {2, 5, 9, 7}, {5, 1, 3, 3}, {1, 1}, {1, 1}, 5},
+                                {"depthwise stride 2", {1, 4, 9, 10}, {8, 1, 5, 5}, {2, 2}, {2, 2}, 4}};
+  const EpilogueActivation acts[] = {EpilogueActivation::None, EpilogueActivation::ReLU, EpilogueActivation::ReLU6,
+                                     EpilogueActivation::SiLU, EpilogueActivation::Hardswish};
+  for (DType dt : {DType::Float32, DType::Float64})
+    for (const Case& c : cases)
+      for (bool channels_last : {false, true})
+        for (int residual_kind = 0; residual_kind < 4; ++residual_kind)  // none, NCHW, channels-last, strided
+          for (EpilogueActivation act : acts) {
+            const std::string where = cat_str(c.label, channels_last ? " channels-last" : "", " residual ",
+                                              residual_kind, " ", to_string(act), " ", dtype_name(dt));
+            Tensor x = (randn_of(c.x, dt, 1) * 2)
+                           .contiguous(channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous);
+            Tensor w = randn_of(c.w, dt, 2), scale = randn_of({c.w[0]}, dt, 3), shift = randn_of({c.w[0]}, dt, 4) * 3;
+            Tensor plain = conv2d(x, w, Tensor(), c.stride, c.padding, {1, 1}, c.groups);
+            Tensor residual;
+            if (residual_kind == 1) residual = randn_of(plain.shape(), dt, 5);
+            if (residual_kind == 2) residual = randn_of(plain.shape(), dt, 5).contiguous(MemoryFormat::ChannelsLast);
+            if (residual_kind == 3)
+              residual = randn_of(plain.shape(), dt, 5).transpose(2, 3).contiguous().transpose(2, 3);
+            Tensor fused;
+            {
+              NoGradGuard no_grad;
+              fused = conv2d_epilogue(x, w, scale, shift, residual, act, c.stride, c.padding, {1, 1}, c.groups);
+            }
+            Tensor separate = conv2d_epilogue(x, w, scale.detach().requires_grad_(), shift, residual, act, c.stride,
+                                              c.padding, {1, 1}, c.groups);
+            ASSERT_TRUE(separate.requires_grad()) << where;  // the composed path
+            EXPECT_EQ(fused.shape(), plain.shape()) << where;
+            EXPECT_EQ(fused.suggest_memory_format(), plain.suggest_memory_format()) << where;
+            EXPECT_LE(relative_error(fused, separate.detach()), dt == DType::Float32 ? 1e-6 : 1e-14) << where;
+          }
+}
+
+TEST(NnOps, Conv2dEpilogueRejectsBadOperands) {
+  Tensor x = randn_of({2, 4, 5, 5}, DType::Float32, 1), w = randn_of({3, 4, 3, 3}, DType::Float32, 2);
+  Tensor c3 = randn_of({3}, DType::Float32, 3);
+  NoGradGuard no_grad;
+  const auto relu = EpilogueActivation::ReLU;
+  expect_error([&] { conv2d_epilogue(x, w, randn_of({4}, DType::Float32, 3), c3, Tensor(), relu); },
+               {"conv2d_epilogue", "scale", "[4]", "3"});
+  expect_error([&] { conv2d_epilogue(x, w, c3, Tensor(), Tensor(), relu); }, {"conv2d_epilogue", "shift", "undefined"});
+  expect_error([&] { conv2d_epilogue(x, w, c3, c3.to(DType::Float64), Tensor(), relu); },
+               {"conv2d_epilogue", "shift", "float64"});
+  expect_error(
+      [&] {
+        conv2d_epilogue(x, w, c3, c3, randn_of({2, 3, 5, 5}, DType::Float32, 4), relu);
+      },
+      {"conv2d_epilogue", "residual", "[2, 3, 5, 5]", "[2, 3, 3, 3]"});
+  expect_error([&] { conv2d_epilogue(x[0], w, c3, c3, Tensor(), relu); }, {"conv2d_epilogue", "[4, 5, 5]"});
 }
 
 // ---------------------------------------------------------------- pooling

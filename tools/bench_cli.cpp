@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "tvc/autograd.h"
@@ -17,6 +19,7 @@
 #include "tvc/nn/layers.h"
 #include "tvc/ops.h"
 #include "tvc/optim.h"
+#include "tvc/profiler.h"
 
 namespace tvc::tools {
 
@@ -75,44 +78,52 @@ double peak_resident_mib() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux: kilobytes
 }
 
-// Each leaf module's time, summed over the steps it ran in, by forward pre- and post-hooks.
-class LayerTimes {
+// Each kernel's time per step, by the module being called when it ran (the innermost), its op,
+// the path the kernel took and its output shape, in the order they first ran; from a
+// KernelProfiler over each timed step, not module hooks, so that fused paths (which hooks turn
+// off) run as they do without --verbose.
+class KernelTimes {
  public:
-  explicit LayerTimes(nn::Module& model) {
-    for (const auto& [name, m] : model.named_modules()) {
-      if (name.empty() || !m->children().empty()) continue;
-      const size_t index = rows_.size();
-      rows_.push_back({name, m->type_name(), "", 0, {}});
-      hooks_.add(m->register_forward_pre_hook([this, index](nn::Module&, const nn::TensorList&) {
-        rows_[index].started = Clock::now();
-        return std::optional<nn::TensorList>();
-      }));
-      hooks_.add(m->register_forward_hook([this, index](nn::Module&, const nn::TensorList&, const nn::TensorList& out) {
-        rows_[index].seconds += seconds_since(rows_[index].started);
-        if (!out.empty() && out[0].defined()) rows_[index].shape = cat_str(out[0].shape());
-        return std::optional<nn::TensorList>();
-      }));
+  explicit KernelTimes(const nn::Module& model) {
+    for (const auto& [name, m] : model.named_modules()) names_[m.get()] = name.empty() ? "(model)" : name;
+  }
+  void begin_step() { profiler_.emplace(); }
+  void end_step() {
+    for (const KernelRecord& r : profiler_->records()) {
+      const auto named = names_.find(r.module);
+      const std::string key =
+          cat_str(named == names_.end() ? "-" : named->second, "|", r.op, "|", r.path, "|", r.shape);
+      auto [it, added] = index_.try_emplace(key, rows_.size());
+      if (added) rows_.push_back({named == names_.end() ? "-" : named->second, r.op, r.path, cat_str(r.shape), 0, 0});
+      rows_[it->second].seconds += r.seconds;
+      rows_[it->second].calls += 1;
     }
+    profiler_.reset();
   }
-  // The layers in model order with their mean ms per step over steps.
+  void reset() { rows_.clear(), index_.clear(); }
+  // The rows with their calls and ms per step over steps, then the total.
   void print(int64_t steps) const {
-    std::printf("%-40s %-24s %-22s %10s\n", "layer", "type", "output", "ms/step");
-    for (const Row& r : rows_)
-      std::printf("%-40s %-24s %-22s %10.3f\n", r.name.c_str(), r.type.c_str(), r.shape.c_str(),
-                  1000 * r.seconds / static_cast<double>(std::max<int64_t>(steps, 1)));
-  }
-  void reset() {
-    for (Row& r : rows_) r.seconds = 0;
+    const double n = static_cast<double>(std::max<int64_t>(steps, 1));
+    std::printf("%-36s %-22s %-36s %-20s %6s %9s\n", "layer", "kernel", "path", "output", "calls", "ms/step");
+    double total = 0;
+    for (const Row& r : rows_) {
+      std::printf("%-36s %-22s %-36s %-20s %6.0f %9.3f\n", r.layer.c_str(), r.op.c_str(), r.path.c_str(),
+                  r.shape.c_str(), static_cast<double>(r.calls) / n, 1000 * r.seconds / n);
+      total += r.seconds;
+    }
+    std::printf("%-36s %-22s %-36s %-20s %6s %9.3f\n", "(all kernels)", "", "", "", "", 1000 * total / n);
   }
 
  private:
   struct Row {
-    std::string name, type, shape;
+    std::string layer, op, path, shape;
     double seconds;
-    Clock::time_point started;  // of the call running now
+    int64_t calls;
   };
+  std::unordered_map<const nn::Module*, std::string> names_;
+  std::optional<KernelProfiler> profiler_;
+  std::unordered_map<std::string, size_t> index_;
   std::vector<Row> rows_;
-  nn::ScopedHooks hooks_;
 };
 
 }  // namespace
@@ -153,24 +164,25 @@ void bench_model(const BenchOptions& o) {
     for (double v : checked.to_vector())
       TVC_CHECK(std::isfinite(v), "bench ", o.model, ": the ", o.train ? "loss" : "output", " is not finite");
   };
-  std::unique_ptr<LayerTimes> layers;
-  if (o.verbose) layers = std::make_unique<LayerTimes>(*model);
+  std::unique_ptr<KernelTimes> kernels;
+  if (o.verbose) kernels = std::make_unique<KernelTimes>(*model);
   auto input = [&] { return randn(input_shape); };
   auto labels = [&] { return o.train ? randint(0, 1000, {o.batch}) : Tensor(); };
   Tensor x = input(), y = labels();
   const auto first_start = Clock::now();
   step(x, y);
   const double first = seconds_since(first_start);
-  if (layers) layers->reset();
 
   std::vector<double> times;
   const auto timing_start = Clock::now();
   while (o.iterations > 0 ? static_cast<int64_t>(times.size()) < o.iterations
                           : times.size() < 5 || seconds_since(timing_start) < 3.0) {
     x = input(), y = labels();
+    if (kernels) kernels->begin_step();
     const auto start = Clock::now();
     step(x, y);
     times.push_back(seconds_since(start));
+    if (kernels) kernels->end_step();
   }
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
@@ -189,7 +201,7 @@ void bench_model(const BenchOptions& o) {
       "first call %.2f ms; peak resident memory %.0f MiB; %.3f GFLOP per step (convolutions, linear layers, "
       "attention); peak %.1f GFLOP/s (%s FMA loop, %d threads); %zu timed steps\n",
       1000 * first, peak_resident_mib(), flops / 1e9, peak, cpu_isa().c_str(), threads, times.size());
-  if (layers) layers->print(static_cast<int64_t>(times.size()));
+  if (kernels) kernels->print(static_cast<int64_t>(times.size()));
 }
 
 }  // namespace tvc::tools

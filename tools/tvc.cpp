@@ -198,7 +198,8 @@ int run(int argc, char** argv) {
   bench_cmd->add_option("--threads", bench.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
   bench_cmd->add_option("--iterations", bench.iterations, "Timed steps (default: as many as fit in about 3 s)")
       ->check(CLI::Range(0, 1000000));
-  bench_cmd->add_flag("--verbose", bench.verbose, "Also print each layer's time per step");
+  bench_cmd->add_flag("--verbose", bench.verbose,
+                      "Also print each kernel's time per step, with its layer, path and output shape");
 
   tvc::tools::RunOptions run;
   CLI::App* run_cmd = app.add_subcommand("run", "Run a model on the float32 tensor `input` of a safetensors file");

@@ -1,6 +1,8 @@
 // Helpers shared by the op implementations in engine/src (not installed).
 #pragma once
 
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "tvc/autograd.h"
@@ -8,6 +10,7 @@
 #include "tvc/internal/kernel.h"
 #include "tvc/internal/tensor_impl.h"
 #include "tvc/ops.h"
+#include "tvc/profiler.h"
 #include "tvc/tensor.h"
 
 namespace tvc::detail {
@@ -21,6 +24,20 @@ Tensor empty_with_format(const Shape& shape, DType dtype, MemoryFormat format);
 inline void run(Op op, std::vector<Tensor> in, std::vector<Tensor> out, const void* params = nullptr) {
   run_kernel(op, in, out, params);
 }
+// Runs kernel, op's kernel with outputs out, recording it with the thread's KernelProfiler when
+// one is active and no other kernel is running on the thread (tvc/profiler.h).
+void run_profiled(Op op, std::span<const Tensor> out, const std::function<void()>& kernel);
+// Marks module as being called for KernelProfiler's records while it lives (Module::call).
+class ProfiledModule {
+ public:
+  explicit ProfiledModule(const nn::Module* module);
+  ~ProfiledModule();
+  ProfiledModule(const ProfiledModule&) = delete;
+  ProfiledModule& operator=(const ProfiledModule&) = delete;
+
+ private:
+  bool active_;
+};
 // Sorted, wrapped, de-duplicated reduction dims (empty = all).
 std::vector<int64_t> reduction_dims(const Shape& dims, int64_t ndim, const char* op);
 // The shape after reducing dims, with or without keepdim.

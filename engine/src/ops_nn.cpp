@@ -70,8 +70,8 @@ void check_conv(const char* op, const Tensor& input, const Tensor& weight, const
   }
 }
 
-Tensor conv2d_batched(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding,
-                      Pair dilation, int64_t groups) {
+// The (N, O, Ho, Wo) output shape of a batched conv2d, its options checked.
+Shape conv2d_output_shape(const Tensor& input, const Tensor& weight, Pair stride, Pair padding, Pair dilation) {
   for (int i = 0; i < 2; ++i) {
     TVC_CHECK(stride[i] >= 1, "conv2d: stride must be positive, got ", shape_of(stride));
     TVC_CHECK(padding[i] >= 0, "conv2d: padding must be non-negative, got ", shape_of(padding));
@@ -79,7 +79,6 @@ Tensor conv2d_batched(const Tensor& input, const Tensor& weight, const Tensor& b
   }
   const Shape& xs = input.shape();
   const Shape& ws = weight.shape();
-  int64_t N = xs[0], O = ws[0];
   Shape out_hw(2);
   for (int i = 0; i < 2; ++i)
     out_hw[i] = (xs[2 + i] + 2 * padding[i] - dilation[i] * (ws[2 + i] - 1) - 1) / stride[i] + 1;
@@ -87,9 +86,18 @@ Tensor conv2d_batched(const Tensor& input, const Tensor& weight, const Tensor& b
                 xs[3] + 2 * padding[1] >= dilation[1] * (ws[3] - 1) + 1,
             "conv2d: input of shape ", xs, " padded by ", shape_of(padding),
             " is smaller than the kernel of weight shape ", ws, " dilated by ", shape_of(dilation));
+  return {xs[0], ws[0], out_hw[0], out_hw[1]};
+}
+
+Tensor conv2d_batched(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding,
+                      Pair dilation, int64_t groups) {
+  const Shape& xs = input.shape();
+  const Shape& ws = weight.shape();
+  const int64_t O = ws[0];
   MemoryFormat fmt = input.suggest_memory_format();
   Conv2dParams p{{stride[0], stride[1]}, {padding[0], padding[1]}, {dilation[0], dilation[1]}, groups};
-  Tensor out = detail::empty_with_format({N, O, out_hw[0], out_hw[1]}, input.dtype(), fmt);
+  Tensor out =
+      detail::empty_with_format(conv2d_output_shape(input, weight, stride, padding, dilation), input.dtype(), fmt);
   {
     NoGradGuard no_grad;
     if (out.numel() > 0) {
@@ -131,6 +139,57 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
   check_conv("conv2d", input, weight, bias, groups, 2);
   return batched(input,
                  [&](const Tensor& x) { return conv2d_batched(x, weight, bias, stride, padding, dilation, groups); });
+}
+
+Tensor conv2d_epilogue(const Tensor& input, const Tensor& weight, const Tensor& scale, const Tensor& shift,
+                       const Tensor& residual, EpilogueActivation activation, Pair stride, Pair padding, Pair dilation,
+                       int64_t groups) {
+  check_conv("conv2d_epilogue", input, weight, Tensor(), groups, 2);
+  TVC_CHECK(input.dim() == 4, "conv2d_epilogue: input must be (N, C, H, W), got shape ", input.shape());
+  const int64_t O = weight.shape()[0];
+  for (const auto& [name, t] : {std::pair{"scale", &scale}, std::pair{"shift", &shift}}) {
+    TVC_CHECK(t->defined() && t->dim() == 1 && t->shape()[0] == O, "conv2d_epilogue: ", name, " must be (", O,
+              ") for the ", O, " output channels of weight shape ", weight.shape(), ", got ",
+              t->defined() ? cat_str(t->shape()) : std::string("an undefined tensor"));
+    TVC_CHECK(t->dtype() == input.dtype(), "conv2d_epilogue: ", name, " dtype ", dtype_name(t->dtype()),
+              " differs from input dtype ", dtype_name(input.dtype()));
+  }
+  const Shape out_shape = conv2d_output_shape(input, weight, stride, padding, dilation);
+  if (residual.defined()) {
+    TVC_CHECK(residual.shape() == out_shape, "conv2d_epilogue: residual of shape ", residual.shape(),
+              " does not match the output shape ", out_shape);
+    TVC_CHECK(residual.dtype() == input.dtype(), "conv2d_epilogue: residual dtype ", dtype_name(residual.dtype()),
+              " differs from input dtype ", dtype_name(input.dtype()));
+  }
+  if (!autograd::any_requires_grad({input, weight, scale, shift, residual}) &&
+      kernel_registry().supports(Op::conv2d_epilogue, input.device()) && input.shape()[1] > 0) {
+    NoGradGuard no_grad;
+    Tensor y = detail::empty_with_format(out_shape, input.dtype(), input.suggest_memory_format());
+    if (y.numel() == 0) return y;
+    Conv2dEpilogueParams p{{{stride[0], stride[1]}, {padding[0], padding[1]}, {dilation[0], dilation[1]}, groups},
+                           activation};
+    std::vector<Tensor> in{input, weight, scale, shift};
+    if (residual.defined()) in.push_back(residual);
+    detail::run(Op::conv2d_epilogue, in, {y}, &p);
+    return y;
+  }
+  const Shape cshape{1, O, 1, 1};
+  Tensor y = add(mul(conv2d_batched(input, weight, Tensor(), stride, padding, dilation, groups), scale.view(cshape)),
+                 shift.view(cshape));
+  if (residual.defined()) y = add(y, residual);
+  switch (activation) {
+    case EpilogueActivation::None:
+      return y;
+    case EpilogueActivation::ReLU:
+      return relu(y);
+    case EpilogueActivation::ReLU6:
+      return relu6(y);
+    case EpilogueActivation::SiLU:
+      return silu(y);
+    case EpilogueActivation::Hardswish:
+      return hardswish(y);
+  }
+  return y;
 }
 
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,

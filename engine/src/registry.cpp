@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 
+#include "internal.h"
 #include "tvc/autograd.h"
 #include "tvc/internal/kernel.h"
 #include "tvc/ops.h"
@@ -226,7 +227,7 @@ void run_kernel(Op op, std::span<const Tensor> in, std::span<Tensor> out, const 
   KernelFn fn = kernel_registry().get(op, device);
   TVC_CHECK(fn != nullptr, op_name(op), ": no kernel for device ", device_name(device));
   apply_num_threads();
-  fn(KernelArgs{in, out, params});
+  detail::run_profiled(op, out, [&] { fn(KernelArgs{in, out, params}); });
 }
 
 void unsupported_dtype(Op op, DType dtype, Device device) {

@@ -27,6 +27,8 @@ enum class InterpolateMode { Nearest, Bilinear, Bicubic };
 enum class Reduction { None, Mean, Sum };
 // kaiming_*: the fan that keeps the variance of the forward (FanIn) or backward (FanOut) pass.
 enum class FanMode { FanIn, FanOut };
+// The activation a fused convolution applies after its affine map (conv2d_epilogue in ops.h).
+enum class EpilogueActivation { None, ReLU, ReLU6, SiLU, Hardswish };
 // calculate_gain's nonlinearity (and kaiming_*'s).
 enum class Nonlinearity {
   Linear,
@@ -71,6 +73,11 @@ template <>
 struct ModeNames<Reduction> {
   static constexpr const char* option = "reduction";
   static constexpr std::array<const char*, 3> names{"none", "mean", "sum"};
+};
+template <>
+struct ModeNames<EpilogueActivation> {
+  static constexpr const char* option = "epilogue activation";
+  static constexpr std::array<const char*, 5> names{"none", "relu", "relu6", "silu", "hardswish"};
 };
 template <>
 struct ModeNames<FanMode> {

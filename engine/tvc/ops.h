@@ -150,6 +150,19 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
               std::array<int64_t, 2> stride = {1, 1}, std::array<int64_t, 2> padding = {0, 0},
               std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
+// A convolution with its epilogue fused: input (N,C,H,W), weight (O,C/groups,kh,kw), scale and
+// shift (O), residual undefined or of the output's shape (N,O,Ho,Wo) ->
+//   activation(conv2d(input, weight) * scale[o] + shift[o] + residual)
+// with the output's layout as conv2d's. An eval-mode BatchNorm after the convolution folds into
+// scale = weight / sqrt(running_var + eps), shift = bias - running_mean * scale (plus the
+// convolution's bias times scale). When autograd does not record it (no grad mode, or no input
+// that requires grad) and the device has the kernel, it is one kernel that applies the epilogue
+// to the output where the convolution leaves it, instead of up to four more passes and
+// allocations; otherwise the separate ops, with their gradients.
+Tensor conv2d_epilogue(const Tensor& input, const Tensor& weight, const Tensor& scale, const Tensor& shift,
+                       const Tensor& residual, EpilogueActivation activation, std::array<int64_t, 2> stride = {1, 1},
+                       std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1},
+                       int64_t groups = 1);
 // input (N,C,L), weight (O,C/groups,k), bias (O) -> (N,O,Lo).
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1,
               int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);

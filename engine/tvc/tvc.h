@@ -16,6 +16,7 @@
 #include "tvc/nn/module.h"
 #include "tvc/ops.h"
 #include "tvc/optim.h"
+#include "tvc/profiler.h"
 #include "tvc/serialize.h"
 #include "tvc/storage.h"
 #include "tvc/tensor.h"

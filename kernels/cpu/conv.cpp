@@ -14,10 +14,17 @@
 // Tensors may have any strides (channels-last included): the kernels read and write through
 // them, so the output keeps whatever layout the caller allocated.
 //
+// Forward outputs pass through an epilogue (Epilogue: a per-channel scale and shift, a residual,
+// an activation; conv2d's bias is its shift alone): inside the GEMM on each finished block while
+// it is in cache when the GEMM writes y itself, per plane for depthwise convs, else after the
+// copy into y. conv2d_epilogue (an eval-mode conv, batch norm and activation) is this kernel with
+// the whole epilogue.
+//
 // Work is split over (samples, group) items, each computed by one thread in a fixed order, and
 // the weight gradient sums per-chunk partials (fixed chunks of the batch) in chunk order, so
 // results do not depend on the thread count.
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -76,6 +83,152 @@ struct Operand {
 template <typename T>
 Operand<T> operand(const Tensor& t) {
   return {static_cast<T*>(t.raw_data()), {t.strides()[0], t.strides()[1], t.strides()[2], t.strides()[3]}};
+}
+
+// ---------------------------------------------------------------- epilogue
+
+// What happens to each convolution output before it is stored: the per-output-channel affine
+// map z = acc * scale[o] + shift[o] (either may be null: 1 and 0), plus the residual's element
+// when there is one, then the activation. Plain conv2d has shift = its bias and nothing else.
+template <typename T>
+struct Epilogue {
+  const T* scale = nullptr;
+  const T* shift = nullptr;
+  const T* residual = nullptr;  // with the output's shape, strides rs
+  int64_t rs[4] = {};
+  EpilogueActivation activation = EpilogueActivation::None;
+
+  bool is_identity() const { return !scale && !shift && !residual && activation == EpilogueActivation::None; }
+};
+
+// The activation over n contiguous values, in place; NaN stays NaN (the comparisons are false
+// for it). Written as selects, which compile to vector blends.
+template <typename T>
+void activate(EpilogueActivation a, int64_t n, T* v) {
+  switch (a) {
+    case EpilogueActivation::None:
+      return;
+    case EpilogueActivation::ReLU:
+      for (int64_t i = 0; i < n; ++i) v[i] = v[i] < T(0) ? T(0) : v[i];
+      return;
+    case EpilogueActivation::ReLU6:
+      for (int64_t i = 0; i < n; ++i) {
+        T x = v[i] < T(0) ? T(0) : v[i];
+        v[i] = x > T(6) ? T(6) : x;
+      }
+      return;
+    case EpilogueActivation::Hardswish:
+      for (int64_t i = 0; i < n; ++i) {
+        T r = v[i] + T(3);
+        r = r < T(0) ? T(0) : r;
+        r = r > T(6) ? T(6) : r;
+        v[i] = v[i] * r / T(6);
+      }
+      return;
+    case EpilogueActivation::SiLU:
+      if constexpr (std::is_same_v<T, float>) {
+        vector_function(VectorFunction::silu, n, v, v);
+      } else {
+        for (int64_t i = 0; i < n; ++i) v[i] = v[i] / (T(1) + std::exp(-v[i]));
+      }
+      return;
+  }
+}
+
+// v[k] = the epilogue of positions p0 + k (k < len, in row-major (Ho, Wo) order, rows Wo long) of
+// channel o of sample n, in place, v contiguous.
+template <typename T>
+void epilogue_positions(const Epilogue<T>& e, int64_t n, int64_t o, int64_t p0, int64_t Wo, T* v, int64_t len) {
+  const T s = e.scale ? e.scale[o] : T(1), b = e.shift ? e.shift[o] : T(0);
+  if (e.scale)
+    for (int64_t k = 0; k < len; ++k) v[k] = v[k] * s + b;
+  else if (e.shift)
+    for (int64_t k = 0; k < len; ++k) v[k] += b;
+  if (e.residual) {
+    const T* r = e.residual + n * e.rs[0] + o * e.rs[1];
+    if (e.rs[3] == 1 && e.rs[2] == Wo) {
+      for (int64_t k = 0; k < len; ++k) v[k] += r[p0 + k];
+    } else {
+      for (int64_t k = 0, h = p0 / Wo, w = p0 % Wo; k < len; ++k) {
+        v[k] += r[h * e.rs[2] + w * e.rs[3]];
+        if (++w == Wo) w = 0, ++h;
+      }
+    }
+  }
+  activate(e.activation, len, v);
+}
+
+// v[c * step] = the epilogue of channel o0 + c (c < count) at position p of sample n, in place;
+// tmp holds count values.
+template <typename T>
+void epilogue_channels(const Epilogue<T>& e, int64_t n, int64_t p, int64_t Wo, int64_t o0, T* v, int64_t step,
+                       int64_t count, T* tmp) {
+  T* run = step == 1 ? v : tmp;
+  const T* r = e.residual ? e.residual + n * e.rs[0] + o0 * e.rs[1] + p / Wo * e.rs[2] + p % Wo * e.rs[3] : nullptr;
+  for (int64_t c = 0; c < count; ++c) {
+    T z = v[c * step];
+    if (e.scale) z *= e.scale[o0 + c];
+    if (e.shift) z += e.shift[o0 + c];
+    if (r) z += r[c * e.rs[1]];
+    run[c] = z;
+  }
+  activate(e.activation, count, run);
+  if (step != 1)
+    for (int64_t c = 0; c < count; ++c) v[c * step] = run[c];
+}
+
+// Output channel o of sample n as a (Ho, Wo) plane with contiguous rows (row stride y_rs): the
+// epilogue applied in place, in one run when the rows follow each other.
+template <typename T>
+void epilogue_plane(const Epilogue<T>& e, int64_t n, int64_t o, T* y, int64_t y_rs, int64_t Ho, int64_t Wo) {
+  if (y_rs == Wo) return epilogue_positions(e, n, o, 0, Wo, y, Ho * Wo);
+  for (int64_t h = 0; h < Ho; ++h) epilogue_positions(e, n, o, h * Wo, Wo, y + h * y_rs, Wo);
+}
+
+// The epilogue on channels [o0, o1) of samples [n0, n1) of y, in place, split over threads: per
+// channel plane when y's planes have contiguous rows, else per position over the channels.
+template <typename T>
+void apply_epilogue(const Epilogue<T>& e, const Operand<T>& y, int64_t n0, int64_t n1, int64_t o0, int64_t o1,
+                    int64_t Ho, int64_t Wo) {
+  if (e.is_identity()) return;
+  const int64_t channels = o1 - o0, samples = n1 - n0, P = Ho * Wo;
+  if (y.s[3] == 1) {
+    parallel_for(samples * channels, P, [&](int64_t b, int64_t end) {
+      for (int64_t it = b; it < end; ++it) {
+        int64_t n = n0 + it / channels, o = o0 + it % channels;
+        epilogue_plane(e, n, o, y.p + n * y.s[0] + o * y.s[1], y.s[2], Ho, Wo);
+      }
+    });
+    return;
+  }
+  parallel_for(samples * P, channels, [&](int64_t b, int64_t end) {
+    std::vector<T> tmp(static_cast<size_t>(channels));
+    for (int64_t it = b; it < end; ++it) {
+      const int64_t n = n0 + it / P, p = it % P;
+      epilogue_channels(e, n, p, Wo, o0, y.p + n * y.s[0] + o0 * y.s[1] + p / Wo * y.s[2] + p % Wo * y.s[3], y.s[1],
+                        channels, tmp.data());
+    }
+  });
+}
+
+// The epilogue inside the GEMM of one sample's group (GemmEpilogue): C's rows are channels from
+// o0, its columns the sample's positions (y itself, (H, W) flattened to one stride).
+template <typename T>
+struct GemmOutput {
+  const Epilogue<T>* e;
+  int64_t n, o0, Wo;
+};
+template <typename T>
+void epilogue_gemm_block(const void* ctx, T* c, int64_t c_rs, int64_t c_cs, int64_t i0, int64_t m, int64_t j0,
+                         int64_t cols) {
+  const auto& out = *static_cast<const GemmOutput<T>*>(ctx);
+  if (c_cs == 1) {
+    for (int64_t i = 0; i < m; ++i) epilogue_positions(*out.e, out.n, out.o0 + i0 + i, j0, out.Wo, c + i * c_rs, cols);
+    return;
+  }
+  T* tmp = thread_scratch<T, 4>(m);
+  for (int64_t j = 0; j < cols; ++j)
+    epilogue_channels(*out.e, out.n, j0 + j, out.Wo, out.o0 + i0, c + j * c_cs, c_rs, m, tmp);
 }
 
 // col (K, P) <- the receptive fields of channels [0, Cg) of x (x points at sample n, channel
@@ -203,23 +356,44 @@ void depthwise_plane_flat(const float* x, int64_t x_rs, int64_t x_cs, const floa
   for (int64_t oh = 0; oh < g.Ho; ++oh) std::copy(yq + oh * Wp, yq + oh * Wp + g.Wo, y + oh * y_rs);
 }
 
+// The epilogue left after a depthwise plane started from `first` (the shift when there is no
+// scale: the row kernels start each sum from it, as conv2d's bias always did).
 template <typename T>
-void depthwise_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y, const ConvGeom& g) {
+struct DepthwiseStart {
+  Epilogue<T> rest;
+  const T* first;
+};
+template <typename T>
+DepthwiseStart<T> depthwise_start(const Epilogue<T>& e) {
+  if (e.scale || !e.shift) return {e, nullptr};
+  Epilogue<T> rest = e;
+  rest.shift = nullptr;
+  return {rest, e.shift};
+}
+
+template <typename T>
+void depthwise_forward(const Operand<const T>& x, const T* w, const Epilogue<T>& e, const Operand<T>& y,
+                       const ConvGeom& g) {
+  const DepthwiseStart<T> start = depthwise_start(e);  // no structured binding: lambdas use it (clang 14)
+  const Epilogue<T>& rest = start.rest;
+  const T* first = start.first;
   if constexpr (std::is_same_v<T, float>) {
     if (flat_depthwise(g)) {
+      note_kernel_path("depthwise rows");
       const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, taps = g.kh * g.kw;
-      parallel_for(g.N * g.O, g.P * taps, [&](int64_t b, int64_t e) {
+      parallel_for(g.N * g.O, g.P * taps, [&](int64_t b, int64_t end) {
         float* xp = thread_scratch<float, 0>(Hp * Wp + 64);
         float* yq = thread_scratch<float, 1>((g.Ho - 1) * Wp + g.Wo + g.P);
         float* buf = yq + (g.Ho - 1) * Wp + g.Wo;  // the plane, when y's columns are strided
         std::vector<const float*> rows(taps);
         std::vector<float> tap_w(taps);
-        for (int64_t it = b; it < e; ++it) {
+        for (int64_t it = b; it < end; ++it) {
           int64_t n = it / g.O, o = it % g.O, c = o / g.Og;
           float* yp = y.p + n * y.s[0] + o * y.s[1];
           bool direct = y.s[3] == 1;
-          depthwise_plane_flat(x.p + n * x.s[0] + c * x.s[1], x.s[2], x.s[3], w + o * taps, bias ? bias[o] : 0.f, g,
+          depthwise_plane_flat(x.p + n * x.s[0] + c * x.s[1], x.s[2], x.s[3], w + o * taps, first ? first[o] : 0.f, g,
                                direct ? yp : buf, direct ? y.s[2] : g.Wo, xp, yq, rows.data(), tap_w.data());
+          if (!rest.is_identity()) epilogue_plane(rest, n, o, direct ? yp : buf, direct ? y.s[2] : g.Wo, g.Ho, g.Wo);
           if (!direct)
             for (int64_t oh = 0; oh < g.Ho; ++oh)
               for (int64_t ow = 0; ow < g.Wo; ++ow) yp[oh * y.s[2] + ow * y.s[3]] = buf[oh * g.Wo + ow];
@@ -228,12 +402,14 @@ void depthwise_forward(const Operand<const T>& x, const T* w, const T* bias, con
       return;
     }
   }
-  parallel_for(g.N * g.O, g.P * g.kh * g.kw, [&](int64_t b, int64_t e) {
+  note_kernel_path("depthwise direct");
+  parallel_for(g.N * g.O, g.P * g.kh * g.kw, [&](int64_t b, int64_t end) {
     std::vector<T> buf(g.P);
-    for (int64_t it = b; it < e; ++it) {
+    for (int64_t it = b; it < end; ++it) {
       int64_t n = it / g.O, o = it % g.O, c = o / g.Og;
-      std::fill(buf.begin(), buf.end(), bias ? bias[o] : T(0));
+      std::fill(buf.begin(), buf.end(), first ? first[o] : T(0));
       depthwise_plane(x.p + n * x.s[0] + c * x.s[1], x.s, w + o * g.kh * g.kw, g, buf.data());
+      if (!rest.is_identity()) epilogue_plane(rest, n, o, buf.data(), g.Wo, g.Ho, g.Wo);
       T* yp = y.p + n * y.s[0] + o * y.s[1];
       for (int64_t oh = 0; oh < g.Ho; ++oh)
         for (int64_t ow = 0; ow < g.Wo; ++ow) yp[oh * y.s[2] + ow * y.s[3]] = buf[oh * g.Wo + ow];
@@ -429,32 +605,37 @@ Columns<T> input_columns(const Operand<const T>& x, int64_t n0, int64_t m, int64
 }
 
 template <typename T>
-void conv_forward(const Operand<const T>& x, const T* w, const T* bias, const Operand<T>& y, const ConvGeom& g) {
-  if (g.Cg == 1 && g.G > 1) return depthwise_forward(x, w, bias, y, g);
+void conv_forward(const Operand<const T>& x, const T* w, const Epilogue<T>& e, const Operand<T>& y, const ConvGeom& g) {
+  if (g.Cg == 1 && g.G > 1) return depthwise_forward(x, w, e, y, g);
   const int64_t nb = samples_per_gemm(g, g.N), batches = (g.N + nb - 1) / nb;
-  for_items(batches * g.G, nb * g.Og * g.K * g.P, [&](int64_t b, int64_t e) {
-    for (int64_t it = b; it < e; ++it) {
+  note_kernel_path(is_pointwise(g) ? (nb > 1 ? "pointwise gemm, samples side by side" : "pointwise gemm")
+                                   : (nb > 1 ? "im2col+gemm, samples side by side" : "im2col+gemm"));
+  for_items(batches * g.G, nb * g.Og * g.K * g.P, [&](int64_t b, int64_t end) {
+    for (int64_t it = b; it < end; ++it) {
       int64_t n0 = it / g.G * nb, gi = it % g.G, m = std::min(nb, g.N - n0), cols = m * g.P;
       const Columns<T> B = input_columns(x, n0, m, gi, g);  // (K, cols)
       const T* wg = w + gi * g.Og * g.K;
       T* yg = y.p + n0 * y.s[0] + gi * g.Og * y.s[1];
-      // Y (Og, cols) = W_g (Og, K) @ B, into y itself when one dense sample, else through out.
+      // Y (Og, cols) = W_g (Og, K) @ B, into y itself when one dense sample (with the epilogue
+      // applied inside the GEMM, on blocks still in cache), else through out.
       bool in_place = m == 1 && y.s[2] == g.Wo * y.s[3];
-      T* out = in_place ? nullptr : thread_scratch<T, 1>(g.Og * cols);
-      gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, in_place ? yg : out, in_place ? y.s[1] : cols,
-              in_place ? y.s[3] : 1, T(0));
-      if (in_place && !bias) continue;
+      if (in_place) {
+        const GemmOutput<T> block_out{&e, n0, gi * g.Og, g.Wo};
+        const GemmEpilogue<T> epilogue{epilogue_gemm_block<T>, &block_out};
+        gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, yg, y.s[1], y.s[3], T(0),
+                e.is_identity() ? nullptr : &epilogue);
+        continue;
+      }
+      T* out = thread_scratch<T, 1>(g.Og * cols);
+      gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, out, cols, 1, T(0));
       parallel_for(g.Og, cols, [&](int64_t o0, int64_t o1) {
-        for (int64_t o = o0; o < o1; ++o) {
-          T bv = bias ? bias[gi * g.Og + o] : T(0);
+        for (int64_t o = o0; o < o1; ++o)
           for (int64_t i = 0; i < m; ++i)
             for (int64_t h = 0; h < g.Ho; ++h)
-              for (int64_t q = 0; q < g.Wo; ++q) {
-                T& dst = yg[i * y.s[0] + o * y.s[1] + h * y.s[2] + q * y.s[3]];
-                dst = (in_place ? dst : out[o * cols + i * g.P + h * g.Wo + q]) + bv;
-              }
-        }
+              for (int64_t q = 0; q < g.Wo; ++q)
+                yg[i * y.s[0] + o * y.s[1] + h * y.s[2] + q * y.s[3]] = out[o * cols + i * g.P + h * g.Wo + q];
       });
+      apply_epilogue(e, y, n0, n0 + m, gi * g.Og, (gi + 1) * g.Og, g.Ho, g.Wo);
     }
   });
 }
@@ -559,8 +740,28 @@ void conv2d_kernel(const KernelArgs& args) {
     Tensor w = in[1].contiguous();
     Tensor bias = in.size() > 2 ? in[2].contiguous() : Tensor();
     ConvGeom g = conv_geom(in[0].shape(), w.shape(), out[0].shape(), p);
-    conv_forward<T>(operand<const T>(in[0]), w.data_ptr<T>(), bias.defined() ? bias.data_ptr<T>() : nullptr,
-                    operand<T>(out[0]), g);
+    Epilogue<T> e;
+    if (bias.defined()) e.shift = bias.data_ptr<T>();
+    conv_forward<T>(operand<const T>(in[0]), w.data_ptr<T>(), e, operand<T>(out[0]), g);
+  });
+}
+
+// in = (input, weight, scale, shift[, residual]) -> out (output).
+void conv2d_epilogue_kernel(const KernelArgs& args) {
+  const auto& p = args.p<Conv2dEpilogueParams>();
+  dispatch_conv(Op::conv2d_epilogue, args, [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
+    Tensor w = in[1].contiguous(), scale = in[2].contiguous(), shift = in[3].contiguous();
+    ConvGeom g = conv_geom(in[0].shape(), w.shape(), out[0].shape(), p.conv);
+    Epilogue<T> e;
+    e.scale = scale.data_ptr<T>();
+    e.shift = shift.data_ptr<T>();
+    e.activation = p.activation;
+    if (in.size() > 4) {
+      const Operand<const T> r = operand<const T>(in[4]);
+      e.residual = r.p;
+      std::copy(r.s, r.s + 4, e.rs);
+    }
+    conv_forward<T>(operand<const T>(in[0]), w.data_ptr<T>(), e, operand<T>(out[0]), g);
   });
 }
 
@@ -589,6 +790,7 @@ void conv2d_backward_weight_kernel(const KernelArgs& args) {
 
 void register_conv_kernels(KernelRegistry& r) {
   r.set(Op::conv2d, Device::CPU, conv2d_kernel);
+  r.set(Op::conv2d_epilogue, Device::CPU, conv2d_epilogue_kernel);
   r.set(Op::conv2d_backward_input, Device::CPU, conv2d_backward_input_kernel);
   r.set(Op::conv2d_backward_weight, Device::CPU, conv2d_backward_weight_kernel);
 }

@@ -56,6 +56,21 @@ struct KernelFor<double> {
   static const GemmKernelF64& get(const GemmKernels& k) { return k.f64; }
 };
 
+// Where finished blocks of C go: the caller's epilogue (or nowhere), told in the caller's
+// orientation when this computation runs on C^T.
+template <typename T>
+struct BlockSink {
+  const GemmEpilogue<T>* epilogue = nullptr;
+  bool transposed = false;
+  void operator()(T* c, int64_t c_rs, int64_t c_cs, int64_t i0, int64_t m, int64_t j0, int64_t n) const {
+    if (!epilogue) return;
+    if (transposed)
+      epilogue->fn(epilogue->ctx, c, c_cs, c_rs, j0, n, i0, m);
+    else
+      epilogue->fn(epilogue->ctx, c, c_rs, c_cs, i0, m, j0, n);
+  }
+};
+
 // Packs A[0:mc, 0:kc] (strides rs, cs) into ceil(mc/mr) micro-panels of kc x mr (element [k][i]
 // at panel[k * mr + i]), zero-padding the rows past mc.
 template <typename T>
@@ -100,10 +115,13 @@ void pack_b(int64_t kc, int64_t nc, int64_t nr, const T* B, int64_t rs, int64_t 
 // on Zen 4: 3-8% faster at 64 and 128 rows, mixed at 256, slower beyond.
 constexpr int64_t kBInPlaceRows = 128;
 
-// One thread's share: the blocked algorithm of the file comment on C[0:M, 0:N].
+// One thread's share: the blocked algorithm of the file comment on C[0:M, 0:N], which is the
+// block at (i_off, j_off) of the whole C; each MR-row panel of a C block goes to sink once its
+// last K block is done (still in L1).
 template <typename T, typename Kernel>
 void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
-                  int64_t b_rs, int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
+                  int64_t b_rs, int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const BlockSink<T>& sink,
+                  int64_t i_off, int64_t j_off) {
   const int64_t mr = kn.mr, nr = kn.nr;
   const int64_t MC = std::min((M + mr - 1) / mr * mr, kn.mc);
   const int64_t NC = std::min((N + nr - 1) / nr * nr, kn.nc);
@@ -133,6 +151,7 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
             kn.micro(kc, a_panel, direct ? b_block + jr : bp + (jr - in_place) * kc, direct ? b_rs : nr, b,
                      c_row + jr * c_cs, c_rs, c_cs, m, std::min(nr, nc - jr));
           }
+          if (pc + kc == K) sink(c_row, c_rs, c_cs, i_off + ic + ir, m, j_off + jc, nc);
         }
       }
     }
@@ -141,18 +160,19 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
 
 // C = beta * C (the K == 0 case).
 template <typename T>
-void scale_c(int64_t M, int64_t N, T* C, int64_t c_rs, int64_t c_cs, T beta) {
+void scale_c(int64_t M, int64_t N, T* C, int64_t c_rs, int64_t c_cs, T beta, const BlockSink<T>& sink) {
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       T& c = C[i * c_rs + j * c_cs];
       c = beta == T(0) ? T(0) : beta * c;
     }
+  sink(C, c_rs, c_cs, 0, M, 0, N);
 }
 
 // Small products: plain dot products, cheaper than packing. Each element sums over k in order.
 template <typename T>
 void gemm_small(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
-                int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
+                int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const BlockSink<T>& sink) {
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       T s = 0;
@@ -160,6 +180,7 @@ void gemm_small(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64
       T& c = C[i * c_rs + j * c_cs];
       c = beta == T(0) ? s : s + beta * c;
     }
+  sink(C, c_rs, c_cs, 0, M, 0, N);
 }
 
 // Up to this many multiply-adds the small path is used (it wins for these sizes).
@@ -193,7 +214,7 @@ Grid thread_grid(int64_t threads, int64_t mtiles, int64_t ntiles, int64_t mr, in
 constexpr int64_t kDotRows = 8;
 
 void gemm_dots(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, const float* B, int64_t b_cs, float* C,
-               int64_t c_rs, int64_t c_cs, float beta) {
+               int64_t c_rs, int64_t c_cs, float beta, const BlockSink<float>& sink) {
   const DotF32 dot = active_kernels().dot;
   parallel_for(N, M * K, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j)
@@ -202,12 +223,13 @@ void gemm_dots(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, co
         float& c = C[i * c_rs + j * c_cs];
         c = beta == 0.f ? s : s + beta * c;
       }
+    sink(C + j0 * c_cs, c_rs, c_cs, 0, M, j0, j1 - j0);
   });
 }
 
 template <typename T>
 void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
-                 int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
+                 int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const BlockSink<T>& sink) {
   const auto& kn = KernelFor<T>::get(active_kernels());
   int64_t mtiles = (M + kn.mr - 1) / kn.mr, ntiles = (N + kn.nr - 1) / kn.nr;
   int64_t threads = 1;
@@ -225,7 +247,7 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
     int64_t n1 = std::min(N, ntiles * (tj + 1) / g.tn * kn.nr);
     if (m0 < m1 && n0 < n1)
       gemm_blocked(kn, m1 - m0, n1 - n0, K, A + m0 * a_rs, a_rs, a_cs, B + n0 * b_cs, b_rs, b_cs,
-                   C + m0 * c_rs + n0 * c_cs, c_rs, c_cs, beta);
+                   C + m0 * c_rs + n0 * c_cs, c_rs, c_cs, beta, sink, m0, n0);
   };
   if (threads == 1) return run(0, 1);
 #ifdef _OPENMP
@@ -236,19 +258,27 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
 #endif
 }
 
+template <typename T>
+void gemm_any(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
+              int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const BlockSink<T>& sink) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) return scale_c(M, N, C, c_rs, c_cs, beta, sink);
+  // A column-major C is computed as C^T = B^T @ A^T, so the micro-kernel writes along rows.
+  if (c_rs == 1 && c_cs != 1)
+    return gemm_any(N, M, K, B, b_cs, b_rs, A, a_cs, a_rs, C, c_cs, c_rs, beta,
+                    BlockSink<T>{sink.epilogue, !sink.transposed});
+  if (M * N * K <= kSmallGemm) return gemm_small(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, sink);
+  if constexpr (std::is_same_v<T, float>)
+    if (M <= kDotRows && a_cs == 1 && b_rs == 1) return gemm_dots(M, N, K, A, a_rs, B, b_cs, C, c_rs, c_cs, beta, sink);
+  gemm_packed(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, sink);
+}
+
 }  // namespace
 
 template <typename T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
-          int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta) {
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0) return scale_c(M, N, C, c_rs, c_cs, beta);
-  // A column-major C is computed as C^T = B^T @ A^T, so the micro-kernel writes along rows.
-  if (c_rs == 1 && c_cs != 1) return gemm(N, M, K, B, b_cs, b_rs, A, a_cs, a_rs, C, c_cs, c_rs, beta);
-  if (M * N * K <= kSmallGemm) return gemm_small(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta);
-  if constexpr (std::is_same_v<T, float>)
-    if (M <= kDotRows && a_cs == 1 && b_rs == 1) return gemm_dots(M, N, K, A, a_rs, B, b_cs, C, c_rs, c_cs, beta);
-  gemm_packed(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta);
+          int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const GemmEpilogue<T>* epilogue) {
+  gemm_any(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, BlockSink<T>{epilogue, false});
 }
 void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride, float bias,
                    float* y) {
@@ -264,9 +294,9 @@ void vector_function(VectorFunction f, int64_t n, const float* x, float* y) {
 }
 
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t,
-                          float*, int64_t, int64_t, float);
+                          float*, int64_t, int64_t, float, const GemmEpilogue<float>*);
 template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t, const double*, int64_t, int64_t,
-                           double*, int64_t, int64_t, double);
+                           double*, int64_t, int64_t, double, const GemmEpilogue<double>*);
 
 namespace {
 

@@ -7,12 +7,23 @@
 
 namespace tvc::cpu {
 
+// Work on finished parts of C, done while they are still in cache: fn(ctx, c, c_rs, c_cs, i0, m,
+// j0, n) gets the block C[i0:i0+m, j0:j0+n] (c points at its element (i0, j0); strides as the
+// caller gave C's) once its sums are complete, every element exactly once, possibly from several
+// threads at once (on disjoint blocks).
+template <typename T>
+struct GemmEpilogue {
+  void (*fn)(const void* ctx, T* c, int64_t c_rs, int64_t c_cs, int64_t i0, int64_t m, int64_t j0, int64_t n);
+  const void* ctx;
+};
+
 // C = A @ B + beta * C, with A (M,K), B (K,N), C (M,N) given by element strides
 // (row stride rs, column stride cs) so transposed operands need no copy, as in BLIS.
-// beta = 0 ignores C's old contents (NaN included). Deterministic for any thread count.
+// beta = 0 ignores C's old contents (NaN included). Deterministic for any thread count. With an
+// epilogue, each finished block of C is passed to it.
 template <typename T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
-          int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta);
+          int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const GemmEpilogue<T>* epilogue = nullptr);
 
 // One row of a float32 depthwise convolution with the active instruction set's kernel:
 //   y[ow] = bias + sum over taps t in order of w[t] * rows[t][ow * stride], ow in [0, n),

@@ -49,8 +49,8 @@ class DenseLayer : public nn::Cloneable<DenseLayer> {
 
  private:
   Tensor features_of(const std::vector<Tensor>& prev_features) const {
-    Tensor bottleneck = child("conv1")(child("relu1")(child("norm1")(cat(prev_features, 1))));
-    return child("conv2")(child("relu2")(child("norm2")(bottleneck)));
+    Tensor normed = child("relu1")(child("norm1")(cat(prev_features, 1)));
+    return child("conv2")(nn::conv_norm_activation(child("conv1"), child("norm2"), &child("relu2"), normed));
   }
 };
 

@@ -30,10 +30,13 @@ std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride = 1) {
   return std::make_shared<Conv2d>(in, out, 1, nn::ConvOptions{.stride = stride, .bias = false});
 }
 
-// The residual connection and final ReLU (the block's `relu` child) shared by both blocks.
-Tensor add_identity(const nn::Module& block, const Tensor& x, const Tensor& out) {
+// relu(norm(conv(out)) + identity), identity = downsample(x) where the block has one, else x:
+// the last convolution of both blocks with the residual connection and final ReLU (the block's
+// `relu` child), fused in evaluation mode (nn::conv_norm_activation).
+Tensor add_identity(const nn::Module& block, const std::string& conv, const std::string& norm, const Tensor& x,
+                    const Tensor& out) {
   Tensor identity = block.has_child("downsample") ? block.child("downsample")(x) : x;
-  return block.child("relu")(out + identity);
+  return nn::conv_norm_activation(block.child(conv), block.child(norm), &block.child("relu"), out, identity);
 }
 
 class BasicBlock : public nn::Cloneable<BasicBlock> {
@@ -50,9 +53,8 @@ class BasicBlock : public nn::Cloneable<BasicBlock> {
     if (downsample) register_module("downsample", downsample);
   }
   Tensor forward(const Tensor& x) override {
-    Tensor out = child("relu")(child("bn1")(child("conv1")(x)));
-    out = child("bn2")(child("conv2")(out));
-    return add_identity(*this, x, out);
+    Tensor out = nn::conv_norm_activation(child("conv1"), child("bn1"), &child("relu"), x);
+    return add_identity(*this, "conv2", "bn2", x, out);
   }
 };
 
@@ -73,10 +75,9 @@ class Bottleneck : public nn::Cloneable<Bottleneck> {
     if (downsample) register_module("downsample", downsample);
   }
   Tensor forward(const Tensor& x) override {
-    Tensor out = child("relu")(child("bn1")(child("conv1")(x)));
-    out = child("relu")(child("bn2")(child("conv2")(out)));
-    out = child("bn3")(child("conv3")(out));
-    return add_identity(*this, x, out);
+    Tensor out = nn::conv_norm_activation(child("conv1"), child("bn1"), &child("relu"), x);
+    out = nn::conv_norm_activation(child("conv2"), child("bn2"), &child("relu"), out);
+    return add_identity(*this, "conv3", "bn3", x, out);
   }
 };
 
@@ -126,7 +127,7 @@ class ResNet : public nn::Cloneable<ResNet, Backbone> {
   }
 
   Tensor forward(const Tensor& x) override {
-    Tensor out = child("maxpool")(child("relu")(child("bn1")(child("conv1")(x))));
+    Tensor out = child("maxpool")(nn::conv_norm_activation(child("conv1"), child("bn1"), &child("relu"), x));
     for (const char* layer : {"layer1", "layer2", "layer3", "layer4"}) out = child(layer)(out);
     out = child("avgpool")(out).flatten(1);
     return child("fc")(out);

@@ -1,6 +1,8 @@
 // Sequential, ModuleList and ModuleDict.
 #include "tvc/nn/containers.h"
 
+#include "tvc/nn/layers.h"
+
 namespace tvc::nn {
 
 size_t detail::wrap_index(int64_t index, size_t size, bool allow_end, const std::string& who) {
@@ -15,9 +17,22 @@ Sequential::Sequential(const std::vector<std::pair<std::string, ModulePtr>>& nam
 }
 
 Tensor Sequential::forward(const Tensor& x) {
+  // The child at i, or null past the end.
+  auto at = [this](size_t i) { return i < children_.size() ? children_.item(i).second.get() : nullptr; };
   Tensor y = x;
-  for (const auto& [name, m] : children_) {
+  for (size_t i = 0; i < children_.size(); ++i) {
+    const auto& [name, m] = children_.item(i);
     TVC_CHECK(m != nullptr, "Sequential: module '", name, "' is None and cannot be called");
+    // A convolution and a batch norm, with the activation after them, go through
+    // conv_norm_activation, which fuses them in evaluation mode.
+    if (dynamic_cast<const Conv2d*>(m.get()) && dynamic_cast<const BatchNorm2d*>(at(i + 1))) {
+      ModulePtr conv = m, norm = children_.item(i + 1).second;
+      Module* act = dynamic_cast<Activation*>(at(i + 2));
+      ModulePtr keep_act = act ? children_.item(i + 2).second : nullptr;
+      y = conv_norm_activation(*conv, *norm, act, y);
+      i += act ? 2 : 1;
+      continue;
+    }
     y = (*m)(y);
   }
   return y;

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <typeinfo>
 
 #include "tvc/autograd.h"
 #include "tvc/internal/autograd.h"
@@ -158,6 +160,86 @@ Tensor Conv1d::forward(const Tensor& x) {
 Tensor Conv2d::forward(const Tensor& x) {
   auto [input, p] = padded_input(x);
   return conv2d(input, weight(), bias(), {stride[0], stride[1]}, {p[0], p[1]}, {dilation[0], dilation[1]}, groups);
+}
+
+Tensor Conv2d::forward_epilogue(const Tensor& x, const Tensor& scale, const Tensor& shift, const Tensor& residual,
+                                EpilogueActivation activation) {
+  auto [input, p] = padded_input(x);
+  return conv2d_epilogue(input, weight(), scale, shift, residual, activation, {stride[0], stride[1]}, {p[0], p[1]},
+                         {dilation[0], dilation[1]}, groups);
+}
+
+// ---------------------------------------------------------------- fused inference
+
+namespace {
+
+// The epilogue activation module m is (None for no module); nullopt when conv_norm_activation
+// does not fuse it.
+std::optional<EpilogueActivation> epilogue_activation(const Module* m) {
+  if (!m) return EpilogueActivation::None;
+  const std::type_info& t = typeid(*m);
+  if (t == typeid(ReLU)) return EpilogueActivation::ReLU;
+  if (t == typeid(ReLU6)) return EpilogueActivation::ReLU6;
+  if (t == typeid(SiLU)) return EpilogueActivation::SiLU;
+  if (t == typeid(Hardswish)) return EpilogueActivation::Hardswish;
+  return std::nullopt;
+}
+
+// The values of a per-channel tensor t (n of them; fill where t is undefined) as double, read in
+// place when it is a dense CPU float32/float64 tensor (no kernel, no copy: this runs per layer).
+std::vector<double> channel_values(const Tensor& t, size_t n, double fill) {
+  if (!t.defined()) return std::vector<double>(n, fill);
+  if (t.device() == Device::CPU && t.is_contiguous()) {
+    if (t.dtype() == DType::Float32) return {t.data_ptr<float>(), t.data_ptr<float>() + t.numel()};
+    if (t.dtype() == DType::Float64) return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
+  }
+  return t.to_vector();
+}
+
+// An evaluation-mode batch norm after conv as the per-channel (scale, shift) of conv2d_epilogue,
+// in dtype on device, computed in double.
+std::pair<Tensor, Tensor> folded_batch_norm(const Conv2d& conv, const BatchNorm& bn, DType dtype, Device device) {
+  NoGradGuard no_grad;
+  const size_t C = static_cast<size_t>(bn.num_features);
+  const std::vector<double> mean = channel_values(bn.running_mean(), C, 0),
+                            var = channel_values(bn.running_var(), C, 1), weight = channel_values(bn.weight(), C, 1),
+                            bias = channel_values(bn.bias(), C, 0), conv_bias = channel_values(conv.bias(), C, 0);
+  const double eps = bn.eps.to_double();
+  // Written straight in dtype where it is float32 or float64 (no conversion kernels).
+  const DType direct = dtype == DType::Float32 ? DType::Float32 : DType::Float64;
+  Tensor scale = empty({bn.num_features}, {.dtype = direct}), shift = empty_like(scale);
+  auto fill = [&]<typename T>(T* sp, T* hp) {
+    for (size_t c = 0; c < C; ++c) {
+      const double sc = weight[c] / std::sqrt(var[c] + eps);
+      sp[c] = static_cast<T>(sc);
+      hp[c] = static_cast<T>(bias[c] + (conv_bias[c] - mean[c]) * sc);
+    }
+  };
+  if (direct == DType::Float32)
+    fill(scale.data_ptr<float>(), shift.data_ptr<float>());
+  else
+    fill(scale.data_ptr<double>(), shift.data_ptr<double>());
+  return {scale.to(dtype).to(device), shift.to(dtype).to(device)};
+}
+
+}  // namespace
+
+Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, const Tensor& x, const Tensor& residual) {
+  const std::optional<EpilogueActivation> act = epilogue_activation(activation);
+  auto* conv2d = typeid(conv) == typeid(Conv2d) ? static_cast<Conv2d*>(&conv) : nullptr;
+  auto* bn = typeid(norm) == typeid(BatchNorm2d) ? static_cast<BatchNorm*>(&norm) : nullptr;
+  const bool fuse =
+      act && conv2d && bn && !bn->is_training() && bn->running_mean().defined() && x.dim() == 4 &&
+      !conv.has_call_hooks() && !norm.has_call_hooks() && !(activation && activation->has_call_hooks()) &&
+      !autograd::any_requires_grad({x, conv2d->weight(), conv2d->bias(), bn->weight(), bn->bias(), residual}) &&
+      bn->num_features == conv2d->out_channels;
+  if (!fuse) {
+    Tensor y = norm(conv(x));
+    if (residual.defined()) y = y + residual;
+    return activation ? (*activation)(y) : y;
+  }
+  const auto [scale, shift] = folded_batch_norm(*conv2d, *bn, x.dtype(), x.device());
+  return conv2d->forward_epilogue(x, scale, shift, residual, *act);
 }
 
 // ---------------------------------------------------------------- normalisation

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <typeinfo>
 
+#include "internal.h"
 #include "tvc/autograd.h"
 #include "tvc/internal/autograd.h"
 
@@ -774,10 +775,15 @@ void wrap_outputs(TensorList& out, const std::shared_ptr<BackwardHookState>& sta
 
 }  // namespace
 
-TensorList Module::call(const TensorList& args_in, const std::function<TensorList(const TensorList&)>& forward_fn) {
+bool Module::has_call_hooks() const {
   const HookStore& h = *hooks_;
-  if (h.forward_pre.empty() && h.forward.empty() && h.backward.empty() && h.backward_pre.empty())
-    return forward_fn(args_in);
+  return !h.forward_pre.empty() || !h.forward.empty() || !h.backward.empty() || !h.backward_pre.empty();
+}
+
+TensorList Module::call(const TensorList& args_in, const std::function<TensorList(const TensorList&)>& forward_fn) {
+  detail::ProfiledModule profiled(this);
+  if (!has_call_hooks()) return forward_fn(args_in);
+  const HookStore& h = *hooks_;
   // Copies: hooks may add or remove hooks while they run.
   auto pre_hooks = h.forward_pre;
   auto fwd_hooks = h.forward;

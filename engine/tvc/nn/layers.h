@@ -124,6 +124,11 @@ class Conv2d : public Cloneable<Conv2d, ConvNd> {
   Conv2d(int64_t in_channels, int64_t out_channels, Sizes kernel_size, ConvOptions options = {})
       : Cloneable(2, "Conv2d", in_channels, out_channels, kernel_size, options) {}
   Tensor forward(const Tensor& x) override;
+  // x (N, C_in, H, W) -> activation(conv(x) without its bias * scale + shift + residual), scale and
+  // shift (C_out), residual undefined or of the output's shape: this convolution (its padding
+  // mode included) through tvc::conv2d_epilogue. The caller folds the bias into shift.
+  Tensor forward_epilogue(const Tensor& x, const Tensor& scale, const Tensor& shift, const Tensor& residual,
+                          EpilogueActivation activation);
 };
 
 // ---------------------------------------------------------------- normalisation
@@ -222,6 +227,20 @@ class Dropout : public Cloneable<Dropout> {
   Scalar p;
   bool inplace;
 };
+
+// ---------------------------------------------------------------- fused inference
+
+// activation(norm(conv(x)) + residual), residual optional (added before the activation, as a
+// ResNet block adds its identity), activation optional (null): the modules' forwards one after
+// the other, with their hooks; or, when conv is a Conv2d, norm a BatchNorm2d in evaluation mode
+// with running statistics, activation null or a ReLU, ReLU6, SiLU or Hardswish (those exact
+// classes), none of the three has hooks, x is (N, C, H, W) and autograd does not record, one
+// fused convolution (tvc::conv2d_epilogue) with the norm folded in: scale = weight /
+// sqrt(running_var + eps), shift = bias - running_mean * scale (+ the convolution's bias times
+// scale), computed in double from the current values on each call. Forwards call it where
+// torchvision's forward runs exactly this sequence; Sequential does for its children in order.
+Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, const Tensor& x,
+                            const Tensor& residual = Tensor());
 
 // ---------------------------------------------------------------- activations
 

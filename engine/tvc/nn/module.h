@@ -177,6 +177,8 @@ class Module : public std::enable_shared_from_this<Module> {
   // backward-hook wiring of the outputs. Modules with several inputs or outputs call this from
   // their own call operators.
   TensorList call(const TensorList& args, const std::function<TensorList(const TensorList&)>& forward_fn);
+  // Whether calling this module runs hooks: forward pre-hooks, forward hooks or backward hooks.
+  bool has_call_hooks() const;
 
   // ---- registration ----
   // Registers (or replaces, keeping its position) a parameter. tensor must be a leaf; it is set

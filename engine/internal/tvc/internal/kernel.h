@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tvc/internal/op_list.h"
+#include "tvc/modes.h"
 #include "tvc/tensor.h"
 
 namespace tvc {
@@ -87,6 +88,11 @@ void run_kernel(Op op, std::span<const Tensor> in, std::span<Tensor> out, const 
 // it before every kernel, so a setting made on any thread reaches every thread).
 void apply_num_threads();
 
+// Called by a kernel, on the thread that runs it, to say which way it computes this call (a
+// string literal, e.g. "im2col+gemm"), for KernelProfiler's records (tvc/profiler.h); does
+// nothing without an active profiler.
+void note_kernel_path(const char* path);
+
 // Raised by kernels for a dtype they do not implement.
 [[noreturn]] void unsupported_dtype(Op op, DType dtype, Device device);
 
@@ -130,6 +136,14 @@ struct TopkParams {
 // conv2d_backward_weight: in = (grad_out, input) -> out (grad_weight).
 struct Conv2dParams {
   int64_t stride[2], padding[2], dilation[2], groups;
+};
+
+// conv2d_epilogue: in = (input, weight, scale (O), shift (O)[, residual (the output's shape, any
+// strides)]) -> out = activation(conv2d(input, weight) * scale + shift + residual), per output
+// channel o of scale and shift, in one pass over the output (ops.h, conv2d_epilogue).
+struct Conv2dEpilogueParams {
+  Conv2dParams conv;
+  EpilogueActivation activation;
 };
 
 // max_pool2d: in = (input) -> out (values, int64 indices into H*W of each plane).
