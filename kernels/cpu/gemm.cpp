@@ -102,6 +102,9 @@ void pack_b(int64_t kc, int64_t nc, int64_t nr, const T* B, int64_t rs, int64_t 
     if (cols < nr) std::fill(dst, dst + kc * nr, T(0));
     if (cs == 1) {
       for (int64_t k = 0; k < kc; ++k) std::memcpy(dst + k * nr, B + j0 + k * rs, cols * sizeof(T));
+    } else if (std::is_same_v<T, float> && rs == 1) {  // a linear layer's weight
+      active_kernels().pack_transposed(kc, cols, reinterpret_cast<const float*>(B + j0 * cs), cs,
+                                       reinterpret_cast<float*>(dst), nr);
     } else {
       for (int64_t j = 0; j < cols; ++j) {
         const T* src = B + (j0 + j) * cs;

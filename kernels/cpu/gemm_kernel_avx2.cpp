@@ -14,6 +14,7 @@ extern const GemmKernels gemm_kernels_avx2 = {
     sigmoid_f32<8>,
     silu_f32<8>,
     gelu_f32<8>,
+    pack_transposed<8>,
 };
 
 }  // namespace tvc::cpu

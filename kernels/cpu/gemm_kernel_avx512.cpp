@@ -14,6 +14,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
     sigmoid_f32<16>,
     silu_f32<16>,
     gelu_f32<16>,
+    pack_transposed<16>,
 };
 
 }  // namespace tvc::cpu

@@ -14,6 +14,7 @@ extern const GemmKernels gemm_kernels_generic = {
     sigmoid_f32<4>,
     silu_f32<4>,
     gelu_f32<4>,
+    pack_transposed<4>,
 };
 
 }  // namespace tvc::cpu

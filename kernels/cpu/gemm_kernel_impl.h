@@ -71,6 +71,10 @@ template <int W>
 struct FloatVector {
   typedef float type __attribute__((vector_size(W * sizeof(float))));
 };
+template <int W>
+struct IntVector {
+  typedef int32_t type __attribute__((vector_size(W * sizeof(int32_t))));
+};
 
 // The even lanes of the 2W floats lo, hi.
 template <int W>
@@ -81,6 +85,58 @@ typename FloatVector<W>::type even_lanes(typename FloatVector<W>::type lo, typen
     return __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14);
   else
     return __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+}
+
+// The W x W block in r (r[i] = row i) transposed in place by swapping off-diagonal blocks of
+// B x B lanes for B = W/2, ..., 1: row i (bit B clear) takes lanes j with bit B set from row i + B,
+// lanes j - B, and gives its own to that row. Each step is one two-vector shuffle per row.
+template <int W, int B>
+void transpose_rows(typename FloatVector<W>::type* r) {
+  if constexpr (B >= 1) {
+    typename IntVector<W>::type lo, hi;
+#pragma GCC unroll 16
+    for (int j = 0; j < W; ++j) {
+      lo[j] = (j & B) ? W + j - B : j;
+      hi[j] = (j & B) ? W + j : j + B;
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i)
+      if (!(i & B)) {
+        const auto a = r[i], b = r[i + B];
+        r[i] = __builtin_shuffle(a, b, lo);
+        r[i + B] = __builtin_shuffle(a, b, hi);
+      }
+    transpose_rows<W, B / 2>(r);
+  }
+}
+
+// See PackTransposedF32: W x W blocks through registers; a block cut by the edges (fewer than W
+// columns, as a GEMM panel of MR < W rows, or fewer than W values of k) is loaded zero-padded and
+// only its part stored.
+template <int W>
+void pack_transposed(int64_t k_n, int64_t cols, const float* src, int64_t src_ld, float* dst, int64_t dst_ld) {
+  typedef typename FloatVector<W>::type V;
+  for (int64_t j0 = 0; j0 < cols; j0 += W) {
+    const int64_t w = cols - j0 < W ? cols - j0 : W;
+    for (int64_t k0 = 0; k0 < k_n; k0 += W) {
+      const int64_t kt = k_n - k0 < W ? k_n - k0 : W;
+      V r[W];
+      if (w == W && kt == W) {
+#pragma GCC unroll 16
+        for (int i = 0; i < W; ++i) __builtin_memcpy(&r[i], src + (j0 + i) * src_ld + k0, sizeof(V));
+        transpose_rows<W, W / 2>(r);
+#pragma GCC unroll 16
+        for (int k = 0; k < W; ++k) __builtin_memcpy(dst + (k0 + k) * dst_ld + j0, &r[k], sizeof(V));
+        continue;
+      }
+      for (int i = 0; i < W; ++i) {
+        r[i] = V{};
+        if (i < w) __builtin_memcpy(&r[i], src + (j0 + i) * src_ld + k0, kt * sizeof(float));
+      }
+      transpose_rows<W, W / 2>(r);
+      for (int64_t k = 0; k < kt; ++k) __builtin_memcpy(dst + (k0 + k) * dst_ld + j0, &r[k], w * sizeof(float));
+    }
+  }
 }
 
 // See DepthwiseRowF32: U vectors of W outputs stay in registers over the taps.
@@ -166,11 +222,6 @@ float dot(int64_t n, const float* a, const float* b) {
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
-
-template <int W>
-struct IntVector {
-  typedef int32_t type __attribute__((vector_size(W * sizeof(int32_t))));
-};
 
 // e^x of W floats, within 2 ulp: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is
 // exact), e^r by Cephes' degree-6 polynomial, times 2^n as two powers of two built in the exponent

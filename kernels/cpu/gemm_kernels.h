@@ -48,6 +48,10 @@ using DepthwiseRowF32 = void (*)(int64_t n, int64_t taps, const float* const* ro
                                  float bias, float* y);
 // The dot product of n floats a and b (both contiguous), summed in a fixed order.
 using DotF32 = float (*)(int64_t n, const float* a, const float* b);
+// A transposing copy, as the GEMM packs a transposed B (a linear layer's weight, x @ W^T):
+//   dst[k * dst_ld + j] = src[j * src_ld + k] for j < cols, k < k_n.
+using PackTransposedF32 = void (*)(int64_t k_n, int64_t cols, const float* src, int64_t src_ld, float* dst,
+                                   int64_t dst_ld);
 // y[i] = f(x[i]) for n contiguous floats (x and y may be the same array): e^x within 2 ulp (inf
 // above 88.72284, 0 below -103.97208, NaN kept), sigmoid 1 / (1 + e^-x), silu x * sigmoid(x),
 // both within 3 ulp or 1e-40 (silu's tail is x times a sigmoid in the denormal range), gelu
@@ -60,6 +64,7 @@ struct GemmKernels {
   DepthwiseRowF32 depthwise_row;
   DotF32 dot;
   UnaryF32 exp, sigmoid, silu, gelu;
+  PackTransposedF32 pack_transposed;
 };
 
 extern const GemmKernels gemm_kernels_generic;  // gemm_kernel_generic.cpp, baseline x86-64

@@ -8,6 +8,7 @@
 
 #include "tvc/autograd.h"
 #include "tvc/internal/autograd.h"
+#include "tvc/internal/kernel.h"
 #include "tvc/nn/init.h"
 
 namespace tvc::nn {
@@ -232,7 +233,7 @@ Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, cons
       act && conv2d && bn && !bn->is_training() && bn->running_mean().defined() && x.dim() == 4 &&
       !conv.has_call_hooks() && !norm.has_call_hooks() && !(activation && activation->has_call_hooks()) &&
       !autograd::any_requires_grad({x, conv2d->weight(), conv2d->bias(), bn->weight(), bn->bias(), residual}) &&
-      bn->num_features == conv2d->out_channels;
+      bn->num_features == conv2d->out_channels && kernel_registry().supports(Op::conv2d_epilogue, x.device());
   if (!fuse) {
     Tensor y = norm(conv(x));
     if (residual.defined()) y = y + residual;

@@ -234,11 +234,11 @@ class Dropout : public Cloneable<Dropout> {
 // ResNet block adds its identity), activation optional (null): the modules' forwards one after
 // the other, with their hooks; or, when conv is a Conv2d, norm a BatchNorm2d in evaluation mode
 // with running statistics, activation null or a ReLU, ReLU6, SiLU or Hardswish (those exact
-// classes), none of the three has hooks, x is (N, C, H, W) and autograd does not record, one
-// fused convolution (tvc::conv2d_epilogue) with the norm folded in: scale = weight /
-// sqrt(running_var + eps), shift = bias - running_mean * scale (+ the convolution's bias times
-// scale), computed in double from the current values on each call. Forwards call it where
-// torchvision's forward runs exactly this sequence; Sequential does for its children in order.
+// classes), none of the three has hooks, x is (N, C, H, W) on a device with the fused kernel
+// (the CPU) and autograd does not record, one fused convolution (tvc::conv2d_epilogue) with the norm folded in: scale =
+// weight / sqrt(running_var + eps), shift = bias - running_mean * scale (+ the convolution's bias times scale),
+// computed in double from the current values on each call. Forwards call it where torchvision's forward runs exactly
+// this sequence; Sequential does for its children in order.
 Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, const Tensor& x,
                             const Tensor& residual = Tensor());
 
