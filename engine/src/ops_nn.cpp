@@ -550,8 +550,27 @@ Tensor softmax(const Tensor& t, int64_t dim) {
   if (t.dim() == 0) return softmax(t.unsqueeze(0), dim).squeeze(0);
   int64_t d = wrap_dim(dim, t.dim(), "softmax");
   if (t.numel() == 0) return t.clone();
-  Tensor e = exp(shifted("softmax", t, d));
-  return div(e, sum(e, {d}, true));
+  if (!kernel_registry().supports(Op::softmax, t.device())) {
+    Tensor e = exp(shifted("softmax", t, d));
+    return div(e, sum(e, {d}, true));
+  }
+  check_floating_input("softmax", t);
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    const Tensor x = t.contiguous();
+    y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+    SoftmaxParams p{d};
+    detail::run(Op::softmax, {x}, {y}, &p);
+  }
+  if (!autograd::any_requires_grad({t})) return y;
+  // dx = y * (dy - sum(dy * y)) along d.
+  SavedTensor sy(y);
+  autograd::record("SoftmaxBackward0", {t}, {y}, [=](const GradList& g) -> GradList {
+    const Tensor out = sy.unpack("SoftmaxBackward0");
+    return {mul(out, sub(g[0], sum(mul(g[0], out), {d}, true)))};
+  });
+  return y;
 }
 
 Tensor log_softmax(const Tensor& t, int64_t dim) {

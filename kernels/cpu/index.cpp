@@ -64,29 +64,48 @@ void gather_scatter_kernel(const KernelArgs& args) {
 
 // index_select (add = false): out.select(dim, j) = in.select(dim, index[j])
 // index_add (add = true): out.select(dim, index[j]) += in.select(dim, j)  (in = grad)
+// Element by element over the small side's shape: position p maps to the big side's p with dim
+// -> index[p[dim]] (indices checked once, up front); contiguous tensors as runs of their trailing
+// dims.
 template <bool kAdd>
 void index_kernel(const KernelArgs& args) {
   constexpr Op op = kAdd ? Op::index_add : Op::index_select;
   int64_t dim = args.p<IndexParams>().dim;
   const Tensor& src = args.in[0];
-  const Tensor& index = args.in[1];
   const Tensor& out = args.out[0];
   const Tensor& big = kAdd ? out : src;
   const Tensor& small = kAdd ? src : out;
-  int64_t size = big.shape()[dim];
-  Tensor idx = index.contiguous();
-  const int64_t* pidx = idx.data_ptr<int64_t>();
-  for (int64_t j = 0; j < idx.numel(); ++j) {
-    int64_t k = checked_index(pidx[j], size, op);
-    Tensor s = small.select(dim, j), b = big.select(dim, k);
-    if constexpr (kAdd) {
-      Tensor sum_t = empty(b.shape(), {.dtype = b.dtype()});
-      run_kernel(Op::add, std::vector<Tensor>{b, s}, std::span<Tensor>(&sum_t, 1));
-      run_kernel(Op::copy, std::vector<Tensor>{sum_t}, std::span<Tensor>(&b, 1));
-    } else {
-      run_kernel(Op::copy, std::vector<Tensor>{b}, std::span<Tensor>(&s, 1));
+  const int64_t size = big.shape()[dim], stride = big.strides()[dim];
+  const Tensor& index = args.in[1];
+  std::vector<int64_t> rows(static_cast<size_t>(index.numel()));
+  for (int64_t j = 0; j < index.numel(); ++j)
+    rows[j] = checked_index(static_cast<const int64_t*>(index.raw_data())[j * index.strides()[0]], size, op);
+  dispatch_numeric(src.dtype(), op, [&]<typename T>() {
+    T* pbig = static_cast<T*>(big.storage()->data()) + big.storage_offset();
+    T* psmall = static_cast<T*>(small.storage()->data()) + small.storage_offset();
+    auto apply = [](T& b, T& s) {
+      if constexpr (kAdd)
+        b = static_cast<T>(static_cast<compute_t<T>>(b) + static_cast<compute_t<T>>(s));
+      else
+        s = b;
+    };
+    if (big.is_contiguous() && small.is_contiguous()) {  // (outer, rows, inner) runs
+      int64_t outer = 1, inner = 1;
+      for (int64_t d = 0; d < dim; ++d) outer *= small.shape()[d];
+      for (int64_t d = dim + 1; d < small.dim(); ++d) inner *= small.shape()[d];
+      const int64_t n = static_cast<int64_t>(rows.size());
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t j = 0; j < n; ++j) {
+          T* b = pbig + (o * size + rows[j]) * inner;
+          T* sm = psmall + (o * n + j) * inner;
+          for (int64_t i = 0; i < inner; ++i) apply(b[i], sm[i]);
+        }
+      return;
     }
-  }
+    walk3(small.shape(), small, small, big, [&](const std::vector<int64_t>& pos, int64_t os, int64_t, int64_t ob) {
+      apply(pbig[ob + (rows[pos[dim]] - pos[dim]) * stride], psmall[os]);
+    });
+  });
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// CPU kernels: training-mode batch norm's statistics and its backward (kernel.h).
+// CPU kernels: training-mode batch norm's statistics and its backward, and softmax (kernel.h).
 //
 // Shape legend: x is (N, C, *), seen as (N, C, S) with S the product of the trailing dims, n = N*S
 // values per channel; it is dense either as (N, C, S) (contiguous) or with C innermost
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu_kernels.h"
+#include "gemm.h"
 #include "loops.h"
 
 namespace tvc::cpu {
@@ -154,10 +155,57 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
   });
 }
 
+// in = (x) -> out: softmax along params.dim of the contiguous x, seen as (outer, n, inner). Float32
+// rows (inner == 1, as attention's) through the vector e^x and a sum in double; other slices
+// element by element in the compute type. A slice holding NaN gives NaN everywhere.
+void softmax_kernel(const KernelArgs& args) {
+  const Tensor& x = args.in[0];
+  const Tensor& y = args.out[0];
+  const int64_t dim = args.p<SoftmaxParams>().dim, n = x.shape()[dim];
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= x.shape()[d];
+  for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.shape()[d];
+  dispatch_floating(x.dtype(), Op::softmax, [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* xp = x.data_ptr<T>();
+    T* yp = y.data_ptr<T>();
+    if constexpr (std::is_same_v<T, float>) {
+      if (inner == 1) {
+        parallel_for(outer, 8 * n, [&](int64_t b, int64_t e) {
+          for (int64_t r = b; r < e; ++r) {
+            const float* xr = xp + r * n;
+            float* yr = yp + r * n;
+            // A NaN is passed over here but reaches the sum through x - m, and so every output.
+            float m = xr[0];
+            for (int64_t i = 1; i < n; ++i) m = xr[i] > m ? xr[i] : m;
+            for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] - m;
+            vector_function(VectorFunction::exp, n, yr, yr);
+            const float s = static_cast<float>(sum_in_lanes<double>(n, [&](int64_t i) { return yr[i]; }));
+            for (int64_t i = 0; i < n; ++i) yr[i] /= s;
+          }
+        });
+        return;
+      }
+    }
+    parallel_for(outer * inner, 8 * n, [&](int64_t b, int64_t e) {
+      for (int64_t it = b; it < e; ++it) {
+        const int64_t base = it / inner * n * inner + it % inner;
+        auto value = [&](int64_t i) { return static_cast<C>(xp[base + i * inner]); };
+        C m = value(0);
+        for (int64_t i = 1; i < n; ++i) m = value(i) > m || value(i) != value(i) ? value(i) : m;
+        C s = 0;
+        for (int64_t i = 0; i < n; ++i) s += std::exp(value(i) - m);
+        for (int64_t i = 0; i < n; ++i) yp[base + i * inner] = static_cast<T>(std::exp(value(i) - m) / s);
+      }
+    });
+  });
+}
+
 }  // namespace
 
 void register_norm_kernels(KernelRegistry& r) {
   const Device cpu = Device::CPU;
+  r.set(Op::softmax, cpu, softmax_kernel);
   r.set(Op::batch_norm_stats, cpu, batch_norm_stats_kernel);
   r.set(Op::batch_norm_backward, cpu, batch_norm_backward_kernel);
 }

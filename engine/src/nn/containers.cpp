@@ -26,9 +26,10 @@ Tensor Sequential::forward(const Tensor& x) {
     // A convolution and a batch norm, with the activation after them, go through
     // conv_norm_activation, which fuses them in evaluation mode.
     if (dynamic_cast<const Conv2d*>(m.get()) && dynamic_cast<const BatchNorm2d*>(at(i + 1))) {
+      // Owned here while they run (a hook may change the children meanwhile).
       ModulePtr conv = m, norm = children_.item(i + 1).second;
       Module* act = dynamic_cast<Activation*>(at(i + 2));
-      ModulePtr keep_act = act ? children_.item(i + 2).second : nullptr;
+      ModulePtr act_owner = act ? children_.item(i + 2).second : nullptr;
       y = conv_norm_activation(*conv, *norm, act, y);
       i += act ? 2 : 1;
       continue;

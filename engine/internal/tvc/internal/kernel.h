@@ -167,6 +167,12 @@ struct Pool2dParams {
 //   grad_x = weight * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)),
 // sum_dy_xhat = Σ dy * xhat (the weight's gradient), sum_dy = Σ dy (the bias's); sums in double.
 
+// softmax: in = (x, contiguous, floating) -> out (x's shape, contiguous): along dim, e^(x - max)
+// over the slice's sum of them (float16/bfloat16 computed in float32).
+struct SoftmaxParams {
+  int64_t dim;
+};
+
 // lerp: in = (start_0..start_{n-1}, end_0..end_{n-1}) -> out (out_0..out_{n-1}), n >= 1 pairs of
 // one floating dtype; out_i has the shape of start_i and end_i and may be start_i itself (in
 // place); out_i = lerp(start_i, end_i, weight).

@@ -114,7 +114,7 @@
   X(batch_norm_backward, BACKWARD)          \
   X(layer_norm, COMPOSED)                   \
   X(group_norm, COMPOSED)                   \
-  X(softmax, COMPOSED)                      \
+  X(softmax, KERNEL)                        \
   X(log_softmax, COMPOSED)                  \
   X(dropout, COMPOSED)                      \
   /* shape and indexing */                  \
