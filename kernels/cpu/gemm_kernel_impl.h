@@ -87,25 +87,34 @@ typename FloatVector<W>::type even_lanes(typename FloatVector<W>::type lo, typen
     return __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
 }
 
+// The lane indices 0..N-1 as a pack (no <utility> here: see the file comment).
+template <int... J>
+struct Lanes {};
+template <int N, int... J>
+struct MakeLanes : MakeLanes<N - 1, N - 1, J...> {};
+template <int... J>
+struct MakeLanes<0, J...> {
+  using type = Lanes<J...>;
+};
+
+// Rows a (bit B of its index clear) and b (= the row B further on) exchange their off-diagonal
+// B x B blocks: a takes b's lanes j - B at its lanes j with bit B set, b takes a's lanes j + B at
+// its lanes with bit B clear. Constant shuffles (__builtin_shufflevector: GCC and clang).
+template <int W, int B, int... J>
+void swap_blocks(typename FloatVector<W>::type& a, typename FloatVector<W>::type& b, Lanes<J...>) {
+  const typename FloatVector<W>::type lo = __builtin_shufflevector(a, b, ((J & B) ? W + J - B : J)...);
+  const typename FloatVector<W>::type hi = __builtin_shufflevector(a, b, ((J & B) ? W + J : J + B)...);
+  a = lo, b = hi;
+}
+
 // The W x W block in r (r[i] = row i) transposed in place by swapping off-diagonal blocks of
-// B x B lanes for B = W/2, ..., 1: row i (bit B clear) takes lanes j with bit B set from row i + B,
-// lanes j - B, and gives its own to that row. Each step is one two-vector shuffle per row.
+// B x B lanes for B = W/2, ..., 1 (swap_blocks on every row pair i, i + B with bit B of i clear).
 template <int W, int B>
 void transpose_rows(typename FloatVector<W>::type* r) {
   if constexpr (B >= 1) {
-    typename IntVector<W>::type lo, hi;
-#pragma GCC unroll 16
-    for (int j = 0; j < W; ++j) {
-      lo[j] = (j & B) ? W + j - B : j;
-      hi[j] = (j & B) ? W + j : j + B;
-    }
 #pragma GCC unroll 16
     for (int i = 0; i < W; ++i)
-      if (!(i & B)) {
-        const auto a = r[i], b = r[i + B];
-        r[i] = __builtin_shuffle(a, b, lo);
-        r[i + B] = __builtin_shuffle(a, b, hi);
-      }
+      if (!(i & B)) swap_blocks<W, B>(r[i], r[i + B], typename MakeLanes<W>::type{});
     transpose_rows<W, B / 2>(r);
   }
 }
