@@ -80,6 +80,7 @@ void index_kernel(const KernelArgs& args) {
   std::vector<int64_t> rows(static_cast<size_t>(index.numel()));
   for (int64_t j = 0; j < index.numel(); ++j)
     rows[j] = checked_index(static_cast<const int64_t*>(index.raw_data())[j * index.strides()[0]], size, op);
+  if (small.numel() == 0) return;  // (an empty tensor's storage may have no data to offset)
   dispatch_numeric(src.dtype(), op, [&]<typename T>() {
     T* pbig = static_cast<T*>(big.storage()->data()) + big.storage_offset();
     T* psmall = static_cast<T*>(small.storage()->data()) + small.storage_offset();
