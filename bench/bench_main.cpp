@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../kernels/cpu/gemm.h"
@@ -36,14 +37,15 @@ std::vector<int> thread_counts() {
   return all > 1 ? std::vector<int>{1, all} : std::vector<int>{1};
 }
 
-// The fp32 peak of the active instruction set on `threads` threads in GFLOP/s
-// (tvc::measure_fp32_peak_gflops), measured once per instruction set and thread count.
-double peak_gflops(int threads) {
-  static std::map<std::pair<tvc::Isa, int>, double> cache;
-  const auto key = std::make_pair(tvc::active_isa(), threads);
+// The fp32 (or bfloat16) peak of the active instruction set on `threads` threads in GFLOP/s
+// (tvc::measure_fp32_peak_gflops, measure_bf16_peak_gflops), measured once per instruction set
+// and thread count.
+double peak_gflops(int threads, bool bf16 = false) {
+  static std::map<std::tuple<tvc::Isa, int, bool>, double> cache;
+  const auto key = std::make_tuple(tvc::active_isa(), threads, bf16);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  return cache[key] = tvc::measure_fp32_peak_gflops(threads, 0.5);
+  return cache[key] = bf16 ? tvc::measure_bf16_peak_gflops(threads, 0.5) : tvc::measure_fp32_peak_gflops(threads, 0.5);
 }
 
 // Runs body once per benchmark iteration, timing each call (wall clock, all threads); returns
@@ -64,10 +66,10 @@ double timed_calls(benchmark::State& state, Body&& body) {
 // timed_calls, setting the "GFLOP/s" counter and, with threads > 0, "peak%" (share of the FMA
 // peak of the same instruction set on the same number of threads).
 template <typename Body>
-void timed_loop(benchmark::State& state, double flop_per_call, int threads, Body&& body) {
+void timed_loop(benchmark::State& state, double flop_per_call, int threads, Body&& body, bool bf16 = false) {
   double gflops = flop_per_call * timed_calls(state, body) / 1e9;
   state.counters["GFLOP/s"] = gflops;
-  if (threads > 0) state.counters["peak%"] = 100 * gflops / peak_gflops(threads);
+  if (threads > 0) state.counters["peak%"] = 100 * gflops / peak_gflops(threads, bf16);
 }
 
 std::vector<float> random_floats(int64_t n, uint32_t seed) {
@@ -107,6 +109,25 @@ void sgemm_tvc(benchmark::State& state, tvc::Isa isa, int64_t n, int threads) {
     tvc::cpu::gemm<float>(n, n, n, a.data(), n, 1, b.data(), n, 1, c.data(), n, 1, 0.f);
     benchmark::DoNotOptimize(c.data());
   });
+  tvc::set_isa(tvc::available_isas().back());
+}
+
+// (b') The same product of bfloat16 matrices with float32 sums (tvc's GEMM in its bfloat16 form);
+// peak% is of the bfloat16 peak (vdpbf16ps where the CPU has it, else the FMA loop).
+void bf16gemm_tvc(benchmark::State& state, tvc::Isa isa, int64_t n, int threads) {
+  tvc::set_isa(isa);
+  tvc::set_num_threads(threads);
+  tvc::apply_num_threads();
+  const std::vector<float> af = random_floats(n * n, 1), bf = random_floats(n * n, 2);
+  const std::vector<tvc::BFloat16> a(af.begin(), af.end()), b(bf.begin(), bf.end());
+  std::vector<float> c(n * n);
+  timed_loop(
+      state, 2.0 * n * n * n, threads,
+      [&] {
+        tvc::cpu::gemm(n, n, n, a.data(), n, 1, b.data(), n, 1, c.data(), n, 1, 0.f);
+        benchmark::DoNotOptimize(c.data());
+      },
+      true);
   tvc::set_isa(tvc::available_isas().back());
 }
 
@@ -222,6 +243,11 @@ void register_all() {
         benchmark::RegisterBenchmark(
             bench_name({"sgemm", tvc::isa_name(isa), std::to_string(n), keyed("threads", t)}).c_str(), sgemm_tvc, isa,
             n, t)
+            ->UseManualTime();
+      for (tvc::Isa isa : tvc::available_isas())
+        benchmark::RegisterBenchmark(
+            bench_name({"bf16gemm", tvc::isa_name(isa), std::to_string(n), keyed("threads", t)}).c_str(), bf16gemm_tvc,
+            isa, n, t)
             ->UseManualTime();
 #ifdef TVC_HAVE_DNNL
       benchmark::RegisterBenchmark(bench_name({"sgemm", "onednn", std::to_string(n), keyed("threads", t)}).c_str(),

@@ -130,7 +130,7 @@ train)
 bench)
   # The figures are not checked (no timing thresholds in tests), only that they are there.
   number='[0-9]+(\.[0-9]+)?'
-  line="^resnet18 batch 2 size 64 (eval|train), [0-9]+ threads \((generic|avx2|avx512)\): median $number ms \(min $number, max $number\), $number GFLOP/s, $number% of peak$"
+  line="^resnet18 batch 2 size 64 (eval|train), [0-9]+ threads \((generic|avx2|avx512|avx512_bf16)\): median $number ms \(min $number, max $number\), $number GFLOP/s, $number% of peak$"
   for mode in "" --train; do
     "$tvc" bench resnet18 --batch 2 --size 64 --iterations 3 $mode >"$tmp/bench.out" 2>"$tmp/bench.err" ||
       fail "tvc bench $mode failed: $(cat "$tmp/bench.err")"
@@ -154,6 +154,19 @@ bench)
   grep -Eq '^features\.1\.conv\.0 +conv2d_epilogue +depthwise rows +\[1, 32, 16, 16\] +1 +[0-9.]+$' \
     "$tmp/verbose.out" || fail "--verbose: no depthwise row for features.1.conv.0: $(head -8 "$tmp/verbose.out")"
   grep -Eq '^\(all kernels\) +[0-9.]+$' "$tmp/verbose.out" || fail "--verbose: no total: $(tail -3 "$tmp/verbose.out")"
+  # bfloat16 inference: where the CPU has AVX512_BF16 it runs and says so; the generic
+  # instruction set (or a CPU without it) refuses with a clear error.
+  if "$tvc" bench resnet18 --batch 2 --size 64 --iterations 1 --dtype bfloat16 >"$tmp/bf16.out" 2>&1; then
+    grep -Eq '^resnet18 batch 2 size 64 eval bfloat16, [0-9]+ threads \(avx512_bf16\): median ' "$tmp/bf16.out" &&
+      grep -q 'bfloat16 dot-product loop' "$tmp/bf16.out" || fail "--dtype bfloat16: unexpected output: $(cat "$tmp/bf16.out")"
+  else
+    grep -q 'bfloat16 inference is not supported on this CPU' "$tmp/bf16.out" ||
+      fail "--dtype bfloat16 failed without the CPU error: $(cat "$tmp/bf16.out")"
+  fi
+  TVC_ISA=generic expect 1 'bfloat16 inference is not supported on this CPU: it needs AVX512_BF16' \
+    bench resnet18 --dtype bfloat16
+  expect 1 'times inference' bench resnet18 --dtype bfloat16 --train
+  expect 2 'dtype' bench resnet18 --dtype float16
   expect 2 'batch' bench resnet18 --batch 0
   expect 2 'MODEL is required' bench
   expect 1 "unknown model 'resnet19'" bench resnet19

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -88,6 +89,19 @@ std::string describe(const Case& c) {
          layout_name(c.la) + " B " + layout_name(c.lb) + " C " + layout_name(c.lc) + " beta " + std::to_string(c.beta);
 }
 
+// The float64 reference of C = A @ B + beta * C.
+template <typename T, typename C>
+std::vector<double> reference(const Case& cs, Matrix<T>& a, Matrix<T>& b, Matrix<C>& c) {
+  std::vector<double> want(static_cast<size_t>(cs.M * cs.N));
+  for (int64_t i = 0; i < cs.M; ++i)
+    for (int64_t j = 0; j < cs.N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < cs.K; ++k) s += double(a.at(i, k)) * double(b.at(k, j));
+      want[i * cs.N + j] = cs.beta == 0 ? s : s + cs.beta * double(c.at(i, j));
+    }
+  return want;
+}
+
 // cpu::gemm on each case and each instruction-set path against the float64 reference.
 template <typename T>
 void check_cases(const std::vector<Case>& cases) {
@@ -98,19 +112,40 @@ void check_cases(const std::vector<Case>& cases) {
     if (cs.beta == 0)  // beta 0 must ignore C's old contents, NaN included
       for (int64_t i = 0; i < cs.M; ++i)
         for (int64_t j = 0; j < cs.N; ++j) c.at(i, j) = T(NAN);
-    std::vector<double> want(static_cast<size_t>(cs.M * cs.N));
-    for (int64_t i = 0; i < cs.M; ++i)
-      for (int64_t j = 0; j < cs.N; ++j) {
-        double s = 0;
-        for (int64_t k = 0; k < cs.K; ++k) s += double(a.at(i, k)) * double(b.at(k, j));
-        want[i * cs.N + j] = cs.beta == 0 ? s : s + cs.beta * double(c.at(i, j));
-      }
+    const std::vector<double> want = reference(cs, a, b, c);
     for_each_isa([&] {
       Matrix<T> out = c;
       cpu::gemm<T>(cs.M, cs.N, cs.K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, out.buf.data(), out.rs, out.cs,
                    static_cast<T>(cs.beta));
       ASSERT_LT(rel_error(out.values(), want), tolerance<T>()) << describe(cs);
     });
+  }
+}
+
+// cpu::gemm's bfloat16 form (float32 sums into a float32 C) on each case and path against the
+// float64 sums of the same bfloat16 values; where the CPU has AVX512_BF16, its instruction gives
+// the same bits as the portable pair step of AVX-512 (both add each pair's odd then even product).
+void check_cases_bf16(const std::vector<Case>& cases) {
+  uint32_t seed = 0;
+  for (const Case& cs : cases) {
+    std::mt19937 gen(++seed);
+    Matrix<BFloat16> a(cs.M, cs.K, cs.la, gen), b(cs.K, cs.N, cs.lb, gen);
+    Matrix<float> c(cs.M, cs.N, cs.lc, gen);
+    if (cs.beta == 0)
+      for (int64_t i = 0; i < cs.M; ++i)
+        for (int64_t j = 0; j < cs.N; ++j) c.at(i, j) = NAN;
+    const std::vector<double> want = reference(cs, a, b, c);
+    std::map<Isa, std::vector<double>> results;
+    for_each_isa([&] {
+      Matrix<float> out = c;
+      cpu::gemm(cs.M, cs.N, cs.K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, out.buf.data(), out.rs, out.cs,
+                static_cast<float>(cs.beta));
+      ASSERT_LT(rel_error(out.values(), want), tolerance<float>()) << describe(cs);
+      results[active_isa()] = out.values();
+    });
+    if (results.count(Isa::avx512_bf16)) {
+      ASSERT_EQ(results[Isa::avx512_bf16], results[Isa::avx512]) << describe(cs);
+    }
   }
 }
 
@@ -150,6 +185,8 @@ TEST(Gemm, AllSmallShapesFloat) { check_cases<float>(small_cases()); }
 TEST(Gemm, AllSmallShapesDouble) { check_cases<double>(small_cases()); }
 TEST(Gemm, LargeOddShapesFloat) { check_cases<float>(large_cases()); }
 TEST(Gemm, LargeOddShapesDouble) { check_cases<double>(large_cases()); }
+TEST(Gemm, AllSmallShapesBFloat16) { check_cases_bf16(small_cases()); }
+TEST(Gemm, LargeOddShapesBFloat16) { check_cases_bf16(large_cases()); }
 
 // K == 0 leaves beta * C (zeros for beta 0).
 TEST(Gemm, EmptyInnerDimScalesC) {
@@ -250,6 +287,16 @@ TEST(Gemm, BmmAndMatmul) {
     check_matmul(randn({2, 3, 31, 64}, o), randn({64, 129}, o), tol);
     check_matmul(randn({200, 257}, o), randn({300, 257}, o).t(), tol);
   }
+  // bfloat16: float32 sums rounded once to bfloat16 (half an ulp, 2^-9, relative), against the
+  // float64 product of the same bfloat16 values; a linear layer's transposed weight with an odd
+  // and an even inner dim.
+  const TensorOptions bf{.dtype = DType::BFloat16};
+  for (const auto& [a, b] : {std::pair{randn({3, 17, 13}, bf), randn({3, 13, 15}, bf)},
+                             {randn({4, 40, 70}, bf).transpose(1, 2), randn({4, 40, 33}, bf)},
+                             {randn({2, 3, 31, 64}, bf), randn({64, 129}, bf)},
+                             {randn({200, 257}, bf), randn({300, 257}, bf).t()},
+                             {randn({197, 768}, bf), randn({300, 768}, bf).t()}})
+    for_each_isa([&] { check_matmul(a, b, 3e-3); });
 }
 
 // The FMA peak loop of every instruction set measures a positive rate, and cpu_isa() names the
@@ -262,7 +309,11 @@ TEST(FmaPeak, EveryInstructionSetMeasures) {
     EXPECT_TRUE(std::isfinite(one) && one > 0) << isa_name(isa) << ": " << one;
   }
   set_isa(available_isas().back());
+  EXPECT_EQ(cpu_has_native_bfloat16(), cpu_isa() == "avx512_bf16");
+  const double bf16 = measure_bf16_peak_gflops(1, 0.02);
+  EXPECT_TRUE(std::isfinite(bf16) && bf16 > 0) << bf16;
   EXPECT_THROW(measure_fp32_peak_gflops(-1), Error);
+  EXPECT_THROW(measure_bf16_peak_gflops(-1), Error);
   EXPECT_THROW(measure_fp32_peak_gflops(1, 0), Error);
 }
 

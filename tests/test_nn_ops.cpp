@@ -262,10 +262,10 @@ TEST(NnOps, Conv2dRejectsBadShapes) {
 }
 
 // The fused epilogue kernel (no autograd) against the separate ops (autograd recording), in
-// float32 and float64, over the kernel's paths: pointwise and 3x3 GEMMs (in place, the epilogue
-// inside the GEMM on one or several threads, and several samples per GEMM on small maps), grouped, depthwise (the
-// float32 flat path, stride 1 and 2, and float64's direct loops), NCHW and channels-last inputs and outputs, a residual
-// in either layout or strided.
+// float32, float64 and bfloat16 (its GEMM form; against float64), over the kernel's paths: pointwise and 3x3 GEMMs (in
+// place, the epilogue inside the GEMM on one or several threads, and several samples per GEMM on small maps), grouped,
+// depthwise (the float32 flat path, stride 1 and 2, and float64's direct loops), NCHW and channels-last inputs and
+// outputs, a residual in either layout or strided.
 TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
   struct Case {
     const char* label;
@@ -283,7 +283,7 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
                                 {"depthwise stride 2", {1, 4, 9, 10}, {8, 1, 5, 5}, {2, 2}, {2, 2}, 4}};
   const EpilogueActivation acts[] = {EpilogueActivation::None, EpilogueActivation::ReLU, EpilogueActivation::ReLU6,
                                      EpilogueActivation::SiLU, EpilogueActivation::Hardswish};
-  for (DType dt : {DType::Float32, DType::Float64})
+  for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16})
     for (const Case& c : cases)
       for (bool channels_last : {false, true})
         for (int residual_kind = 0; residual_kind < 4; ++residual_kind)  // none, NCHW, channels-last, strided
@@ -304,13 +304,66 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
               NoGradGuard no_grad;
               fused = conv2d_epilogue(x, w, scale, shift, residual, act, c.stride, c.padding, {1, 1}, c.groups);
             }
-            Tensor separate = conv2d_epilogue(x, w, scale.detach().requires_grad_(), shift, residual, act, c.stride,
-                                              c.padding, {1, 1}, c.groups);
+            // bfloat16 (float32 sums, the epilogue in float32, one rounding at the end) against the
+            // float64 ops on the same bfloat16 values: within the output's rounding (2^-9 relative).
+            const bool bf16 = dt == DType::BFloat16;
+            auto wide = [&](const Tensor& t) { return bf16 && t.defined() ? t.to(DType::Float64) : t; };
+            Tensor separate = conv2d_epilogue(wide(x), wide(w), wide(scale).detach().requires_grad_(), wide(shift),
+                                              wide(residual), act, c.stride, c.padding, {1, 1}, c.groups);
             ASSERT_TRUE(separate.requires_grad()) << where;  // the composed path
             EXPECT_EQ(fused.shape(), plain.shape()) << where;
+            EXPECT_EQ(fused.dtype(), dt) << where;
             EXPECT_EQ(fused.suggest_memory_format(), plain.suggest_memory_format()) << where;
-            EXPECT_LE(relative_error(fused, separate.detach()), dt == DType::Float32 ? 1e-6 : 1e-14) << where;
+            EXPECT_LE(relative_error(wide(fused), separate.detach()), dt == DType::Float32 ? 1e-6
+                                                                      : bf16               ? 3e-3
+                                                                                           : 1e-14)
+                << where;
           }
+}
+
+// A float32 input with a bfloat16 weight (nn::convert_weights_to_bfloat16): without autograd the
+// input is rounded to bfloat16 and the products summed in float32 (float32 output), so the result
+// is the float64 product of the rounded input and the weight within float32 sums; with autograd,
+// or depthwise, the float32 ops on the weight converted back, with the weight's gradient.
+TEST(NnOps, BFloat16WeightsWithFloat32Inputs) {
+  const Tensor x = randn_of({2, 8, 9, 10}, DType::Float32, 1);
+  const Tensor rounded = x.to(DType::BFloat16).to(DType::Float64);
+  const Tensor w = randn_of({12, 8, 3, 3}, DType::BFloat16, 2), bias = randn_of({12}, DType::Float32, 3);
+  const Tensor scale = randn_of({12}, DType::Float32, 4), shift = randn_of({12}, DType::Float32, 5);
+  Tensor y, fused, lin;
+  const Tensor lw = randn_of({7, 10}, DType::BFloat16, 6), lb = randn_of({7}, DType::Float32, 7);
+  {
+    NoGradGuard no_grad;
+    y = conv2d(x, w, bias, {2, 1}, {1, 1});
+    fused = conv2d_epilogue(x, w, scale, shift, Tensor(), EpilogueActivation::ReLU, {1, 1}, {1, 1});
+    lin = linear(x, lw, lb);
+  }
+  const Tensor w64 = w.to(DType::Float64);
+  EXPECT_EQ(y.dtype(), DType::Float32);
+  EXPECT_LE(relative_error(y.to(DType::Float64), conv2d(rounded, w64, bias.to(DType::Float64), {2, 1}, {1, 1})), 1e-6);
+  const Tensor fused64 = conv2d_epilogue(rounded, w64, scale.to(DType::Float64), shift.to(DType::Float64), Tensor(),
+                                         EpilogueActivation::ReLU, {1, 1}, {1, 1});
+  EXPECT_LE(relative_error(fused.to(DType::Float64), fused64), 1e-6);
+  EXPECT_EQ(lin.dtype(), DType::Float32);
+  EXPECT_EQ(lin.shape(), (Shape{2, 8, 9, 7}));
+  EXPECT_LE(relative_error(lin.to(DType::Float64), linear(rounded, lw.to(DType::Float64), lb.to(DType::Float64))),
+            1e-6);
+  // Recorded by autograd: float32 with the exact weight; the gradient reaches the bfloat16 weight.
+  const Tensor leaf = w.detach().requires_grad_();
+  const Tensor recorded = conv2d(x, leaf, bias, {2, 1}, {1, 1});
+  EXPECT_LE(relative_error(recorded, conv2d(x, w.to(DType::Float32), bias, {2, 1}, {1, 1})), 1e-7);
+  recorded.sum().backward();
+  ASSERT_TRUE(leaf.grad().defined());
+  EXPECT_EQ(leaf.grad().dtype(), DType::BFloat16);
+  // Depthwise: float32 with the exact weight.
+  const Tensor dw = randn_of({8, 1, 3, 3}, DType::BFloat16, 8);
+  NoGradGuard no_grad;
+  EXPECT_LE(relative_error(conv2d(x, dw, Tensor(), {1, 1}, {1, 1}, {1, 1}, 8),
+                           conv2d(x, dw.to(DType::Float32), Tensor(), {1, 1}, {1, 1}, {1, 1}, 8)),
+            1e-7);
+  // Other mixes stay errors.
+  expect_error([&] { conv2d(x.to(DType::Float64), w); }, {"conv2d", "float64", "bfloat16", "differ"});
+  expect_error([&] { conv2d(x, w.to(DType::Float64)); }, {"conv2d", "float32", "float64", "differ"});
 }
 
 TEST(NnOps, Conv2dEpilogueRejectsBadOperands) {

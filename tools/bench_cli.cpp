@@ -132,6 +132,13 @@ void bench_model(const BenchOptions& o) {
   TVC_CHECK(o.batch >= 1 && o.size >= 1 && o.threads >= 0 && o.iterations >= 0, "bench: --batch (", o.batch,
             ") and --size (", o.size, ") must be >= 1, --threads (", o.threads, ") and --iterations (", o.iterations,
             ") >= 0");
+  TVC_CHECK(o.dtype == "float32" || o.dtype == "bfloat16", "bench: --dtype must be float32 or bfloat16, got '", o.dtype,
+            "'");
+  const bool bf16 = o.dtype == "bfloat16";
+  TVC_CHECK(!bf16 || !o.train, "bench: --dtype bfloat16 times inference; --train runs in float32");
+  TVC_CHECK(!bf16 || cpu_has_native_bfloat16(),
+            "bench: bfloat16 inference is not supported on this CPU: it needs AVX512_BF16 (the kernels here use ",
+            cpu_isa(), ")");
   if (o.threads > 0) set_num_threads(o.threads);
   manual_seed(0);
   models::Options create_options;
@@ -146,6 +153,7 @@ void bench_model(const BenchOptions& o) {
     optimizer = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 1e-4, .momentum = 0.9});
   } else {
     model->eval();
+    if (bf16) nn::convert_weights_to_bfloat16(*model);  // once: every step then reads bfloat16 weights
   }
   // One step on the input (fresh and random each time, made before the clock starts); the output
   // (or the loss) must be finite.
@@ -189,18 +197,19 @@ void bench_model(const BenchOptions& o) {
   const double median =
       sorted.size() % 2 ? sorted[sorted.size() / 2] : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
   const int threads = get_num_threads();
-  const double peak = measure_fp32_peak_gflops(threads);
+  const double peak = bf16 ? measure_bf16_peak_gflops(threads) : measure_fp32_peak_gflops(threads);
   const double gflops = flops / median / 1e9;
   std::printf(
-      "%s batch %lld size %lld %s, %d threads (%s): median %.2f ms (min %.2f, max %.2f), %.1f GFLOP/s, %.1f%% "
+      "%s batch %lld size %lld %s%s, %d threads (%s): median %.2f ms (min %.2f, max %.2f), %.1f GFLOP/s, %.1f%% "
       "of peak\n",
       o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.size), o.train ? "train" : "eval",
-      threads, cpu_isa().c_str(), 1000 * median, 1000 * sorted.front(), 1000 * sorted.back(), gflops,
-      100 * gflops / peak);
+      bf16 ? " bfloat16" : "", threads, cpu_isa().c_str(), 1000 * median, 1000 * sorted.front(), 1000 * sorted.back(),
+      gflops, 100 * gflops / peak);
   std::printf(
       "first call %.2f ms; peak resident memory %.0f MiB; %.3f GFLOP per step (convolutions, linear layers, "
-      "attention); peak %.1f GFLOP/s (%s FMA loop, %d threads); %zu timed steps\n",
-      1000 * first, peak_resident_mib(), flops / 1e9, peak, cpu_isa().c_str(), threads, times.size());
+      "attention); peak %.1f GFLOP/s (%s %s loop, %d threads); %zu timed steps\n",
+      1000 * first, peak_resident_mib(), flops / 1e9, peak, cpu_isa().c_str(), bf16 ? "bfloat16 dot-product" : "FMA",
+      threads, times.size());
   if (kernels) kernels->print(static_cast<int64_t>(times.size()));
 }
 

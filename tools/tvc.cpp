@@ -3,7 +3,8 @@
 //   tvc train [--recipe FILE|small_cnn] [--resume DIR] [--KEY VALUE ...]   (tools/recipe.h)
 //   tvc eval RUN_OR_RECIPE --weights W [--data DIR] [--svg FILE]
 //   tvc list
-//   tvc bench MODEL [--batch N] [--size S] [--train] [--threads T] [--iterations K] [--verbose]
+//   tvc bench MODEL [--batch N] [--size S] [--train] [--dtype float32|bfloat16] [--threads T] [--iterations K]
+//             [--verbose]
 //   tvc run MODEL --weights W --input X.safetensors --output Y.safetensors [--num-classes N]
 //           [--train-mode] [--features]
 //   tvc run BACKBONE --hybrid [--patches JSON] [--dropout P] --num-classes N --weights W
@@ -195,6 +196,8 @@ int run(int argc, char** argv) {
   bench_cmd->add_option("--batch", bench.batch, "Images per step")->check(positive);
   bench_cmd->add_option("--size", bench.size, "Input height and width")->check(positive);
   bench_cmd->add_flag("--train", bench.train, "Time training steps: forward, cross-entropy, backward, SGD step");
+  bench_cmd->add_option("--dtype", bench.dtype, "float32, or bfloat16 inference (weights converted once; AVX512_BF16)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
   bench_cmd->add_option("--threads", bench.threads, "Threads (default: all cores)")->check(CLI::Range(0, 4096));
   bench_cmd->add_option("--iterations", bench.iterations, "Timed steps (default: as many as fit in about 3 s)")
       ->check(CLI::Range(0, 1000000));

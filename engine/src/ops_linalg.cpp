@@ -72,7 +72,25 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TVC_CHECK(weight.dim() == 2, "linear: weight must be 2-d (out_features, in_features), got shape ", weight.shape());
   TVC_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1], "linear: input of shape ", x.shape(),
             " does not end in in_features = ", weight.shape()[1], " (weight shape ", weight.shape(), ")");
-  Tensor y = matmul(x, weight.t());
+  Tensor y;
+  if (x.dtype() == DType::Float32 && weight.dtype() == DType::BFloat16) {
+    // A bfloat16 weight (nn::convert_weights_to_bfloat16): without autograd on the CPU, x rounded to
+    // bfloat16 and the products summed in float32 into a float32 y; else in float32 (exact).
+    if (x.device() == Device::CPU && weight.shape()[1] > 0 && !autograd::any_requires_grad({x, weight, bias})) {
+      NoGradGuard no_grad;
+      const int64_t K = weight.shape()[1], N = weight.shape()[0];
+      const Tensor a = x.to(DType::BFloat16).reshape({1, -1, K});
+      Tensor out = empty({1, a.shape()[1], N});
+      if (out.numel() > 0) detail::run(Op::bmm, {a, weight.t().unsqueeze(0)}, {out});
+      Shape shape = x.shape();
+      shape.back() = N;
+      y = out.view(shape);
+    } else {
+      y = matmul(x, weight.to(DType::Float32).t());
+    }
+  } else {
+    y = matmul(x, weight.t());
+  }
   if (bias.defined()) {
     TVC_CHECK(bias.dim() == 1 && bias.shape()[0] == weight.shape()[0], "linear: bias of shape ", bias.shape(),
               " does not match out_features = ", weight.shape()[0]);

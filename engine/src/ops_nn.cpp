@@ -45,6 +45,33 @@ void check_floating_input(const char* op, const Tensor& input) {
 
 // ---------------------------------------------------------------- convolution
 
+// A float32 input with a bfloat16 weight (nn::convert_weights_to_bfloat16).
+bool bf16_weight(const Tensor& input, const Tensor& weight) {
+  return input.dtype() == DType::Float32 && weight.dtype() == DType::BFloat16;
+}
+
+// Whether such a convolution runs in the bfloat16 GEMM: on the CPU, not depthwise, with at
+// least one input channel, autograd not recording (others: the weight converted to float32).
+bool bf16_weight_gemm(const Tensor& input, const Tensor& weight, int64_t groups, const std::vector<Tensor>& others) {
+  std::vector<Tensor> all = others;
+  all.insert(all.end(), {input, weight});
+  return bf16_weight(input, weight) && input.device() == Device::CPU && !(weight.shape()[1] == 1 && groups > 1) &&
+         input.shape()[1] > 0 && !autograd::any_requires_grad(all);
+}
+
+// Op (conv2d or conv2d_epilogue) on the input rounded to bfloat16 and the bfloat16 weight, then
+// operands, into a new float32 output of out_shape laid out like the input.
+Tensor conv_bf16_weight(Op op, const Tensor& input, const Tensor& weight, const std::vector<Tensor>& operands,
+                        const Shape& out_shape, const void* params) {
+  NoGradGuard no_grad;
+  Tensor y = detail::empty_with_format(out_shape, DType::Float32, input.suggest_memory_format());
+  if (y.numel() == 0) return y;
+  std::vector<Tensor> in{input.to(DType::BFloat16), weight};
+  in.insert(in.end(), operands.begin(), operands.end());
+  detail::run(op, in, {y}, params);
+  return y;
+}
+
 // Checks conv arguments whose input and weight have spatial dims of the same count (1 or 2).
 void check_conv(const char* op, const Tensor& input, const Tensor& weight, const Tensor& bias, int64_t groups,
                 int64_t spatial) {
@@ -54,8 +81,10 @@ void check_conv(const char* op, const Tensor& input, const Tensor& weight, const
             " dims (batched) or ", spatial + 1, " (unbatched), got shape ", input.shape());
   TVC_CHECK(weight.dim() == spatial + 2, op, ": weight must have ", spatial + 2,
             " dims (O, C/groups, kernel...), got shape ", weight.shape());
-  TVC_CHECK(weight.dtype() == input.dtype(), op, ": input (", dtype_name(input.dtype()), ") and weight (",
-            dtype_name(weight.dtype()), ") dtypes differ");
+  TVC_CHECK(weight.dtype() == input.dtype() || bf16_weight(input, weight), op, ": input (", dtype_name(input.dtype()),
+            ") and weight (", dtype_name(weight.dtype()),
+            ") dtypes differ (the one mix allowed is a float32 input "
+            "with a bfloat16 weight)");
   TVC_CHECK(groups >= 1, op, ": groups must be positive, got ", groups);
   int64_t C = input.shape()[input.dim() - spatial - 1], O = weight.shape()[0];
   TVC_CHECK(weight.shape()[1] * groups == C, op, ": weight of shape ", weight.shape(), " with groups = ", groups,
@@ -89,8 +118,17 @@ Shape conv2d_output_shape(const Tensor& input, const Tensor& weight, Pair stride
   return {xs[0], ws[0], out_hw[0], out_hw[1]};
 }
 
-Tensor conv2d_batched(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding,
+Tensor conv2d_batched(const Tensor& input, const Tensor& weight_in, const Tensor& bias, Pair stride, Pair padding,
                       Pair dilation, int64_t groups) {
+  if (bf16_weight_gemm(input, weight_in, groups, {bias})) {
+    Conv2dParams p{{stride[0], stride[1]}, {padding[0], padding[1]}, {dilation[0], dilation[1]}, groups};
+    std::vector<Tensor> operands;
+    if (bias.defined()) operands.push_back(bias);
+    return conv_bf16_weight(Op::conv2d, input, weight_in, operands,
+                            conv2d_output_shape(input, weight_in, stride, padding, dilation), &p);
+  }
+  // A bfloat16 weight elsewhere: in float32 (exact), with its gradient.
+  const Tensor weight = bf16_weight(input, weight_in) ? weight_in.to(DType::Float32) : weight_in;
   const Shape& xs = input.shape();
   const Shape& ws = weight.shape();
   const int64_t O = ws[0];
@@ -161,13 +199,21 @@ Tensor conv2d_epilogue(const Tensor& input, const Tensor& weight, const Tensor& 
     TVC_CHECK(residual.dtype() == input.dtype(), "conv2d_epilogue: residual dtype ", dtype_name(residual.dtype()),
               " differs from input dtype ", dtype_name(input.dtype()));
   }
+  Conv2dEpilogueParams p{{{stride[0], stride[1]}, {padding[0], padding[1]}, {dilation[0], dilation[1]}, groups},
+                         activation};
+  if (bf16_weight_gemm(input, weight, groups, {scale, shift, residual})) {
+    std::vector<Tensor> operands{scale, shift};
+    if (residual.defined()) operands.push_back(residual);
+    return conv_bf16_weight(Op::conv2d_epilogue, input, weight, operands, out_shape, &p);
+  }
+  if (bf16_weight(input, weight))  // a depthwise kernel, or autograd recording: in float32 (exact)
+    return conv2d_epilogue(input, weight.to(DType::Float32), scale, shift, residual, activation, stride, padding,
+                           dilation, groups);
   if (!autograd::any_requires_grad({input, weight, scale, shift, residual}) &&
       kernel_registry().supports(Op::conv2d_epilogue, input.device()) && input.shape()[1] > 0) {
     NoGradGuard no_grad;
     Tensor y = detail::empty_with_format(out_shape, input.dtype(), input.suggest_memory_format());
     if (y.numel() == 0) return y;
-    Conv2dEpilogueParams p{{{stride[0], stride[1]}, {padding[0], padding[1]}, {dilation[0], dilation[1]}, groups},
-                           activation};
     std::vector<Tensor> in{input, weight, scale, shift};
     if (residual.defined()) in.push_back(residual);
     detail::run(Op::conv2d_epilogue, in, {y}, &p);

@@ -43,6 +43,8 @@ const char* isa_name(Isa isa) {
       return "avx2";
     case Isa::avx512:
       return "avx512";
+    case Isa::avx512_bf16:
+      return "avx512_bf16";
   }
   return "?";
 }
@@ -55,6 +57,7 @@ std::vector<Isa> available_isas() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512dq"))
     out.push_back(Isa::avx512);
+  if (out.back() == Isa::avx512 && __builtin_cpu_supports("avx512bf16")) out.push_back(Isa::avx512_bf16);
 #endif
   return out;
 }
@@ -65,13 +68,13 @@ Isa isa_from_env() {
   std::vector<Isa> have = available_isas();
   const char* env = std::getenv("TVC_ISA");
   if (!env || !*env) return have.back();
-  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512}) {
+  for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
     if (std::strcmp(env, isa_name(isa)) != 0) continue;
     for (Isa h : have)
       if (h == isa) return isa;
     throw Error(cat_str("TVC_ISA=", env, ": this CPU does not support that instruction set"));
   }
-  throw Error(cat_str("TVC_ISA=", env, ": expected generic, avx2 or avx512"));
+  throw Error(cat_str("TVC_ISA=", env, ": expected generic, avx2, avx512 or avx512_bf16"));
 }
 
 struct RegistryState {
@@ -110,6 +113,7 @@ const KernelRegistry& kernel_registry() {
 }
 
 std::string cpu_isa() { return isa_name(active_isa()); }
+bool cpu_has_native_bfloat16() { return active_isa() == Isa::avx512_bf16; }
 
 Isa active_isa() {
   kernel_registry();

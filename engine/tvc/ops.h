@@ -278,14 +278,21 @@ DType result_type(const Tensor& a, Scalar b);
 // called, OpenMP's default (OMP_NUM_THREADS, else the cores).
 void set_num_threads(int n);
 int get_num_threads();
-// The instruction set of the CPU kernels: "avx512", "avx2" or "generic" (the best the CPU has,
-// or the environment variable TVC_ISA).
+// The instruction set of the CPU kernels: "avx512_bf16" (AVX-512 with AVX512_BF16's bfloat16
+// dot products), "avx512", "avx2" or "generic" (the best the CPU has, or the environment
+// variable TVC_ISA).
 std::string cpu_isa();
+// True when the CPU kernels multiply bfloat16 matrices with the CPU's own bfloat16 instructions
+// (cpu_isa() "avx512_bf16"); elsewhere bfloat16 tensors still compute, converted to float32.
+bool cpu_has_native_bfloat16();
 // The fp32 peak of `threads` threads (0: get_num_threads()) in GFLOP/s, measured now: every
 // thread runs the FMA loop of cpu_isa() (independent vector multiply-adds in registers) at once;
 // the best of 5 runs of about seconds / 5 each. The yardstick of "% of peak" figures: machines of
 // one kind differ (docs/benchmarks.md), so each measures its own.
 double measure_fp32_peak_gflops(int threads = 0, double seconds = 0.25);
+// The same for bfloat16 products with float32 sums: the loop of vdpbf16ps where
+// cpu_has_native_bfloat16(), else the fp32 FMA loop (bfloat16 is multiplied by FMAs there).
+double measure_bf16_peak_gflops(int threads = 0, double seconds = 0.25);
 // True when every element of a and b is close: |a-b| <= atol + rtol*|b|.
 bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
 

@@ -20,6 +20,10 @@
 // copy into y. conv2d_epilogue (an eval-mode conv, batch norm and activation) is this kernel with
 // the whole epilogue.
 //
+// bfloat16 inputs and weights (other than depthwise) go through the GEMM's bfloat16 form: float32
+// sums into a float32 block, the epilogue in float32, stored as bfloat16 (rounded once) or as
+// float32 (a float32 input with a bfloat16 weight, the input rounded by the op).
+//
 // Work is split over (samples, group) items, each computed by one thread in a fixed order, and
 // the weight gradient sums per-chunk partials (fixed chunks of the batch) in chunk order, so
 // results do not depend on the thread count.
@@ -90,11 +94,12 @@ Operand<T> operand(const Tensor& t) {
 // What happens to each convolution output before it is stored: the per-output-channel affine
 // map z = acc * scale[o] + shift[o] (either may be null: 1 and 0), plus the residual's element
 // when there is one, then the activation. Plain conv2d has shift = its bias and nothing else.
-template <typename T>
+// T is the type of the sums (float32 for bfloat16 convolutions), R the residual's.
+template <typename T, typename R = T>
 struct Epilogue {
   const T* scale = nullptr;
   const T* shift = nullptr;
-  const T* residual = nullptr;  // with the output's shape, strides rs
+  const R* residual = nullptr;  // with the output's shape, strides rs
   int64_t rs[4] = {};
   EpilogueActivation activation = EpilogueActivation::None;
 
@@ -137,15 +142,15 @@ void activate(EpilogueActivation a, int64_t n, T* v) {
 
 // v[k] = the epilogue of positions p0 + k (k < len, in row-major (Ho, Wo) order, rows Wo long) of
 // channel o of sample n, in place, v contiguous.
-template <typename T>
-void epilogue_positions(const Epilogue<T>& e, int64_t n, int64_t o, int64_t p0, int64_t Wo, T* v, int64_t len) {
+template <typename T, typename R>
+void epilogue_positions(const Epilogue<T, R>& e, int64_t n, int64_t o, int64_t p0, int64_t Wo, T* v, int64_t len) {
   const T s = e.scale ? e.scale[o] : T(1), b = e.shift ? e.shift[o] : T(0);
   if (e.scale)
     for (int64_t k = 0; k < len; ++k) v[k] = v[k] * s + b;
   else if (e.shift)
     for (int64_t k = 0; k < len; ++k) v[k] += b;
   if (e.residual) {
-    const T* r = e.residual + n * e.rs[0] + o * e.rs[1];
+    const R* r = e.residual + n * e.rs[0] + o * e.rs[1];
     if (e.rs[3] == 1 && e.rs[2] == Wo) {
       for (int64_t k = 0; k < len; ++k) v[k] += r[p0 + k];
     } else {
@@ -604,15 +609,31 @@ Columns<T> input_columns(const Operand<const T>& x, int64_t n0, int64_t m, int64
   return {buf, m * g.P, 1};
 }
 
+// Runs item(n0, m, gi) for each GEMM of a forward convolution: samples [n0, n0 + m) of group
+// gi (m from samples_per_gemm), items split over threads as for_items does; names the path.
+template <typename F>
+void for_gemm_items(const ConvGeom& g, bool bfloat16, F&& item) {
+  const int64_t nb = samples_per_gemm(g, g.N), batches = (g.N + nb - 1) / nb;
+  static const char* const paths[2][2][2] = {// [bfloat16][pointwise][samples side by side]
+                                             {{"im2col+gemm", "im2col+gemm, samples side by side"},
+                                              {"pointwise gemm", "pointwise gemm, samples side by side"}},
+                                             {{"im2col+gemm bf16", "im2col+gemm bf16, samples side by side"},
+                                              {"pointwise gemm bf16", "pointwise gemm bf16, samples side by side"}}};
+  note_kernel_path(paths[bfloat16][is_pointwise(g)][nb > 1]);
+  for_items(batches * g.G, nb * g.Og * g.K * g.P, [&](int64_t b, int64_t end) {
+    for (int64_t it = b; it < end; ++it) {
+      const int64_t n0 = it / g.G * nb;
+      item(n0, std::min(nb, g.N - n0), it % g.G);
+    }
+  });
+}
+
 template <typename T>
 void conv_forward(const Operand<const T>& x, const T* w, const Epilogue<T>& e, const Operand<T>& y, const ConvGeom& g) {
   if (g.Cg == 1 && g.G > 1) return depthwise_forward(x, w, e, y, g);
-  const int64_t nb = samples_per_gemm(g, g.N), batches = (g.N + nb - 1) / nb;
-  note_kernel_path(is_pointwise(g) ? (nb > 1 ? "pointwise gemm, samples side by side" : "pointwise gemm")
-                                   : (nb > 1 ? "im2col+gemm, samples side by side" : "im2col+gemm"));
-  for_items(batches * g.G, nb * g.Og * g.K * g.P, [&](int64_t b, int64_t end) {
-    for (int64_t it = b; it < end; ++it) {
-      int64_t n0 = it / g.G * nb, gi = it % g.G, m = std::min(nb, g.N - n0), cols = m * g.P;
+  for_gemm_items(g, false, [&](int64_t n0, int64_t m, int64_t gi) {
+    {
+      const int64_t cols = m * g.P;
       const Columns<T> B = input_columns(x, n0, m, gi, g);  // (K, cols)
       const T* wg = w + gi * g.Og * g.K;
       T* yg = y.p + n0 * y.s[0] + gi * g.Og * y.s[1];
@@ -624,7 +645,7 @@ void conv_forward(const Operand<const T>& x, const T* w, const Epilogue<T>& e, c
         const GemmEpilogue<T> epilogue{epilogue_gemm_block<T>, &block_out};
         gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, yg, y.s[1], y.s[3], T(0),
                 e.is_identity() ? nullptr : &epilogue);
-        continue;
+        return;
       }
       T* out = thread_scratch<T, 1>(g.Og * cols);
       gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, out, cols, 1, T(0));
@@ -637,6 +658,56 @@ void conv_forward(const Operand<const T>& x, const T* w, const Epilogue<T>& e, c
       });
       apply_epilogue(e, y, n0, n0 + m, gi * g.Og, (gi + 1) * g.Og, g.Ho, g.Wo);
     }
+  });
+}
+
+// Where the float32 sums of a bfloat16 convolution's GEMM go (GemmEpilogue): C is the item's
+// dense (Og, m*P) block of samples from n0, rows channels from o0; each finished block gets the
+// epilogue in float32 while in cache and is stored into y (of Y: bfloat16, rounded once, or
+// float32).
+template <typename Y>
+struct Bf16ConvOutput {
+  const Epilogue<float, Y>* e;
+  Operand<Y> y;
+  int64_t n0, o0, P, Wo;
+};
+template <typename Y>
+void epilogue_into(const void* ctx, float* c, int64_t c_rs, int64_t /*c_cs: 1, C is row-major*/, int64_t i0,
+                   int64_t rows, int64_t j0, int64_t cols) {
+  const auto& out = *static_cast<const Bf16ConvOutput<Y>*>(ctx);
+  const Operand<Y>& y = out.y;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t o = out.o0 + i0 + i;
+    for (int64_t j = j0; j < j0 + cols;) {  // in runs inside one sample
+      const int64_t s = j / out.P, p0 = j % out.P, len = std::min(j0 + cols - j, out.P - p0);
+      float* v = c + i * c_rs + (j - j0);
+      epilogue_positions(*out.e, out.n0 + s, o, p0, out.Wo, v, len);
+      Y* yp = y.p + (out.n0 + s) * y.s[0] + o * y.s[1];
+      if (y.s[3] == 1 && y.s[2] == out.Wo) {
+        for (int64_t k = 0; k < len; ++k) yp[p0 + k] = Y(v[k]);
+      } else {
+        for (int64_t k = 0, h = p0 / out.Wo, w = p0 % out.Wo; k < len; ++k) {
+          yp[h * y.s[2] + w * y.s[3]] = Y(v[k]);
+          if (++w == out.Wo) w = 0, ++h;
+        }
+      }
+      j += len;
+    }
+  }
+}
+
+// A convolution of a bfloat16 input and weight other than depthwise: gemm's bfloat16 form
+// (float32 sums) into a float32 block per item, then epilogue_into y.
+template <typename Y>
+void conv_forward_bf16(const Operand<const BFloat16>& x, const BFloat16* w, const Epilogue<float, Y>& e,
+                       const Operand<Y>& y, const ConvGeom& g) {
+  for_gemm_items(g, true, [&](int64_t n0, int64_t m, int64_t gi) {
+    const int64_t cols = m * g.P;
+    const Columns<BFloat16> B = input_columns(x, n0, m, gi, g);  // (K, cols)
+    float* sums = thread_scratch<float, 1>(g.Og * cols);
+    const Bf16ConvOutput<Y> out{&e, y, n0, gi * g.Og, g.P, g.Wo};
+    const GemmEpilogue<float> epilogue{epilogue_into<Y>, &out};
+    gemm(g.Og, cols, g.K, w + gi * g.Og * g.K, g.K, 1, B.p, B.rs, B.cs, sums, cols, 1, 0.f, &epilogue);
   });
 }
 
@@ -709,8 +780,9 @@ void conv_backward_weight(const Operand<const T>& dy, const Operand<const T>& x,
 
 // ---------------------------------------------------------------- kernels
 
-// Runs f<T>(in, out) for float32/float64 tensors; float16/bfloat16 operands are converted to
-// float32, computed, and the outputs converted back.
+// Runs f<T>(in, out) for float32/float64 tensors; float16 operands (and bfloat16 ones outside
+// conv_bf16: depthwise, backward) are converted to float32, computed, and the outputs converted
+// back.
 template <typename F>
 void dispatch_conv(Op op, const KernelArgs& args, F&& f) {
   DType dt = args.in[0].dtype();
@@ -733,9 +805,42 @@ void dispatch_conv(Op op, const KernelArgs& args, F&& f) {
   }
 }
 
+// A convolution of a bfloat16 input and weight other than depthwise (those are converted by
+// dispatch_conv), into a bfloat16 output or a float32 one (a float32 input's bfloat16 GEMM, the
+// input rounded by the op): scale, shift and residual may be undefined; scale and shift are
+// used in float32, the residual has the output's dtype.
+bool conv_bf16(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor& shift, const Tensor& residual,
+               EpilogueActivation activation, const Tensor& y, const Conv2dParams& p) {
+  if (x.dtype() != DType::BFloat16 || (weight.shape()[1] == 1 && p.groups > 1)) return false;
+  const Tensor w = weight.contiguous();
+  const Tensor scale32 = scale.defined() ? scale.to(DType::Float32).contiguous() : Tensor();
+  const Tensor shift32 = shift.defined() ? shift.to(DType::Float32).contiguous() : Tensor();
+  const ConvGeom g = conv_geom(x.shape(), w.shape(), y.shape(), p);
+  auto run = [&]<typename Y>() {
+    Epilogue<float, Y> e;
+    if (scale32.defined()) e.scale = scale32.data_ptr<float>();
+    if (shift32.defined()) e.shift = shift32.data_ptr<float>();
+    e.activation = activation;
+    if (residual.defined()) {
+      const Operand<const Y> r = operand<const Y>(residual);
+      e.residual = r.p;
+      std::copy(r.s, r.s + 4, e.rs);
+    }
+    conv_forward_bf16<Y>(operand<const BFloat16>(x), w.data_ptr<BFloat16>(), e, operand<Y>(y), g);
+  };
+  if (y.dtype() == DType::Float32)
+    run.template operator()<float>();
+  else
+    run.template operator()<BFloat16>();
+  return true;
+}
+
 // in = (input, weight[, bias]) -> out (output).
 void conv2d_kernel(const KernelArgs& args) {
   const auto& p = args.p<Conv2dParams>();
+  if (conv_bf16(args.in[0], args.in[1], Tensor(), args.in.size() > 2 ? args.in[2] : Tensor(), Tensor(),
+                EpilogueActivation::None, args.out[0], p))
+    return;
   dispatch_conv(Op::conv2d, args, [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
     Tensor w = in[1].contiguous();
     Tensor bias = in.size() > 2 ? in[2].contiguous() : Tensor();
@@ -749,6 +854,9 @@ void conv2d_kernel(const KernelArgs& args) {
 // in = (input, weight, scale, shift[, residual]) -> out (output).
 void conv2d_epilogue_kernel(const KernelArgs& args) {
   const auto& p = args.p<Conv2dEpilogueParams>();
+  if (conv_bf16(args.in[0], args.in[1], args.in[2], args.in[3], args.in.size() > 4 ? args.in[4] : Tensor(),
+                p.activation, args.out[0], p.conv))
+    return;
   dispatch_conv(Op::conv2d_epilogue, args, [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
     Tensor w = in[1].contiguous(), scale = in[2].contiguous(), shift = in[3].contiguous();
     ConvGeom g = conv_geom(in[0].shape(), w.shape(), out[0].shape(), p.conv);

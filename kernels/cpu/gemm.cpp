@@ -55,6 +55,27 @@ template <>
 struct KernelFor<double> {
   static const GemmKernelF64& get(const GemmKernels& k) { return k.f64; }
 };
+template <>
+struct KernelFor<BFloat16> {
+  static const GemmKernelBF16& get(const GemmKernels& k) { return k.bf16; }
+};
+
+// How the packs hold each input type: one value per element, or for bfloat16 a pair of
+// consecutive k per 32-bit element (GemmMicroKernelBF16).
+template <typename T>
+struct Packing {
+  using type = T;
+  static constexpr int64_t k_per_element = 1;
+};
+template <>
+struct Packing<BFloat16> {
+  using type = uint32_t;
+  static constexpr int64_t k_per_element = 2;
+};
+
+uint32_t bf16_pair(BFloat16 even, BFloat16 odd) {
+  return static_cast<uint32_t>(even.bits) | static_cast<uint32_t>(odd.bits) << 16;
+}
 
 // Where finished blocks of C go: the caller's epilogue (or nowhere), told in the caller's
 // orientation when this computation runs on C^T.
@@ -114,6 +135,53 @@ void pack_b(int64_t kc, int64_t nc, int64_t nr, const T* B, int64_t rs, int64_t 
   }
 }
 
+// The bfloat16 packs: as above over pairs of k (element [p][i] of an A panel at panel[p * mr + i],
+// [p][j] of a B panel at panel[p * nr + j], kp = ceil(kc / 2) pairs), an odd kc's last pair and
+// the rows or columns past the edge zero.
+void pack_a(int64_t mc, int64_t kc, int64_t mr, const BFloat16* A, int64_t rs, int64_t cs, uint32_t* dst) {
+  const int64_t kp = (kc + 1) / 2, full = kc / 2;
+  for (int64_t i0 = 0; i0 < mc; i0 += mr, dst += kp * mr) {
+    int64_t rows = std::min(mr, mc - i0);
+    if (rows < mr) std::fill(dst, dst + kp * mr, 0u);
+    for (int64_t i = 0; i < rows; ++i) {
+      const BFloat16* src = A + (i0 + i) * rs;
+      for (int64_t p = 0; p < full; ++p) dst[p * mr + i] = bf16_pair(src[2 * p * cs], src[(2 * p + 1) * cs]);
+      if (kc % 2) dst[full * mr + i] = bf16_pair(src[(kc - 1) * cs], BFloat16());
+    }
+  }
+}
+
+void pack_b(int64_t kc, int64_t nc, int64_t nr, const BFloat16* B, int64_t rs, int64_t cs, uint32_t* dst) {
+  const int64_t kp = (kc + 1) / 2, full = kc / 2;
+  for (int64_t j0 = 0; j0 < nc; j0 += nr, dst += kp * nr) {
+    int64_t cols = std::min(nr, nc - j0);
+    if (cols < nr) std::fill(dst, dst + kp * nr, 0u);
+    const BFloat16* b = B + j0 * cs;
+    if (cs == 1) {  // two rows of B interleaved
+      for (int64_t p = 0; p < kp; ++p) {
+        const BFloat16* even = b + 2 * p * rs;
+        uint32_t* d = dst + p * nr;
+        if (2 * p + 1 < kc)
+          for (int64_t j = 0; j < cols; ++j) d[j] = bf16_pair(even[j], even[rs + j]);
+        else
+          for (int64_t j = 0; j < cols; ++j) d[j] = bf16_pair(even[j], BFloat16());
+      }
+    } else if (rs == 1 && cs % 2 == 0 && reinterpret_cast<uintptr_t>(b) % 4 == 0) {
+      // A linear layer's weight: each column's pairs are 32-bit words in place, transposed by the
+      // float32 kernel (which only moves bits).
+      active_kernels().pack_transposed(full, cols, reinterpret_cast<const float*>(b), cs / 2,
+                                       reinterpret_cast<float*>(dst), nr);
+      if (kc % 2)
+        for (int64_t j = 0; j < cols; ++j) dst[full * nr + j] = bf16_pair(b[j * cs + kc - 1], BFloat16());
+    } else {
+      for (int64_t j = 0; j < cols; ++j)
+        for (int64_t p = 0; p < kp; ++p)
+          dst[p * nr + j] =
+              bf16_pair(b[j * cs + 2 * p * rs], 2 * p + 1 < kc ? b[j * cs + (2 * p + 1) * rs] : BFloat16());
+    }
+  }
+}
+
 // Up to this many rows of C, B is read in place where it can be (see gemm_blocked); measured
 // on Zen 4: 3-8% faster at 64 and 128 rows, mixed at 256, slower beyond.
 constexpr int64_t kBInPlaceRows = 128;
@@ -121,24 +189,28 @@ constexpr int64_t kBInPlaceRows = 128;
 // One thread's share: the blocked algorithm of the file comment on C[0:M, 0:N], which is the
 // block at (i_off, j_off) of the whole C; each MR-row panel of a C block goes to sink once its
 // last K block is done (still in L1).
-template <typename T, typename Kernel>
+// T is the inputs' type, Acc the type of C and of the sums (float for bfloat16 inputs, packed in
+// pairs of k: KC is even, so every K block starts a pair).
+template <typename T, typename Acc, typename Kernel>
 void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
-                  int64_t b_rs, int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const BlockSink<T>& sink,
+                  int64_t b_rs, int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink,
                   int64_t i_off, int64_t j_off) {
+  using P = typename Packing<T>::type;
+  constexpr int64_t per = Packing<T>::k_per_element;
   const int64_t mr = kn.mr, nr = kn.nr;
   const int64_t MC = std::min((M + mr - 1) / mr * mr, kn.mc);
   const int64_t NC = std::min((N + nr - 1) / nr * nr, kn.nc);
   const int64_t KC = std::min(K, kn.kc);
-  T* ap = thread_scratch<T, 2>(MC * KC);
-  T* bp = thread_scratch<T, 3>(KC * NC);
+  P* ap = thread_scratch<P, 2>(MC * ((KC + per - 1) / per));
+  P* bp = thread_scratch<P, 3>((KC + per - 1) / per * NC);
   // With few rows each element of B is used too few times to pay for packing it: when B's rows
   // are contiguous its full NR-column panels are read in place, and only a partial one is packed.
-  const bool b_in_place = b_cs == 1 && M <= kBInPlaceRows;
+  const bool b_in_place = std::is_same_v<T, P> && b_cs == 1 && M <= kBInPlaceRows;
   for (int64_t ic = 0; ic < M; ic += MC) {
     int64_t mc = std::min(MC, M - ic);
     for (int64_t pc = 0; pc < K; pc += KC) {
-      int64_t kc = std::min(KC, K - pc);
-      T b = pc == 0 ? beta : T(1);
+      int64_t kc = std::min(KC, K - pc), kp = (kc + per - 1) / per;  // kp: packed elements per row
+      Acc b = pc == 0 ? beta : Acc(1);
       pack_a(mc, kc, mr, A + ic * a_rs + pc * a_cs, a_rs, a_cs, ap);
       for (int64_t jc = 0; jc < N; jc += NC) {
         int64_t nc = std::min(NC, N - jc);
@@ -146,13 +218,13 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
         int64_t in_place = b_in_place ? nc / nr * nr : 0;  // columns read from B itself
         if (in_place < nc) pack_b(kc, nc - in_place, nr, b_block + in_place, b_rs, b_cs, bp);
         for (int64_t ir = 0; ir < mc; ir += mr) {
-          const T* a_panel = ap + ir * kc;
-          T* c_row = C + (ic + ir) * c_rs + jc * c_cs;
+          const P* a_panel = ap + ir * kp;
+          Acc* c_row = C + (ic + ir) * c_rs + jc * c_cs;
           int64_t m = std::min(mr, mc - ir);
           for (int64_t jr = 0; jr < nc; jr += nr) {
             bool direct = jr < in_place;
-            kn.micro(kc, a_panel, direct ? b_block + jr : bp + (jr - in_place) * kc, direct ? b_rs : nr, b,
-                     c_row + jr * c_cs, c_rs, c_cs, m, std::min(nr, nc - jr));
+            kn.micro(kp, a_panel, direct ? reinterpret_cast<const P*>(b_block) + jr : bp + (jr - in_place) * kp,
+                     direct ? b_rs : nr, b, c_row + jr * c_cs, c_rs, c_cs, m, std::min(nr, nc - jr));
           }
           if (pc + kc == K) sink(c_row, c_rs, c_cs, i_off + ic + ir, m, j_off + jc, nc);
         }
@@ -173,15 +245,15 @@ void scale_c(int64_t M, int64_t N, T* C, int64_t c_rs, int64_t c_cs, T beta, con
 }
 
 // Small products: plain dot products, cheaper than packing. Each element sums over k in order.
-template <typename T>
+template <typename T, typename Acc>
 void gemm_small(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
-                int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const BlockSink<T>& sink) {
+                int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink) {
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
-      T s = 0;
-      for (int64_t k = 0; k < K; ++k) s += A[i * a_rs + k * a_cs] * B[k * b_rs + j * b_cs];
-      T& c = C[i * c_rs + j * c_cs];
-      c = beta == T(0) ? s : s + beta * c;
+      Acc s = 0;
+      for (int64_t k = 0; k < K; ++k) s += Acc(A[i * a_rs + k * a_cs]) * Acc(B[k * b_rs + j * b_cs]);
+      Acc& c = C[i * c_rs + j * c_cs];
+      c = beta == Acc(0) ? s : s + beta * c;
     }
   sink(C, c_rs, c_cs, 0, M, 0, N);
 }
@@ -230,9 +302,9 @@ void gemm_dots(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, co
   });
 }
 
-template <typename T>
+template <typename T, typename Acc>
 void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
-                 int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const BlockSink<T>& sink) {
+                 int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink) {
   const auto& kn = KernelFor<T>::get(active_kernels());
   int64_t mtiles = (M + kn.mr - 1) / kn.mr, ntiles = (N + kn.nr - 1) / kn.nr;
   int64_t threads = 1;
@@ -261,15 +333,15 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
 #endif
 }
 
-template <typename T>
+template <typename T, typename Acc>
 void gemm_any(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
-              int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const BlockSink<T>& sink) {
+              int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) return scale_c(M, N, C, c_rs, c_cs, beta, sink);
   // A column-major C is computed as C^T = B^T @ A^T, so the micro-kernel writes along rows.
   if (c_rs == 1 && c_cs != 1)
     return gemm_any(N, M, K, B, b_cs, b_rs, A, a_cs, a_rs, C, c_cs, c_rs, beta,
-                    BlockSink<T>{sink.epilogue, !sink.transposed});
+                    BlockSink<Acc>{sink.epilogue, !sink.transposed});
   if (M * N * K <= kSmallGemm) return gemm_small(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, sink);
   if constexpr (std::is_same_v<T, float>)
     if (M <= kDotRows && a_cs == 1 && b_rs == 1) return gemm_dots(M, N, K, A, a_rs, B, b_cs, C, c_rs, c_cs, beta, sink);
@@ -282,6 +354,11 @@ template <typename T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
           int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const GemmEpilogue<T>* epilogue) {
   gemm_any(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, BlockSink<T>{epilogue, false});
+}
+void gemm(int64_t M, int64_t N, int64_t K, const BFloat16* A, int64_t a_rs, int64_t a_cs, const BFloat16* B,
+          int64_t b_rs, int64_t b_cs, float* C, int64_t c_rs, int64_t c_cs, float beta,
+          const GemmEpilogue<float>* epilogue) {
+  gemm_any(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, BlockSink<float>{epilogue, false});
 }
 void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride, float bias,
                    float* y) {
@@ -303,9 +380,38 @@ template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, in
 
 namespace {
 
-// in = (a (B,M,K), b (B,K,N)) -> out (B,M,N); float16/bfloat16 compute in float32.
-// Batches of small products are split over threads (each product then runs on one thread);
-// large ones run one after another, each using the threads.
+// Runs one(i) for the products i in [0, batch): batches of small products are split over
+// threads (each product then runs on one thread); large ones run one after another, each using
+// the threads.
+template <typename F>
+void for_products(int64_t batch, int64_t work, F&& one) {
+  if (batch > 1 && work < 2 * kGemmWorkPerThread) {
+    parallel_for(batch, work, [&](int64_t b0, int64_t b1) {
+      for (int64_t i = b0; i < b1; ++i) one(i);
+    });
+  } else {
+    for (int64_t i = 0; i < batch; ++i) one(i);
+  }
+}
+
+// Where a bfloat16 product's float32 blocks go (GemmEpilogue): rounded into out (strides rs, cs).
+struct Bf16Output {
+  BFloat16* out;
+  int64_t rs, cs;
+};
+void round_into_bf16(const void* ctx, float* c, int64_t c_rs, int64_t c_cs, int64_t i0, int64_t m, int64_t j0,
+                     int64_t n) {
+  const auto& o = *static_cast<const Bf16Output*>(ctx);
+  for (int64_t i = 0; i < m; ++i) {
+    BFloat16* dst = o.out + (i0 + i) * o.rs + j0 * o.cs;
+    const float* src = c + i * c_rs;
+    for (int64_t j = 0; j < n; ++j) dst[j * o.cs] = BFloat16(src[j * c_cs]);
+  }
+}
+
+// in = (a (B,M,K), b (B,K,N)) -> out (B,M,N). bfloat16 products are summed in float32 (gemm's
+// bfloat16 form) and rounded once, or stored as they are into a float32 out; float16 is computed
+// in float32 after a conversion.
 void bmm_kernel(const KernelArgs& args) {
   const Tensor& a = args.in[0];
   const Tensor& b = args.in[1];
@@ -315,25 +421,37 @@ void bmm_kernel(const KernelArgs& args) {
     const T* pa = static_cast<const T*>(ta.raw_data());
     const T* pb = static_cast<const T*>(tb.raw_data());
     T* pc = static_cast<T*>(tc.raw_data());
-    auto one = [&](int64_t i) {
+    for_products(batch, M * N * K, [&](int64_t i) {
       gemm<T>(M, N, K, pa + i * ta.strides()[0], ta.strides()[1], ta.strides()[2], pb + i * tb.strides()[0],
               tb.strides()[1], tb.strides()[2], pc + i * tc.strides()[0], tc.strides()[1], tc.strides()[2], T(0));
-    };
-    if (batch > 1 && M * N * K < 2 * kGemmWorkPerThread) {
-      parallel_for(batch, M * N * K, [&](int64_t b0, int64_t b1) {
-        for (int64_t i = b0; i < b1; ++i) one(i);
-      });
-    } else {
-      for (int64_t i = 0; i < batch; ++i) one(i);
-    }
+    });
   };
   switch (a.dtype()) {
     case DType::Float32:
       return run.template operator()<float>(a, b, out);
     case DType::Float64:
       return run.template operator()<double>(a, b, out);
-    case DType::Float16:
     case DType::BFloat16: {
+      const auto* pa = static_cast<const BFloat16*>(a.raw_data());
+      const auto* pb = static_cast<const BFloat16*>(b.raw_data());
+      const bool float_out = out.dtype() == DType::Float32;  // a float32 input's bfloat16 GEMM (linear)
+      for_products(batch, M * N * K, [&](int64_t i) {
+        const BFloat16* ai = pa + i * a.strides()[0];
+        const BFloat16* bi = pb + i * b.strides()[0];
+        if (float_out) {
+          gemm(M, N, K, ai, a.strides()[1], a.strides()[2], bi, b.strides()[1], b.strides()[2],
+               static_cast<float*>(out.raw_data()) + i * out.strides()[0], out.strides()[1], out.strides()[2], 0.f);
+          return;
+        }
+        float* sums = thread_scratch<float, 5>(M * N);
+        const Bf16Output o{static_cast<BFloat16*>(out.raw_data()) + i * out.strides()[0], out.strides()[1],
+                           out.strides()[2]};
+        const GemmEpilogue<float> round{round_into_bf16, &o};
+        gemm(M, N, K, ai, a.strides()[1], a.strides()[2], bi, b.strides()[1], b.strides()[2], sums, N, 1, 0.f, &round);
+      });
+      return;
+    }
+    case DType::Float16: {
       Tensor a32 = a.to(DType::Float32), b32 = b.to(DType::Float32);
       Tensor c32 = empty(out.shape());
       run.template operator()<float>(a32, b32, c32);
@@ -352,6 +470,15 @@ void register_gemm_kernels(KernelRegistry& r, Isa isa) {
 #if defined(__x86_64__)
   if (isa == Isa::avx2) k = &gemm_kernels_avx2;
   if (isa == Isa::avx512) k = &gemm_kernels_avx512;
+  if (isa == Isa::avx512_bf16) {
+    static const GemmKernels avx512_bf16 = [] {
+      GemmKernels with_native = gemm_kernels_avx512;
+      with_native.bf16 = gemm_bf16_avx512_native;
+      with_native.bf16_peak = bf16_peak_avx512_native;
+      return with_native;
+    }();
+    k = &avx512_bf16;
+  }
 #endif
   g_kernels.store(k, std::memory_order_release);
   r.set(Op::bmm, Device::CPU, bmm_kernel);
@@ -361,10 +488,12 @@ void register_gemm_kernels(KernelRegistry& r, Isa isa) {
 
 namespace tvc {
 
-double measure_fp32_peak_gflops(int threads, double seconds) {
-  TVC_CHECK(threads >= 0 && seconds > 0, "measure_fp32_peak_gflops: threads must be >= 0 and seconds > 0, got ",
-            threads, " and ", seconds);
-  const cpu::FmaPeakLoop& loop = cpu::active_kernels().peak;
+namespace {
+
+// The rate of `loop` on `threads` threads (see measure_fp32_peak_gflops); what names the caller.
+double measure_peak_gflops(const cpu::FmaPeakLoop& loop, int threads, double seconds, const char* what) {
+  TVC_CHECK(threads >= 0 && seconds > 0, what, ": threads must be >= 0 and seconds > 0, got ", threads, " and ",
+            seconds);
   const int team = threads > 0 ? threads : omp_get_max_threads();  // get_num_threads() of this thread
   const double flop_per_iteration = 2.0 * static_cast<double>(loop.lanes * loop.chains);
   // Iterations for about seconds / 5 per run at 50 GFLOP/s a thread (a short first guess, then
@@ -386,6 +515,16 @@ double measure_fp32_peak_gflops(int threads, double seconds) {
       best = std::max(best, gflops);
   }
   return best;
+}
+
+}  // namespace
+
+double measure_fp32_peak_gflops(int threads, double seconds) {
+  return measure_peak_gflops(cpu::active_kernels().peak, threads, seconds, "measure_fp32_peak_gflops");
+}
+
+double measure_bf16_peak_gflops(int threads, double seconds) {
+  return measure_peak_gflops(cpu::active_kernels().bf16_peak, threads, seconds, "measure_bf16_peak_gflops");
 }
 
 }  // namespace tvc

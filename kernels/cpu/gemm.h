@@ -25,6 +25,12 @@ template <typename T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
           int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const GemmEpilogue<T>* epilogue = nullptr);
 
+// The same for bfloat16 A and B with float32 sums into a float32 C (bfloat16 products are exact
+// in float32; the micro-kernel adds them in pairs of k, see gemm_kernels.h GemmMicroKernelBF16).
+void gemm(int64_t M, int64_t N, int64_t K, const BFloat16* A, int64_t a_rs, int64_t a_cs, const BFloat16* B,
+          int64_t b_rs, int64_t b_cs, float* C, int64_t c_rs, int64_t c_cs, float beta,
+          const GemmEpilogue<float>* epilogue = nullptr);
+
 // One row of a float32 depthwise convolution with the active instruction set's kernel:
 //   y[ow] = bias + sum over taps t in order of w[t] * rows[t][ow * stride], ow in [0, n),
 // every tap inside the input, rows contiguous, stride 1 or 2 (gemm_kernels.h, DepthwiseRowF32).

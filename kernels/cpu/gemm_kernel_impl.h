@@ -13,36 +13,12 @@
 namespace tvc::cpu {
 namespace {
 
-// See GemmMicroKernelF32. MR rows of A are broadcast, NR = NV * W columns of B are held in NV
-// vectors; the MR x NV accumulators stay in registers over the k loop.
-template <typename T, int W, int MR, int NV>
-void gemm_micro_kernel(int64_t kc, const T* __restrict a, const T* __restrict b, int64_t b_rs, T beta, T* __restrict c,
-                       int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
-  typedef T V __attribute__((vector_size(W * sizeof(T))));
+// C = acc + beta * C for the top-left m x n part of an MR x (NV * W) tile (see
+// GemmMicroKernelF32), through a row buffer when the tile is partial or C's columns strided;
+// either way each element gets the same arithmetic.
+template <typename T, int W, int MR, int NV, typename V>
+void store_tile(const V (&acc)[MR][NV], T beta, T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
   constexpr int NR = NV * W;
-  // Fetch the C tile while the k loop runs.
-  if (c_cs == 1)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; j += 64 / sizeof(T)) __builtin_prefetch(c + i * c_rs + j, 1);
-  V acc[MR][NV];
-#pragma GCC unroll 64
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 64
-    for (int v = 0; v < NV; ++v) acc[i][v] = V{};
-#pragma GCC unroll 2
-  for (int64_t k = 0; k < kc; ++k) {
-    V bv[NV];
-#pragma GCC unroll 64
-    for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + k * b_rs + v * W, sizeof(V));
-#pragma GCC unroll 64
-    for (int i = 0; i < MR; ++i) {
-      T ai = a[k * MR + i];
-#pragma GCC unroll 64
-      for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];
-    }
-  }
-  // C = acc + beta * C, through a row buffer when the tile is partial or C's columns strided;
-  // either way each element gets the same arithmetic.
   bool direct = n == NR && c_cs == 1;
 #pragma GCC unroll 64
   for (int i = 0; i < MR; ++i) {
@@ -65,6 +41,86 @@ void gemm_micro_kernel(int64_t kc, const T* __restrict a, const T* __restrict b,
     if (!direct)
       for (int64_t j = 0; j < n; ++j) crow[j * c_cs] = buf[j];
   }
+}
+
+// Fetches the C tile (m rows of n elements) while the k loop runs.
+template <typename T>
+void prefetch_tile(const T* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
+  if (c_cs == 1)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; j += 64 / sizeof(T)) __builtin_prefetch(c + i * c_rs + j, 1);
+}
+
+// The micro-kernel (GemmMicroKernelF32/F64/BF16): MR elements of an A panel are broadcast, NR =
+// NV * W columns of B are held in NV vectors of W lanes, the MR x NV accumulators (of T) stay in
+// registers over the kn steps of k, each acc = Step::step(acc, a's element, b vector). P is the
+// panels' element: T itself, or a pair of bfloat16 in 32 bits.
+template <typename P, typename T, int W, int MR, int NV, typename Step>
+void micro_kernel(int64_t kn, const P* __restrict a, const P* __restrict b, int64_t b_rs, T beta, T* __restrict c,
+                  int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
+  typedef T V __attribute__((vector_size(W * sizeof(T))));
+  typedef P PV __attribute__((vector_size(W * sizeof(P))));
+  prefetch_tile(c, c_rs, c_cs, m, n);
+  V acc[MR][NV];
+#pragma GCC unroll 64
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 64
+    for (int v = 0; v < NV; ++v) acc[i][v] = V{};
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kn; ++k) {
+    PV bv[NV];
+#pragma GCC unroll 64
+    for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + k * b_rs + v * W, sizeof(PV));
+#pragma GCC unroll 64
+    for (int i = 0; i < MR; ++i) {
+      const P ai = a[k * MR + i];
+#pragma GCC unroll 64
+      for (int v = 0; v < NV; ++v) acc[i][v] = Step::step(acc[i][v], ai, bv[v]);
+    }
+  }
+  store_tile<T, W, MR, NV>(acc, beta, c, c_rs, c_cs, m, n);
+}
+
+// acc + a * b (one FMA where the instruction set has them).
+struct FmaStep {
+  template <typename T, typename V>
+  static V step(V acc, T a, V b) {
+    return acc + a * b;
+  }
+};
+
+// See GemmMicroKernelF32.
+template <typename T, int W, int MR, int NV>
+void gemm_micro_kernel(int64_t kc, const T* __restrict a, const T* __restrict b, int64_t b_rs, T beta, T* __restrict c,
+                       int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
+  micro_kernel<T, T, W, MR, NV, FmaStep>(kc, a, b, b_rs, beta, c, c_rs, c_cs, m, n);
+}
+
+// One step of a bfloat16 dot product in W float lanes, as AVX512_BF16's vdpbf16ps does it: each
+// 32-bit lane of a and b holds a pair of bfloat16 (the even k in the low half), and
+//   acc += a_odd * b_odd, then acc += a_even * b_even,
+// each product exact in float32 (8-bit significands), each sum rounded. This is the portable
+// form (two FMAs); gemm_kernel_avx512_bf16.cpp passes the instruction instead.
+template <int W>
+struct PairDotEmulated {
+  typedef float V __attribute__((vector_size(W * sizeof(float))));
+  typedef uint32_t U __attribute__((vector_size(W * sizeof(uint32_t))));
+  static V as_float(U bits) {
+    V v;
+    __builtin_memcpy(&v, &bits, sizeof(V));
+    return v;
+  }
+  static V step(V acc, uint32_t a, U b) {  // the high halves by shifts: GCC 12 fails on a vector constant here
+    acc += as_float(U{} + (a >> 16 << 16)) * as_float(b >> 16 << 16);
+    return acc + as_float(U{} + (a << 16)) * as_float(b << 16);
+  }
+};
+
+// See GemmMicroKernelBF16: kp pairs of k, Dot a PairDotEmulated or the instruction.
+template <int W, int MR, int NV, typename Dot>
+void gemm_micro_kernel_bf16(int64_t kp, const uint32_t* __restrict a, const uint32_t* __restrict b, int64_t b_rs,
+                            float beta, float* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
+  micro_kernel<uint32_t, float, W, MR, NV, Dot>(kp, a, b, b_rs, beta, c, c_rs, c_cs, m, n);
 }
 
 template <int W>

@@ -1,5 +1,6 @@
-// The micro-kernels of each CPU instruction set (GEMM with its blocking, the FMA peak loop, the
-// depthwise convolution row, dot products, e^x and the functions made of it) (not installed).
+// The micro-kernels of each CPU instruction set (GEMM with its blocking in float32, float64 and
+// bfloat16 with float32 sums, the FMA peak loops, the depthwise convolution row, dot products,
+// e^x and the functions made of it) (not installed).
 //
 // This header holds declarations only: it is included by gemm_kernel_{generic,avx2,avx512}.cpp,
 // which are compiled with different -m flags, and any inline function or template shared with the
@@ -22,6 +23,14 @@ using GemmMicroKernelF32 = void (*)(int64_t kc, const float* a, const float* b, 
 using GemmMicroKernelF64 = void (*)(int64_t kc, const double* a, const double* b, int64_t b_rs, double beta, double* c,
                                     int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
 
+// The bfloat16 micro-kernel: C = Ap @ Bp + beta * C as above, in float32, over kp pairs of k.
+// Each 32-bit element holds the bfloat16 bits of two consecutive k (the even one in the low
+// half; a zero pair past K's end): Ap's pair [p][i] at a[p * MR + i] (A's row i), Bp's pair
+// [p][j] at b[p * b_rs + j] (B's column j). Each pair adds its odd then its even product to the
+// sum (AVX512_BF16's vdpbf16ps; products are exact in float32), pairs in order.
+using GemmMicroKernelBF16 = void (*)(int64_t kp, const uint32_t* a, const uint32_t* b, int64_t b_rs, float beta,
+                                     float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
+
 // A micro-kernel and the cache blocking that suits it: the A micro-panel (kc x mr) stays in L1,
 // the packed B block (kc x nc) in L2, the packed A block (mc x kc) in L3.
 struct GemmKernelF32 {
@@ -32,10 +41,16 @@ struct GemmKernelF64 {
   int64_t mr, nr, kc, mc, nc;
   GemmMicroKernelF64 micro;
 };
+struct GemmKernelBF16 {
+  int64_t mr, nr, kc, mc, nc;  // kc counts values of k (an even number), not pairs
+  GemmMicroKernelBF16 micro;
+};
 // The instruction set's fp32 peak loop: `chains` independent vector accumulators of `lanes`
 // floats, each updated acc = acc * x + y per iteration (one FMA where the ISA has them), all in
 // registers: 2 * lanes * chains floating-point operations per iteration. Returns a value made
-// from the results, so the loop cannot be optimised away.
+// from the results, so the loop cannot be optimised away. The bfloat16 peak loop is the same
+// with vdpbf16ps (lanes = the bfloat16 products per instruction) where the ISA has it, else the
+// fp32 loop (the bfloat16 GEMM then runs on FMAs).
 struct FmaPeakLoop {
   int64_t lanes, chains;
   float (*run)(int64_t iterations);
@@ -60,7 +75,8 @@ using UnaryF32 = void (*)(int64_t n, const float* x, float* y);
 struct GemmKernels {
   GemmKernelF32 f32;
   GemmKernelF64 f64;
-  FmaPeakLoop peak;
+  GemmKernelBF16 bf16;
+  FmaPeakLoop peak, bf16_peak;
   DepthwiseRowF32 depthwise_row;
   DotF32 dot;
   UnaryF32 exp, sigmoid, silu, gelu;
@@ -70,5 +86,8 @@ struct GemmKernels {
 extern const GemmKernels gemm_kernels_generic;  // gemm_kernel_generic.cpp, baseline x86-64
 extern const GemmKernels gemm_kernels_avx2;     // gemm_kernel_avx2.cpp, -mavx2 -mfma
 extern const GemmKernels gemm_kernels_avx512;   // gemm_kernel_avx512.cpp, -mavx512f/bw/vl/dq
+// AVX512_BF16's (gemm_kernel_avx512_bf16.cpp, also -mavx512bf16): with the rest of AVX-512's.
+extern const GemmKernelBF16 gemm_bf16_avx512_native;
+extern const FmaPeakLoop bf16_peak_avx512_native;
 
 }  // namespace tvc::cpu

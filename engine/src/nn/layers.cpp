@@ -9,6 +9,7 @@
 #include "tvc/autograd.h"
 #include "tvc/internal/autograd.h"
 #include "tvc/internal/kernel.h"
+#include "tvc/nn/attention.h"
 #include "tvc/nn/init.h"
 
 namespace tvc::nn {
@@ -241,6 +242,21 @@ Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, cons
   }
   const auto [scale, shift] = folded_batch_norm(*conv2d, *bn, x.dtype(), x.device());
   return conv2d->forward_epilogue(x, scale, shift, residual, *act);
+}
+
+// ---------------------------------------------------------------- bfloat16 inference
+
+int64_t convert_weights_to_bfloat16(Module& model) {
+  int64_t converted = 0;
+  for (const std::shared_ptr<Module>& m : model.modules()) {
+    Tensor weight;
+    if (dynamic_cast<Conv2d*>(m.get()) || dynamic_cast<Linear*>(m.get())) weight = m->parameter("weight");
+    if (dynamic_cast<MultiheadAttention*>(m.get())) weight = m->parameter("in_proj_weight");
+    if (!weight.defined() || weight.dtype() != DType::Float32) continue;
+    m->convert_tensors([&](const Tensor& t) { return t.is_same(weight) ? t.to(DType::BFloat16) : t; });
+    ++converted;
+  }
+  return converted;
 }
 
 // ---------------------------------------------------------------- normalisation

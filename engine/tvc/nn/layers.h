@@ -242,6 +242,17 @@ class Dropout : public Cloneable<Dropout> {
 Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, const Tensor& x,
                             const Tensor& residual = Tensor());
 
+// ---------------------------------------------------------------- bfloat16 inference
+
+// Prepares model for bfloat16 inference: the weight of every Conv2d, Linear (subclasses too) and
+// MultiheadAttention's packed input projection is converted to bfloat16 in place, once; biases,
+// norms, buffers and the activations between layers stay float32. With a float32 input those
+// layers then round their input to bfloat16 and sum the products in float32 (AVX512_BF16's
+// vdpbf16ps where tvc::cpu_has_native_bfloat16(), else the same arithmetic by FMAs), their
+// outputs float32; depthwise convolutions and anything autograd records run in float32 with the
+// weight converted back (exact). Returns how many weights it converted.
+int64_t convert_weights_to_bfloat16(Module& model);
+
 // ---------------------------------------------------------------- activations
 
 // An elementwise activation; with inplace the result is written into the input (which must not

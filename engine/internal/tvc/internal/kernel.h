@@ -35,8 +35,9 @@ using KernelFn = void (*)(const KernelArgs& args);
 
 // CPU instruction-set paths. The library is built for baseline x86-64; the AVX2 and AVX-512
 // kernels live in their own files and are chosen at run time by CPUID, or forced with the
-// environment variable TVC_ISA=generic|avx2|avx512.
-enum class Isa : uint8_t { generic, avx2, avx512 };
+// environment variable TVC_ISA=generic|avx2|avx512|avx512_bf16.
+// avx512_bf16: AVX-512's kernels with AVX512_BF16's bfloat16 GEMM.
+enum class Isa : uint8_t { generic, avx2, avx512, avx512_bf16 };
 const char* isa_name(Isa isa);
 std::vector<Isa> available_isas();  // the paths this machine can run, generic first
 Isa active_isa();
