@@ -146,18 +146,27 @@ void sgemm_onednn(benchmark::State& state, int64_t n, int threads) {
 }
 #endif
 
-// (c) ResNet-50's convolutions: conv2d(N, C, H, H) with O filters of k x k, bias, as in the
-// network (3x3 with padding 1; 1x1 without).
+// (c) ResNet-50's convolutions (and a few of VGG-16's and DenseNet-121's): conv2d(N, C, H, H) with O filters of k x k,
+// bias, as in the network (3x3 with padding 1; 1x1 without).
 struct ConvShape {
   const char* name;
   int64_t C, O, H, k, stride, pad;
 };
 constexpr ConvShape kResNet50Convs[] = {
-    {"3x3_64x56", 64, 64, 56, 3, 1, 1},          {"3x3_128x28", 128, 128, 28, 3, 1, 1},
-    {"3x3_256x14", 256, 256, 14, 3, 1, 1},       {"3x3_512x7", 512, 512, 7, 3, 1, 1},
-    {"1x1_64-256x56", 64, 256, 56, 1, 1, 0},     {"1x1_256-64x56", 256, 64, 56, 1, 1, 0},
-    {"1x1_1024-256x14", 1024, 256, 14, 1, 1, 0}, {"1x1_256-1024x14", 256, 1024, 14, 1, 1, 0},
-    {"1x1_2048-512x7", 2048, 512, 7, 1, 1, 0},   {"1x1_512-2048x7", 512, 2048, 7, 1, 1, 0},
+    {"3x3_64x56", 64, 64, 56, 3, 1, 1},
+    {"3x3_128x28", 128, 128, 28, 3, 1, 1},
+    {"3x3_256x14", 256, 256, 14, 3, 1, 1},
+    {"3x3_512x7", 512, 512, 7, 3, 1, 1},
+    {"1x1_64-256x56", 64, 256, 56, 1, 1, 0},
+    {"1x1_256-64x56", 256, 64, 56, 1, 1, 0},
+    {"1x1_1024-256x14", 1024, 256, 14, 1, 1, 0},
+    {"1x1_256-1024x14", 256, 1024, 14, 1, 1, 0},
+    {"1x1_2048-512x7", 2048, 512, 7, 1, 1, 0},
+    {"1x1_512-2048x7", 512, 2048, 7, 1, 1, 0},
+    // VGG-16's wider 3x3 maps, and DenseNet-121's growth convolution
+    {"3x3_256x56", 256, 256, 56, 3, 1, 1},
+    {"3x3_512x28", 512, 512, 28, 3, 1, 1},
+    {"3x3_128-32x28", 128, 32, 28, 3, 1, 1},
 };
 
 void conv2d_tvc(benchmark::State& state, ConvShape s, int64_t batch, int threads) {

@@ -292,10 +292,10 @@ TEST(Gemm, BmmAndMatmul) {
   // and an even inner dim.
   const TensorOptions bf{.dtype = DType::BFloat16};
   for (const auto& operands : {std::pair{randn({3, 17, 13}, bf), randn({3, 13, 15}, bf)},
-                             {randn({4, 40, 70}, bf).transpose(1, 2), randn({4, 40, 33}, bf)},
-                             {randn({2, 3, 31, 64}, bf), randn({64, 129}, bf)},
-                             {randn({200, 257}, bf), randn({300, 257}, bf).t()},
-                             {randn({197, 768}, bf), randn({300, 768}, bf).t()}})
+                               {randn({4, 40, 70}, bf).transpose(1, 2), randn({4, 40, 33}, bf)},
+                               {randn({2, 3, 31, 64}, bf), randn({64, 129}, bf)},
+                               {randn({200, 257}, bf), randn({300, 257}, bf).t()},
+                               {randn({197, 768}, bf), randn({300, 768}, bf).t()}})
     for_each_isa([&] { check_matmul(operands.first, operands.second, 3e-3); });  // no structured binding: clang 14
 }
 

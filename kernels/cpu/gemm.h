@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "gemm_kernels.h"
 #include "tvc/internal/kernel.h"
 
 namespace tvc::cpu {
@@ -36,6 +37,9 @@ void gemm(int64_t M, int64_t N, int64_t K, const BFloat16* A, int64_t a_rs, int6
 // every tap inside the input, rows contiguous, stride 1 or 2 (gemm_kernels.h, DepthwiseRowF32).
 void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride, float bias,
                    float* y);
+
+// The active instruction set's Winograd F(4x4, 3x3) transforms (gemm_kernels.h, WinogradF43).
+const WinogradF43& winograd_f43();
 
 // The dot product of n contiguous floats a and b with the active instruction set's kernel, summed
 // in a fixed order (gemm_kernels.h, DotF32).

@@ -56,8 +56,8 @@ void prefetch_tile(const T* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n)
 // registers over the kn steps of k, each acc = Step::step(acc, a's element, b vector). P is the
 // panels' element: T itself, or a pair of bfloat16 in 32 bits.
 template <typename P, typename T, int W, int MR, int NV, typename Step>
-void micro_kernel(int64_t kn, const P* __restrict a, const P* __restrict b, int64_t b_rs, T beta, T* __restrict c,
-                  int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
+void micro_kernel(int64_t kn, const P* __restrict a, int64_t a_ks, const P* __restrict b, int64_t b_rs, T beta,
+                  T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
   typedef T V __attribute__((vector_size(W * sizeof(T))));
   typedef P PV __attribute__((vector_size(W * sizeof(P))));
   prefetch_tile(c, c_rs, c_cs, m, n);
@@ -73,7 +73,7 @@ void micro_kernel(int64_t kn, const P* __restrict a, const P* __restrict b, int6
     for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + k * b_rs + v * W, sizeof(PV));
 #pragma GCC unroll 64
     for (int i = 0; i < MR; ++i) {
-      const P ai = a[k * MR + i];
+      const P ai = a[k * a_ks + i];
 #pragma GCC unroll 64
       for (int v = 0; v < NV; ++v) acc[i][v] = Step::step(acc[i][v], ai, bv[v]);
     }
@@ -91,9 +91,9 @@ struct FmaStep {
 
 // See GemmMicroKernelF32.
 template <typename T, int W, int MR, int NV>
-void gemm_micro_kernel(int64_t kc, const T* __restrict a, const T* __restrict b, int64_t b_rs, T beta, T* __restrict c,
-                       int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
-  micro_kernel<T, T, W, MR, NV, FmaStep>(kc, a, b, b_rs, beta, c, c_rs, c_cs, m, n);
+void gemm_micro_kernel(int64_t kc, const T* __restrict a, int64_t a_ks, const T* __restrict b, int64_t b_rs, T beta,
+                       T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
+  micro_kernel<T, T, W, MR, NV, FmaStep>(kc, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n);
 }
 
 // One step of a bfloat16 dot product in W float lanes, as AVX512_BF16's vdpbf16ps does it: each
@@ -118,9 +118,10 @@ struct PairDotEmulated {
 
 // See GemmMicroKernelBF16: kp pairs of k, Dot a PairDotEmulated or the instruction.
 template <int W, int MR, int NV, typename Dot>
-void gemm_micro_kernel_bf16(int64_t kp, const uint32_t* __restrict a, const uint32_t* __restrict b, int64_t b_rs,
-                            float beta, float* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
-  micro_kernel<uint32_t, float, W, MR, NV, Dot>(kp, a, b, b_rs, beta, c, c_rs, c_cs, m, n);
+void gemm_micro_kernel_bf16(int64_t kp, const uint32_t* __restrict a, int64_t a_ks, const uint32_t* __restrict b,
+                            int64_t b_rs, float beta, float* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m,
+                            int64_t n) {
+  micro_kernel<uint32_t, float, W, MR, NV, Dot>(kp, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n);
 }
 
 template <int W>
@@ -409,6 +410,178 @@ typename FloatVector<W>::type normal_cdf_lanes(typename FloatVector<W>::type x) 
 template <int W>
 void gelu_f32(int64_t n, const float* x, float* y) {
   map_lanes<W>(n, x, y, [](auto v) { return v * normal_cdf_lanes<W>(v); });
+}
+
+// ---------------------------------------------------------------- Winograd F(4x4, 3x3)
+
+// Lane shuffles over W-lane vectors (J: the lane indices 0..W-1): the even or odd elements of the
+// 2W values lo, hi; the first or second halves of a and b interleaved (a0 b0 a1 b1 ...).
+template <int W, int... J>
+typename FloatVector<W>::type pick_even(typename FloatVector<W>::type lo, typename FloatVector<W>::type hi,
+                                        Lanes<J...>) {
+  return __builtin_shufflevector(lo, hi, (2 * J)...);
+}
+template <int W, int... J>
+typename FloatVector<W>::type pick_odd(typename FloatVector<W>::type lo, typename FloatVector<W>::type hi,
+                                       Lanes<J...>) {
+  return __builtin_shufflevector(lo, hi, (2 * J + 1)...);
+}
+template <int W, int... J>
+typename FloatVector<W>::type zip_low(typename FloatVector<W>::type a, typename FloatVector<W>::type b, Lanes<J...>) {
+  return __builtin_shufflevector(a, b, ((J & 1) ? W + J / 2 : J / 2)...);
+}
+template <int W, int... J>
+typename FloatVector<W>::type zip_high(typename FloatVector<W>::type a, typename FloatVector<W>::type b, Lanes<J...>) {
+  return __builtin_shufflevector(a, b, ((J & 1) ? W + W / 2 + J / 2 : W / 2 + J / 2)...);
+}
+
+// q[i][lane] = p[4 * lane + i] for i < 4: the 4W floats at p split into their four phases.
+template <int W>
+void load_phases(const float* p, typename FloatVector<W>::type (&q)[4]) {
+  typedef typename FloatVector<W>::type V;
+  const typename MakeLanes<W>::type lanes;
+  V a, b, c, d;
+  __builtin_memcpy(&a, p, sizeof(V));
+  __builtin_memcpy(&b, p + W, sizeof(V));
+  __builtin_memcpy(&c, p + 2 * W, sizeof(V));
+  __builtin_memcpy(&d, p + 3 * W, sizeof(V));
+  const V even_ab = pick_even<W>(a, b, lanes), even_cd = pick_even<W>(c, d, lanes);
+  const V odd_ab = pick_odd<W>(a, b, lanes), odd_cd = pick_odd<W>(c, d, lanes);
+  q[0] = pick_even<W>(even_ab, even_cd, lanes);
+  q[1] = pick_even<W>(odd_ab, odd_cd, lanes);
+  q[2] = pick_odd<W>(even_ab, even_cd, lanes);
+  q[3] = pick_odd<W>(odd_ab, odd_cd, lanes);
+}
+
+// The inverse: p[4 * lane + i] = q[i][lane], 4W floats.
+template <int W>
+void store_phases(const typename FloatVector<W>::type (&q)[4], float* p) {
+  typedef typename FloatVector<W>::type V;
+  const typename MakeLanes<W>::type lanes;
+  const V lo02 = zip_low<W>(q[0], q[2], lanes), hi02 = zip_high<W>(q[0], q[2], lanes);
+  const V lo13 = zip_low<W>(q[1], q[3], lanes), hi13 = zip_high<W>(q[1], q[3], lanes);
+  const V out[4] = {zip_low<W>(lo02, lo13, lanes), zip_high<W>(lo02, lo13, lanes), zip_low<W>(hi02, hi13, lanes),
+                    zip_high<W>(hi02, hi13, lanes)};
+  __builtin_memcpy(p, out, sizeof(out));
+}
+
+// The 1-d transforms of F(4, 3) on vectors (or floats): out = B^T d (6 of 6), out = A^T m (4 of
+// 6), out = G g (6 of 3), with Lavin's matrices (interpolation points 0, +-1, +-2, infinity).
+template <typename V>
+void winograd_bt(const V (&d)[6], V (&out)[6]) {
+  out[0] = 4.f * d[0] - 5.f * d[2] + d[4];
+  out[1] = d[3] + d[4] - 4.f * (d[1] + d[2]);
+  out[2] = d[4] - d[3] + 4.f * (d[1] - d[2]);
+  out[3] = d[4] - d[2] + 2.f * (d[3] - d[1]);
+  out[4] = d[4] - d[2] + 2.f * (d[1] - d[3]);
+  out[5] = 4.f * d[1] - 5.f * d[3] + d[5];
+}
+template <typename V>
+void winograd_at(const V (&m)[6], V (&out)[4]) {
+  const V s12 = m[1] + m[2], d12 = m[1] - m[2], s34 = m[3] + m[4], d34 = m[3] - m[4];
+  out[0] = m[0] + s12 + s34;
+  out[1] = d12 + 2.f * d34;
+  out[2] = s12 + 4.f * s34;
+  out[3] = d12 + 8.f * d34 + m[5];
+}
+template <typename V>
+void winograd_g(const V (&g)[3], V (&out)[6]) {
+  const V sum = g[0] + g[2], quarter = g[0] * 0.25f;
+  out[0] = quarter;
+  out[1] = (sum + g[1]) * (-1.f / 6);
+  out[2] = (sum - g[1]) * (-1.f / 6);
+  out[3] = quarter * (1.f / 6) + g[1] * (1.f / 12) + g[2] * (1.f / 6);
+  out[4] = quarter * (1.f / 6) - g[1] * (1.f / 12) + g[2] * (1.f / 6);
+  out[5] = g[2];
+}
+
+// Stores the first n lanes of x at p.
+template <int W>
+void store_lanes(typename FloatVector<W>::type x, int64_t n, float* p) {
+  if (n >= W)
+    __builtin_memcpy(p, &x, sizeof(x));
+  else
+    for (int64_t i = 0; i < n; ++i) p[i] = x[i];
+}
+
+// See WinogradInputF32.
+template <int W>
+void winograd_input_f43(int64_t tiles, const float* const* rows, float* v, int64_t v_stride) {
+  typedef typename FloatVector<W>::type V;
+  for (int64_t t0 = 0; t0 < tiles; t0 += W) {
+    V h[6][6];  // h[j][l]: the horizontal transform of row j
+#pragma GCC unroll 6
+    for (int j = 0; j < 6; ++j) {
+      V q[4], next[4];
+      load_phases<W>(rows[j] + 4 * t0, q);
+      load_phases<W>(rows[j] + 4 * t0 + 4, next);  // columns 4 and 5 of each tile
+      const V d[6] = {q[0], q[1], q[2], q[3], next[0], next[1]};
+      winograd_bt(d, h[j]);
+    }
+#pragma GCC unroll 6
+    for (int l = 0; l < 6; ++l) {
+      const V col[6] = {h[0][l], h[1][l], h[2][l], h[3][l], h[4][l], h[5][l]};
+      V out[6];
+      winograd_bt(col, out);
+#pragma GCC unroll 6
+      for (int k = 0; k < 6; ++k) store_lanes<W>(out[k], tiles - t0, v + (k * 6 + l) * v_stride + t0);
+    }
+  }
+}
+
+// See WinogradOutputF32.
+template <int W>
+void winograd_output_f43(int64_t tiles, const float* m, int64_t m_stride, float* const* rows) {
+  typedef typename FloatVector<W>::type V;
+  for (int64_t t0 = 0; t0 < tiles; t0 += W) {
+    V s[6][4];  // s[k][b]: the horizontal transform of row k of M
+#pragma GCC unroll 6
+    for (int k = 0; k < 6; ++k) {
+      V mk[6];
+#pragma GCC unroll 6
+      for (int l = 0; l < 6; ++l) __builtin_memcpy(&mk[l], m + (k * 6 + l) * m_stride + t0, sizeof(V));
+      winograd_at(mk, s[k]);
+    }
+    V y[4][4];  // y[b][a]
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b) {
+      const V col[6] = {s[0][b], s[1][b], s[2][b], s[3][b], s[4][b], s[5][b]};
+      winograd_at(col, y[b]);
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < 4; ++a) {
+      const V q[4] = {y[0][a], y[1][a], y[2][a], y[3][a]};
+      store_phases<W>(q, rows[a] + 4 * t0);
+    }
+  }
+}
+
+// See WinogradWeightF32.
+template <int W>
+void winograd_weight_f43(int64_t pairs, const float* w, float* u, int64_t u_stride) {
+  typedef typename FloatVector<W>::type V;
+  for (int64_t q0 = 0; q0 < pairs; q0 += W) {
+    const int64_t n = pairs - q0 < W ? pairs - q0 : W;
+    float taps[9][W] = {};
+    for (int64_t i = 0; i < n; ++i)
+      for (int t = 0; t < 9; ++t) taps[t][i] = w[(q0 + i) * 9 + t];
+    V g[3][3];
+    __builtin_memcpy(g, taps, sizeof(g));
+    V gg[3][6];  // gg[c][k] = (G g)[k][c]
+#pragma GCC unroll 3
+    for (int c = 0; c < 3; ++c) {
+      const V col[3] = {g[0][c], g[1][c], g[2][c]};
+      winograd_g(col, gg[c]);
+    }
+#pragma GCC unroll 6
+    for (int k = 0; k < 6; ++k) {
+      const V row[3] = {gg[0][k], gg[1][k], gg[2][k]};
+      V out[6];
+      winograd_g(row, out);
+#pragma GCC unroll 6
+      for (int l = 0; l < 6; ++l) store_lanes<W>(out[l], n, u + (k * 6 + l) * u_stride + q0);
+    }
+  }
 }
 
 template <int W, int Chains>

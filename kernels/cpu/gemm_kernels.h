@@ -14,22 +14,23 @@ namespace tvc::cpu {
 // One MR x NR tile of C (row stride c_rs, column stride c_cs; only the top-left m x n part,
 // m <= MR, n <= NR, is written):
 //   C = Ap @ Bp + beta * C, with beta == 0 ignoring C's old contents (NaN included),
-// where Ap is a packed A micro-panel (kc x MR, element [k][i] at a[k * MR + i], 64-byte aligned,
-// zero-padded to MR rows) and Bp a B micro-panel of NR full columns (element [k][j] at
-// b[k * b_rs + j]): packed (b_rs = NR, zero-padded) or B itself when its rows are contiguous.
-// Each element's sum runs over k in order.
-using GemmMicroKernelF32 = void (*)(int64_t kc, const float* a, const float* b, int64_t b_rs, float beta, float* c,
-                                    int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
-using GemmMicroKernelF64 = void (*)(int64_t kc, const double* a, const double* b, int64_t b_rs, double beta, double* c,
-                                    int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
+// where Ap is an A micro-panel of MR full rows (element [k][i] at a[k * a_ks + i]): packed
+// (a_ks = MR, 64-byte aligned, zero-padded to MR rows) or A itself when its columns are
+// contiguous, and Bp a B micro-panel of NR full columns (element [k][j] at b[k * b_rs + j]):
+// packed (b_rs = NR, zero-padded) or B itself when its rows are contiguous. Each element's sum
+// runs over k in order.
+using GemmMicroKernelF32 = void (*)(int64_t kc, const float* a, int64_t a_ks, const float* b, int64_t b_rs, float beta,
+                                    float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
+using GemmMicroKernelF64 = void (*)(int64_t kc, const double* a, int64_t a_ks, const double* b, int64_t b_rs,
+                                    double beta, double* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
 
 // The bfloat16 micro-kernel: C = Ap @ Bp + beta * C as above, in float32, over kp pairs of k.
 // Each 32-bit element holds the bfloat16 bits of two consecutive k (the even one in the low
-// half; a zero pair past K's end): Ap's pair [p][i] at a[p * MR + i] (A's row i), Bp's pair
-// [p][j] at b[p * b_rs + j] (B's column j). Each pair adds its odd then its even product to the
-// sum (AVX512_BF16's vdpbf16ps; products are exact in float32), pairs in order.
-using GemmMicroKernelBF16 = void (*)(int64_t kp, const uint32_t* a, const uint32_t* b, int64_t b_rs, float beta,
-                                     float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
+// half; a zero pair past K's end): Ap's pair [p][i] at a[p * a_ks + i] (A's row i, packed: a_ks
+// = MR), Bp's pair [p][j] at b[p * b_rs + j] (B's column j). Each pair adds its odd then its even
+// product to the sum (AVX512_BF16's vdpbf16ps; products are exact in float32), pairs in order.
+using GemmMicroKernelBF16 = void (*)(int64_t kp, const uint32_t* a, int64_t a_ks, const uint32_t* b, int64_t b_rs,
+                                     float beta, float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
 
 // A micro-kernel and the cache blocking that suits it: the A micro-panel (kc x mr) stays in L1,
 // the packed B block (kc x nc) in L2, the packed A block (mc x kc) in L3.
@@ -67,6 +68,24 @@ using DotF32 = float (*)(int64_t n, const float* a, const float* b);
 //   dst[k * dst_ld + j] = src[j * src_ld + k] for j < cols, k < k_n.
 using PackTransposedF32 = void (*)(int64_t k_n, int64_t cols, const float* src, int64_t src_ld, float* dst,
                                    int64_t dst_ld);
+// Winograd F(4x4, 3x3) (Lavin and Gray's transforms): a 3x3 correlation computed per 4x4 output
+// tile as A^T [(G g G^T) . (B^T d B)] A from its 6x6 input tile d, element (k, l) of the 6x6
+// products being xi = 6k + l (k along rows).
+// Input: rows[j] (j < 6) are the 6 input rows of a row of tiles, each readable for
+// 4 * (tiles rounded up to 16) + 8 floats, tile t's columns 4t .. 4t+5;
+//   v[xi * v_stride + t] = (B^T d_t B)[xi] for t < tiles.
+using WinogradInputF32 = void (*)(int64_t tiles, const float* const* rows, float* v, int64_t v_stride);
+// Output: from m[xi * m_stride + t] (readable for tiles rounded up to 16), rows[a] (a < 4), each
+// writable for 4 * (tiles rounded up to 16) floats, get (A^T m_t A)[a][b] at rows[a][4t + b].
+using WinogradOutputF32 = void (*)(int64_t tiles, const float* m, int64_t m_stride, float* const* rows);
+// Weights: w holds `pairs` 3x3 kernels (9 contiguous floats each, row-major);
+//   u[xi * u_stride + q] = (G g_q G^T)[xi] for q < pairs.
+using WinogradWeightF32 = void (*)(int64_t pairs, const float* w, float* u, int64_t u_stride);
+struct WinogradF43 {
+  WinogradInputF32 input;
+  WinogradOutputF32 output;
+  WinogradWeightF32 weight;
+};
 // y[i] = f(x[i]) for n contiguous floats (x and y may be the same array): e^x within 2 ulp (inf
 // above 88.72284, 0 below -103.97208, NaN kept), sigmoid 1 / (1 + e^-x), silu x * sigmoid(x),
 // both within 3 ulp or 1e-40 (silu's tail is x times a sigmoid in the denormal range), gelu
@@ -81,6 +100,7 @@ struct GemmKernels {
   DotF32 dot;
   UnaryF32 exp, sigmoid, silu, gelu;
   PackTransposedF32 pack_transposed;
+  WinogradF43 winograd;
 };
 
 extern const GemmKernels gemm_kernels_generic;  // gemm_kernel_generic.cpp, baseline x86-64
