@@ -326,7 +326,8 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
 // F(4x4, 3x3) (kernels/cpu/conv.cpp use_winograd; the profiler shows the path): against the
 // float64 convolution (im2col + GEMM) of the same values, within 2e-6 (measured 0.9-1.2e-6, five
 // times im2col's rounding), for maps that fill the tiles or not, paddings 0, 1 and 2, several
-// samples, NCHW and channels-last inputs, a bias, and the fused epilogue with a strided residual.
+// samples, NCHW and channels-last inputs, a bias, the fused epilogue with a strided residual, and
+// the input gradient (the convolution of dy by the turned kernels, through Winograd as well).
 TEST(NnOps, Conv2dWinogradMatchesFloat64) {
   struct Case {
     Shape x;
@@ -351,6 +352,19 @@ TEST(NnOps, Conv2dWinogradMatchesFloat64) {
           conv2d(x.to(DType::Float64), w.to(DType::Float64), b.to(DType::Float64), {1, 1}, pad).to(DType::Float32);
       EXPECT_EQ(y.suggest_memory_format(), want.suggest_memory_format()) << where;
       EXPECT_LE(relative_error(y, want), 2e-6) << where;
+      // The input gradient: the same convolution of dy with the kernels turned (Winograd too).
+      const Tensor dy = randn_of(want.shape(), DType::Float32, 7);
+      const Tensor leaf = x.detach().requires_grad_(), leaf64 = x.to(DType::Float64).requires_grad_();
+      {
+        KernelProfiler profiler;
+        conv2d(leaf, w, b, {1, 1}, pad).backward(dy);
+        bool winograd_backward = false;
+        for (const KernelRecord& r : profiler.records())
+          winograd_backward |= r.op == "conv2d_backward_input" && r.path == "winograd F(4x4,3x3)";
+        EXPECT_TRUE(winograd_backward) << where;
+      }
+      conv2d(leaf64, w.to(DType::Float64), b.to(DType::Float64), {1, 1}, pad).backward(dy.to(DType::Float64));
+      EXPECT_LE(relative_error(leaf.grad(), leaf64.grad().to(DType::Float32)), 2e-6) << where;
       const Tensor scale = randn_of({c.O}, DType::Float32, 4), shift = randn_of({c.O}, DType::Float32, 5);
       const Tensor residual = randn_of(want.shape(), DType::Float32, 6).transpose(2, 3).contiguous().transpose(2, 3);
       Tensor fused;

@@ -718,6 +718,28 @@ void winograd_forward(const Operand<const float>& x, const float* w, const Epilo
   }
 }
 
+// The input gradient of a float32 3x3 stride-1 convolution (one group, no dilation, padding up to
+// 2) is the stride-1 3x3 convolution of dy padded by 2 - padding, with the kernels turned half a
+// turn and their input and output channels swapped: through winograd_forward where use_winograd
+// takes that convolution. Returns whether it did.
+bool winograd_backward_input(const Operand<const float>& dy, const float* w, const Operand<float>& dx,
+                             const ConvGeom& g) {
+  if (g.G != 1 || g.kh != 3 || g.kw != 3 || g.sh != 1 || g.sw != 1 || g.dh != 1 || g.dw != 1 || g.ph > 2 || g.pw > 2)
+    return false;
+  ConvGeom t = g;
+  t.C = t.Cg = g.O, t.O = t.Og = g.C;
+  t.H = g.Ho, t.W = g.Wo, t.Ho = g.H, t.Wo = g.W;
+  t.P = g.H * g.W, t.K = g.O * 9;
+  t.ph = 2 - g.ph, t.pw = 2 - g.pw;
+  if (!use_winograd(t)) return false;
+  float* turned = thread_scratch<float, 10>(9 * g.O * g.C);  // (C, O, 3, 3)
+  for (int64_t o = 0; o < g.O; ++o)
+    for (int64_t c = 0; c < g.C; ++c)
+      for (int64_t i = 0; i < 9; ++i) turned[(c * g.O + o) * 9 + i] = w[(o * g.C + c) * 9 + 8 - i];
+  winograd_forward(dy, turned, Epilogue<float>{}, dx, t);
+  return true;
+}
+
 template <typename T>
 void conv_forward(const Operand<const T>& x, const T* w, const Epilogue<T>& e, const Operand<T>& y, const ConvGeom& g) {
   if (g.Cg == 1 && g.G > 1) return depthwise_forward(x, w, e, y, g);
@@ -806,6 +828,8 @@ void conv_forward_bf16(const Operand<const BFloat16>& x, const BFloat16* w, cons
 template <typename T>
 void conv_backward_input(const Operand<const T>& dy, const T* w, const Operand<T>& dx, const ConvGeom& g) {
   if (g.Cg == 1 && g.G > 1) return depthwise_backward_input(dy, w, dx, g);
+  if constexpr (std::is_same_v<T, float>)
+    if (winograd_backward_input(dy, w, dx, g)) return;
   const int64_t nb = samples_per_gemm(g, g.N), batches = (g.N + nb - 1) / nb;
   for_items(batches * g.G, nb * g.Og * g.K * g.P, [&](int64_t b, int64_t e) {
     for (int64_t it = b; it < e; ++it) {
