@@ -101,6 +101,9 @@ void pack_a(int64_t mc, int64_t kc, int64_t mr, const T* A, int64_t rs, int64_t 
     if (rows < mr) std::fill(dst, dst + kc * mr, T(0));
     if (rs == 1) {
       for (int64_t k = 0; k < kc; ++k) std::memcpy(dst + k * mr, A + i0 + k * cs, rows * sizeof(T));
+    } else if (std::is_same_v<T, float> && cs == 1) {  // row-major A (a convolution's weights)
+      active_kernels().pack_transposed(kc, rows, reinterpret_cast<const float*>(A + i0 * rs), rs,
+                                       reinterpret_cast<float*>(dst), mr);
     } else {
       // A transpose: in chunks of 16 columns so the rows' cache lines are read once.
       for (int64_t k0 = 0; k0 < kc; k0 += 16) {

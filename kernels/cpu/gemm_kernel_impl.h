@@ -197,10 +197,24 @@ void pack_transposed(int64_t k_n, int64_t cols, const float* src, int64_t src_ld
       }
       for (int i = 0; i < W; ++i) {
         r[i] = V{};
-        if (i < w) __builtin_memcpy(&r[i], src + (j0 + i) * src_ld + k0, kt * sizeof(float));
+        if (i >= w) continue;
+        if (kt == W)
+          __builtin_memcpy(&r[i], src + (j0 + i) * src_ld + k0, sizeof(V));
+        else
+          __builtin_memcpy(&r[i], src + (j0 + i) * src_ld + k0, kt * sizeof(float));
       }
       transpose_rows<W, W / 2>(r);
-      for (int64_t k = 0; k < kt; ++k) __builtin_memcpy(dst + (k0 + k) * dst_ld + j0, &r[k], w * sizeof(float));
+      // With one block of columns (an A panel of MR < W rows), whole vectors are stored: the lanes
+      // past w spill into the next row's first W - dst_ld, which its own store then overwrites;
+      // the last row of all is stored element by element.
+      const bool spill = j0 == 0 && cols <= W && dst_ld >= w && dst_ld + w >= W;
+      for (int64_t k = 0; k < kt; ++k) {
+        float* d = dst + (k0 + k) * dst_ld + j0;
+        if (spill && k0 + k + 1 < k_n)
+          __builtin_memcpy(d, &r[k], sizeof(V));
+        else
+          for (int64_t j = 0; j < w; ++j) d[j] = r[k][j];
+      }
     }
   }
 }

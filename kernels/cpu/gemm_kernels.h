@@ -64,8 +64,11 @@ using DepthwiseRowF32 = void (*)(int64_t n, int64_t taps, const float* const* ro
                                  float bias, float* y);
 // The dot product of n floats a and b (both contiguous), summed in a fixed order.
 using DotF32 = float (*)(int64_t n, const float* a, const float* b);
-// A transposing copy, as the GEMM packs a transposed B (a linear layer's weight, x @ W^T):
+// A transposing copy, as the GEMM packs a transposed B (a linear layer's weight, x @ W^T) or a
+// row-major A (a convolution's weights):
 //   dst[k * dst_ld + j] = src[j * src_ld + k] for j < cols, k < k_n.
+// With cols below the vector width it may also write zeros after each row's cols values, up to
+// the width, into the row's padding or the next row's start (before that row is written).
 using PackTransposedF32 = void (*)(int64_t k_n, int64_t cols, const float* src, int64_t src_ld, float* dst,
                                    int64_t dst_ld);
 // Winograd F(4x4, 3x3) (Lavin and Gray's transforms): a 3x3 correlation computed per 4x4 output
