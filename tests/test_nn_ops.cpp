@@ -326,15 +326,16 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
 // F(4x4, 3x3) (kernels/cpu/conv.cpp use_winograd; the profiler shows the path): against the
 // float64 convolution (im2col + GEMM) of the same values, within 2e-6 (measured 0.9-1.2e-6, five
 // times im2col's rounding), for maps that fill the tiles or not, paddings 0, 1 and 2, several
-// samples, NCHW and channels-last inputs, a bias, the fused epilogue with a strided residual, and
-// the input gradient (the convolution of dy by the turned kernels, through Winograd as well).
+// samples (small maps: side by side in the GEMMs, 4 then 1), NCHW and channels-last inputs, a bias, the fused epilogue
+// with a strided residual, and the input gradient (the convolution of dy by the turned kernels, through Winograd as
+// well).
 TEST(NnOps, Conv2dWinogradMatchesFloat64) {
   struct Case {
     Shape x;
     int64_t O, pad;
   };
   for (const Case& c : {Case{{1, 16, 24, 24}, 16, 1}, Case{{2, 24, 27, 23}, 40, 1}, Case{{1, 32, 30, 26}, 17, 0},
-                        Case{{1, 16, 17, 33}, 24, 2}})
+                        Case{{1, 16, 17, 33}, 24, 2}, Case{{5, 16, 14, 14}, 20, 1}})
     for (bool channels_last : {false, true}) {
       const std::string where = cat_str(c.x, " O ", c.O, " pad ", c.pad, channels_last ? " channels-last" : "");
       const Tensor x = randn_of(c.x, DType::Float32, 1)
@@ -346,7 +347,7 @@ TEST(NnOps, Conv2dWinogradMatchesFloat64) {
         KernelProfiler profiler;
         y = conv2d(x, w, b, {1, 1}, pad);
         ASSERT_EQ(profiler.records().size(), 1u) << where;
-        EXPECT_EQ(profiler.records()[0].path, "winograd F(4x4,3x3)") << where;
+        EXPECT_EQ(profiler.records()[0].path.rfind("winograd F(4x4,3x3)", 0), 0u) << where;
       }
       const Tensor want =
           conv2d(x.to(DType::Float64), w.to(DType::Float64), b.to(DType::Float64), {1, 1}, pad).to(DType::Float32);
@@ -360,7 +361,7 @@ TEST(NnOps, Conv2dWinogradMatchesFloat64) {
         conv2d(leaf, w, b, {1, 1}, pad).backward(dy);
         bool winograd_backward = false;
         for (const KernelRecord& r : profiler.records())
-          winograd_backward |= r.op == "conv2d_backward_input" && r.path == "winograd F(4x4,3x3)";
+          winograd_backward |= r.op == "conv2d_backward_input" && r.path.rfind("winograd F(4x4,3x3)", 0) == 0;
         EXPECT_TRUE(winograd_backward) << where;
       }
       conv2d(leaf64, w.to(DType::Float64), b.to(DType::Float64), {1, 1}, pad).backward(dy.to(DType::Float64));

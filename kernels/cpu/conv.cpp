@@ -633,55 +633,67 @@ void for_gemm_items(const ConvGeom& g, bool bfloat16, F&& item) {
 
 // ---------------------------------------------------------------- Winograd F(4x4, 3x3)
 
+// Winograd's GEMMs get the tiles of several samples side by side when one sample has few (as
+// samples_per_gemm does for im2col): about kWinogradColumns columns.
+constexpr int64_t kWinogradColumns = 64;
+int64_t winograd_samples(const ConvGeom& g) {
+  const int64_t tiles = (g.Ho + 3) / 4 * ((g.Wo + 3) / 4);
+  return std::clamp<int64_t>((kWinogradColumns + tiles - 1) / tiles, 1, std::max<int64_t>(g.N, 1));
+}
+
 // Whether a float32 convolution takes Winograd F(4x4, 3x3): 3x3, stride 1, no dilation, one
-// group, enough channels for its 36 GEMMs (K = C, M = O) and enough 4x4 output tiles per sample
-// for their columns. Measured on ResNet's, VGG's and DenseNet's shapes (docs/benchmarks.md):
-// 1.6-2.1x faster than im2col + GEMM from 28x28 outputs (49 tiles) up, slower at 14x14 (16
-// tiles) and 7x7, where transforming the weights on each call and the GEMMs' few columns cost
-// more than the 4x fewer multiplications save.
+// group, enough channels for its 36 GEMMs (K = C, M = O) and enough 4x4 output tiles for their
+// columns (winograd_samples' samples together). Measured on ResNet's, VGG's and DenseNet's shapes
+// (docs/benchmarks.md): 1.6-2.1x faster than im2col + GEMM with 49 tiles and more, slower with
+// 16 or 4 (14x14 and 7x7 maps of one sample), where transforming the weights on each call and the
+// GEMMs' few columns cost more than the 4x fewer multiplications save.
 constexpr int64_t kWinogradMinTiles = 36;
 bool use_winograd(const ConvGeom& g) {
   const int64_t tiles = (g.Ho + 3) / 4 * ((g.Wo + 3) / 4);
   return g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.G == 1 && g.C >= 16 &&
-         g.O >= 16 && tiles >= kWinogradMinTiles;
+         g.O >= 16 && tiles * winograd_samples(g) >= kWinogradMinTiles;
 }
 
 // y = the convolution through F(4x4, 3x3) (the instruction set's transforms, gemm_kernels.h
-// WinogradF43), sample by sample: each input channel's plane, zero-padded, becomes its 36
-// transformed planes V (36, C, T) of T tiles; 36 GEMMs M[xi] (O, T) = U[xi] (O, C) @ V[xi]
-// with U (36, O, C) the transformed weights; each output channel's tiles come back from M by the
-// output transform, row by row, get the epilogue and are stored through y's strides. Every
-// element is computed by one thread in a fixed order.
+// WinogradF43), nb = winograd_samples samples at a time: each input plane, zero-padded, becomes
+// its 36 transformed planes of T tiles in V (36, C, nb * T); 36 GEMMs M[xi] (O, nb * T) =
+// U[xi] (O, C) @ V[xi] with U (36, O, C) the transformed weights; each output plane's tiles come
+// back from M by the output transform, row by row, get the epilogue and are stored through y's
+// strides. Every element is computed by one thread in a fixed order.
 void winograd_forward(const Operand<const float>& x, const float* w, const Epilogue<float>& e, const Operand<float>& y,
                       const ConvGeom& g) {
   const WinogradF43& kn = winograd_f43();
   const int64_t th = (g.Ho + 3) / 4, tw = (g.Wo + 3) / 4, T = th * tw;
+  const int64_t nb = winograd_samples(g), cols = nb * T;  // GEMM columns: the tiles of nb samples
   const int64_t row_len = 4 * ((tw + 15) / 16 * 16) + 8;  // readable and writable lengths the kernels need
   const int64_t Hp = 4 * th + 2;                          // padded plane: Hp rows of row_len
   const int64_t pairs = g.O * g.C;
   const int64_t u_stride = pairs + 16;  // not a multiple of 4 KiB: the weight transform's 36 output streams
-  note_kernel_path("winograd F(4x4,3x3)");
+  note_kernel_path(nb > 1 ? "winograd F(4x4,3x3), samples side by side" : "winograd F(4x4,3x3)");
   // The calling thread's scratch (kept between calls: no fresh pages), shared with the others
   // while it waits for them; every element is written before it is read (m's 16 extra floats are
   // read past its end by the output transform's last vector, and dropped).
   float* const wt = thread_scratch<float, 6>(9 * pairs);
   float* const u = thread_scratch<float, 7>(36 * u_stride);
-  float* const v = thread_scratch<float, 8>(36 * g.C * T);
-  float* const m = thread_scratch<float, 9>(36 * g.O * T + 16);
-  // U[xi] is (O, C) column-major, so that the GEMMs read it in place (they have few columns, T):
+  float* const v = thread_scratch<float, 8>(36 * g.C * cols);
+  float* const m = thread_scratch<float, 9>(36 * g.O * cols + 16);
+  // U[xi] is (O, C) column-major, so that the GEMMs read it in place (they have few columns):
   // the kernels in (C, O) order, transformed.
   for (int64_t c = 0; c < g.C; ++c)
     for (int64_t o = 0; o < g.O; ++o)
       std::copy(w + (o * g.C + c) * 9, w + (o * g.C + c) * 9 + 9, wt + (c * g.O + o) * 9);
   parallel_for(pairs, 36 * 9, [&](int64_t b, int64_t end) { kn.weight(end - b, wt + b * 9, u + b, u_stride); });
-  for (int64_t n = 0; n < g.N; ++n) {
-    parallel_for(g.C, Hp * row_len, [&](int64_t c0, int64_t c1) {
-      // The padding is the same for every channel: zeroed once, each channel overwrites the rest.
+  for (int64_t n0 = 0; n0 < g.N; n0 += nb) {
+    const int64_t ns = std::min(nb, g.N - n0), used = ns * T;  // samples and columns of this round
+    // V[xi] (C, cols): sample s's tiles at columns s * T + t.
+    parallel_for(ns * g.C, Hp * row_len, [&](int64_t b, int64_t end) {
+      // The padding is the same for every plane: zeroed once, each plane overwrites the rest.
       float* plane = thread_scratch<float, 0>(Hp * row_len);
       std::fill(plane, plane + Hp * row_len, 0.f);
       const float* rows[6];
-      for (int64_t c = c0; c < c1; ++c) {
-        const float* xc = x.p + n * x.s[0] + c * x.s[1];
+      for (int64_t it = b; it < end; ++it) {
+        const int64_t s = it / g.C, c = it % g.C;
+        const float* xc = x.p + (n0 + s) * x.s[0] + c * x.s[1];
         for (int64_t ih = 0; ih < g.H; ++ih) {
           float* dst = plane + (ih + g.ph) * row_len + g.pw;
           const float* src = xc + ih * x.s[2];
@@ -692,21 +704,23 @@ void winograd_forward(const Operand<const float>& x, const float* w, const Epilo
         }
         for (int64_t i = 0; i < th; ++i) {
           for (int j = 0; j < 6; ++j) rows[j] = plane + (4 * i + j) * row_len;
-          kn.input(tw, rows, v + c * T + i * tw, g.C * T);
+          kn.input(tw, rows, v + c * cols + s * T + i * tw, g.C * cols);
         }
       }
     });
-    parallel_for(36, g.O * g.C * T, [&](int64_t x0, int64_t x1) {
+    parallel_for(36, g.O * g.C * used, [&](int64_t x0, int64_t x1) {
       for (int64_t xi = x0; xi < x1; ++xi)
-        gemm<float>(g.O, T, g.C, u + xi * u_stride, 1, g.O, v + xi * g.C * T, T, 1, m + xi * g.O * T, T, 1, 0.f);
+        gemm<float>(g.O, used, g.C, u + xi * u_stride, 1, g.O, v + xi * g.C * cols, cols, 1, m + xi * g.O * cols, cols,
+                    1, 0.f);
     });
-    parallel_for(g.O, 36 * T, [&](int64_t o0, int64_t o1) {
+    parallel_for(ns * g.O, 36 * T, [&](int64_t b, int64_t end) {
       float* buf = thread_scratch<float, 1>(4 * row_len);
       float* rows[4] = {buf, buf + row_len, buf + 2 * row_len, buf + 3 * row_len};
-      for (int64_t o = o0; o < o1; ++o) {
+      for (int64_t it = b; it < end; ++it) {
+        const int64_t s = it / g.O, o = it % g.O, n = n0 + s;
         float* yo = y.p + n * y.s[0] + o * y.s[1];
         for (int64_t i = 0; i < th; ++i) {
-          kn.output(tw, m + o * T + i * tw, g.O * T, rows);
+          kn.output(tw, m + o * cols + s * T + i * tw, g.O * cols, rows);
           for (int64_t a = 0; a < 4 && 4 * i + a < g.Ho; ++a) {
             const int64_t oh = 4 * i + a;
             epilogue_positions(e, n, o, oh * g.Wo, g.Wo, rows[a], g.Wo);
