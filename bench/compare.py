@@ -20,7 +20,10 @@ then again), so that the machine's drift touches all alike. tvc's steps are time
 over all rounds and tvc's ratio to the best of the three others; --train adds a training step
 (forward, cross-entropy, backward, SGD) against PyTorch's. The header names the date, CPU and
 versions. Every engine computes in float32 (OpenVINO's precision hint is set to f32: on CPUs with
-AMX or AVX512_BF16 it defaults to bfloat16). Timing is wall clock of a whole call (inference: output materialised); every engine's
+AMX or AVX512_BF16 it defaults to bfloat16). With --dtype bfloat16 (inference only) tvc runs
+`tvc bench --dtype bfloat16` (bfloat16 weights of convolutions and linear layers, float32 sums),
+PyTorch under torch.autocast("cpu", bfloat16), OpenVINO with the bf16 precision hint; ONNX Runtime
+has no bfloat16 path on the CPU and stays float32, shown for reference and left out of "best". Timing is wall clock of a whole call (inference: output materialised); every engine's
 fresh random input is made before its clock starts.
 """
 import argparse
@@ -56,9 +59,9 @@ def time_calls(fn, steps, make_input):
     return times
 
 
-def tvc_round(tvc, model, batch, size, threads, steps, train):
+def tvc_round(tvc, model, batch, size, threads, steps, train, dtype="float32"):
     cmd = [tvc, "bench", model, "--batch", str(batch), "--size", str(size), "--threads", str(threads),
-           "--iterations", str(steps)] + (["--train"] if train else [])
+           "--iterations", str(steps), "--dtype", dtype] + (["--train"] if train else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     median = float(re.search(r"median ([0-9.]+) ms", out).group(1)) / 1000
     return [median] * steps  # one median per round, weighted like the others' steps
@@ -76,6 +79,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per engine and round")
     parser.add_argument("--train", action="store_true", help="also time training steps against PyTorch's")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="bfloat16: inference with bfloat16 products where each engine has them")
     parser.add_argument("--train-batch", nargs="+", type=int, default=[8], help="the batches of the training steps")
     args = parser.parse_args()
 
@@ -87,8 +92,12 @@ def main():
 
     print(f"# {datetime.date.today()}, {cpu_name()}, {os.cpu_count()} logical CPUs, {platform.python_version()}; "
           f"torch {torch.__version__}, torchvision {torchvision.__version__}, onnxruntime {ort.__version__}, "
-          f"openvino {ov.__version__}; tvc {args.tvc}")
-    print("| model | batch | threads | tvc ms | PyTorch ms | ONNX Runtime ms | OpenVINO ms | tvc / best |")
+          f"openvino {ov.__version__}; tvc {args.tvc}; {args.dtype}")
+    bf16 = args.dtype == "bfloat16"
+    if bf16 and args.train:
+        parser.error("--dtype bfloat16 times inference only")
+    print(f"| model | batch | threads | tvc ms | PyTorch ms | ONNX Runtime ms{' (float32)' if bf16 else ''} | "
+          "OpenVINO ms | tvc / best |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     train_rows = []
     core = ov.Core()
@@ -111,11 +120,12 @@ def main():
                     # otherwise run in bfloat16.
                     compiled = core.compile_model(onnx_path, "CPU", {"INFERENCE_NUM_THREADS": threads,
                                                                      "PERFORMANCE_HINT": "LATENCY",
-                                                                     "INFERENCE_PRECISION_HINT": "f32"})
+                                                                     "INFERENCE_PRECISION_HINT": "bf16" if bf16
+                                                                     else "f32"})
                 request = compiled.create_infer_request()
 
                 def run_torch(x):
-                    with torch.inference_mode():
+                    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                         model(x)
 
                 def run_ort(x):
@@ -130,7 +140,8 @@ def main():
                 def numpy_input():
                     return np.random.randn(*shape).astype(np.float32)
 
-                engines = {"tvc": lambda steps: tvc_round(args.tvc, name, batch, args.size, threads, steps, False),
+                engines = {"tvc": lambda steps: tvc_round(args.tvc, name, batch, args.size, threads, steps, False,
+                                                          args.dtype),
                            "PyTorch": lambda steps: time_calls(run_torch, steps, torch_input),
                            "ONNX Runtime": lambda steps: time_calls(run_ort, steps, numpy_input),
                            "OpenVINO": lambda steps: time_calls(run_ov, steps, numpy_input)}
@@ -141,7 +152,8 @@ def main():
                     for k, fn in engines.items():
                         times[k] += fn(args.steps)
                 ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
-                best = min(ms["PyTorch"], ms["ONNX Runtime"], ms["OpenVINO"])
+                best = min(ms["PyTorch"], ms["OpenVINO"]) if bf16 else min(ms["PyTorch"], ms["ONNX Runtime"],
+                                                                             ms["OpenVINO"])
                 print(f"| {name} | {batch} | {threads} | {ms['tvc']:.1f} | {ms['PyTorch']:.1f} | "
                       f"{ms['ONNX Runtime']:.1f} | {ms['OpenVINO']:.1f} | {ms['tvc'] / best:.2f} |", flush=True)
                 if args.train and batch in args.train_batch:

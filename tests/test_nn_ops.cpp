@@ -10,6 +10,7 @@
 #include "compare.h"
 #include "torch_golden.h"
 #include "tvc/autograd.h"
+#include "tvc/internal/kernel.h"
 #include "tvc/ops.h"
 #include "tvc/profiler.h"
 
@@ -378,6 +379,25 @@ TEST(NnOps, Conv2dWinogradMatchesFloat64) {
                                      shift.to(DType::Float64).view({1, c.O, 1, 1}) + residual.to(DType::Float64));
       EXPECT_LE(relative_error(fused.to(DType::Float64), want_fused), 2e-6) << where;
     }
+}
+
+// The Winograd transforms of every instruction set of this machine (vector widths 4, 8, 16: the
+// tile rows cut differently) against float64, forward and input gradient.
+TEST(NnOps, Conv2dWinogradOnEveryInstructionSet) {
+  const Tensor x = randn_of({2, 16, 21, 38}, DType::Float32, 1), w = randn_of({24, 16, 3, 3}, DType::Float32, 2);
+  const Tensor dy = randn_of({2, 24, 21, 38}, DType::Float32, 3);
+  const Tensor leaf64 = x.to(DType::Float64).requires_grad_();
+  const Tensor want = conv2d(leaf64, w.to(DType::Float64), Tensor(), {1, 1}, {1, 1});
+  want.backward(dy.to(DType::Float64));
+  for (Isa isa : available_isas()) {
+    set_isa(isa);
+    const Tensor leaf = x.detach().requires_grad_();
+    const Tensor y = conv2d(leaf, w, Tensor(), {1, 1}, {1, 1});
+    y.backward(dy);
+    EXPECT_LE(relative_error(y.to(DType::Float64), want.detach()), 2e-6) << isa_name(isa);
+    EXPECT_LE(relative_error(leaf.grad().to(DType::Float64), leaf64.grad()), 2e-6) << isa_name(isa);
+  }
+  set_isa(available_isas().back());
 }
 
 // A float32 input with a bfloat16 weight (nn::convert_weights_to_bfloat16): without autograd the
