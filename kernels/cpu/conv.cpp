@@ -760,32 +760,30 @@ void conv_forward(const Operand<const T>& x, const T* w, const Epilogue<T>& e, c
   if constexpr (std::is_same_v<T, float>)
     if (use_winograd(g)) return winograd_forward(x, w, e, y, g);
   for_gemm_items(g, false, [&](int64_t n0, int64_t m, int64_t gi) {
-    {
-      const int64_t cols = m * g.P;
-      const Columns<T> B = input_columns(x, n0, m, gi, g);  // (K, cols)
-      const T* wg = w + gi * g.Og * g.K;
-      T* yg = y.p + n0 * y.s[0] + gi * g.Og * y.s[1];
-      // Y (Og, cols) = W_g (Og, K) @ B, into y itself when one dense sample (with the epilogue
-      // applied inside the GEMM, on blocks still in cache), else through out.
-      bool in_place = m == 1 && y.s[2] == g.Wo * y.s[3];
-      if (in_place) {
-        const GemmOutput<T> block_out{&e, n0, gi * g.Og, g.Wo};
-        const GemmEpilogue<T> epilogue{epilogue_gemm_block<T>, &block_out};
-        gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, yg, y.s[1], y.s[3], T(0),
-                e.is_identity() ? nullptr : &epilogue);
-        return;
-      }
-      T* out = thread_scratch<T, 1>(g.Og * cols);
-      gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, out, cols, 1, T(0));
-      parallel_for(g.Og, cols, [&](int64_t o0, int64_t o1) {
-        for (int64_t o = o0; o < o1; ++o)
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t h = 0; h < g.Ho; ++h)
-              for (int64_t q = 0; q < g.Wo; ++q)
-                yg[i * y.s[0] + o * y.s[1] + h * y.s[2] + q * y.s[3]] = out[o * cols + i * g.P + h * g.Wo + q];
-      });
-      apply_epilogue(e, y, n0, n0 + m, gi * g.Og, (gi + 1) * g.Og, g.Ho, g.Wo);
+    const int64_t cols = m * g.P;
+    const Columns<T> B = input_columns(x, n0, m, gi, g);  // (K, cols)
+    const T* wg = w + gi * g.Og * g.K;
+    T* yg = y.p + n0 * y.s[0] + gi * g.Og * y.s[1];
+    // Y (Og, cols) = W_g (Og, K) @ B, into y itself when one dense sample (with the epilogue
+    // applied inside the GEMM, on blocks still in cache), else through out.
+    bool in_place = m == 1 && y.s[2] == g.Wo * y.s[3];
+    if (in_place) {
+      const GemmOutput<T> block_out{&e, n0, gi * g.Og, g.Wo};
+      const GemmEpilogue<T> epilogue{epilogue_gemm_block<T>, &block_out};
+      gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, yg, y.s[1], y.s[3], T(0),
+              e.is_identity() ? nullptr : &epilogue);
+      return;
     }
+    T* out = thread_scratch<T, 1>(g.Og * cols);
+    gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, out, cols, 1, T(0));
+    parallel_for(g.Og, cols, [&](int64_t o0, int64_t o1) {
+      for (int64_t o = o0; o < o1; ++o)
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t h = 0; h < g.Ho; ++h)
+            for (int64_t q = 0; q < g.Wo; ++q)
+              yg[i * y.s[0] + o * y.s[1] + h * y.s[2] + q * y.s[3]] = out[o * cols + i * g.P + h * g.Wo + q];
+    });
+    apply_epilogue(e, y, n0, n0 + m, gi * g.Og, (gi + 1) * g.Og, g.Ho, g.Wo);
   });
 }
 
