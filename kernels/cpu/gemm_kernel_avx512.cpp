@@ -5,9 +5,10 @@
 namespace tvc::cpu {
 
 extern const GemmKernels gemm_kernels_avx512 = {
-    {12, 32, 384, 1536, 384, gemm_micro_kernel<float, 16, 12, 2>},
-    {12, 16, 192, 1536, 384, gemm_micro_kernel<double, 8, 12, 2>},
-    {12, 32, 768, 1536, 384, gemm_micro_kernel_bf16<16, 12, 2, PairDotEmulated<16>>},
+    {12, 32, 384, 1536, 384, gemm_micro_kernel<float, 16, 12, 2>, gemm_micro_kernel<float, 16, 12, 2, true>},
+    {12, 16, 192, 1536, 384, gemm_micro_kernel<double, 8, 12, 2>, gemm_micro_kernel<double, 8, 12, 2, true>},
+    {12, 32, 768, 1536, 384, gemm_micro_kernel_bf16<16, 12, 2, PairDotEmulated<16>>,
+     gemm_micro_kernel_bf16<16, 12, 2, PairDotEmulated<16>, true>},
     {16, 24, fma_peak_loop<16, 24>},
     {16, 24, fma_peak_loop<16, 24>},
     depthwise_row<16>,

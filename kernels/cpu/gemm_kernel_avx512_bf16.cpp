@@ -37,8 +37,13 @@ float dpbf16_peak_loop(int64_t iterations) {
 
 }  // namespace
 
-extern const GemmKernelBF16 gemm_bf16_avx512_native = {12,   32,  768,
-                                                       1536, 384, gemm_micro_kernel_bf16<16, 12, 2, PairDotNative>};
+extern const GemmKernelBF16 gemm_bf16_avx512_native = {12,
+                                                       32,
+                                                       768,
+                                                       1536,
+                                                       384,
+                                                       gemm_micro_kernel_bf16<16, 12, 2, PairDotNative>,
+                                                       gemm_micro_kernel_bf16<16, 12, 2, PairDotNative, true>};
 extern const FmaPeakLoop bf16_peak_avx512_native = {32, 24, dpbf16_peak_loop<24>};
 
 }  // namespace tvc::cpu

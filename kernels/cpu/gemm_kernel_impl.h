@@ -54,8 +54,9 @@ void prefetch_tile(const T* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n)
 // The micro-kernel (GemmMicroKernelF32/F64/BF16): MR elements of an A panel are broadcast, NR =
 // NV * W columns of B are held in NV vectors of W lanes, the MR x NV accumulators (of T) stay in
 // registers over the kn steps of k, each acc = Step::step(acc, a's element, b vector). P is the
-// panels' element: T itself, or a pair of bfloat16 in 32 bits.
-template <typename P, typename T, int W, int MR, int NV, typename Step>
+// panels' element: T itself, or a pair of bfloat16 in 32 bits. ARows: the A panel is read along
+// its rows (element [k][i] at a[i * a_ks + k]).
+template <typename P, typename T, int W, int MR, int NV, typename Step, bool ARows>
 void micro_kernel(int64_t kn, const P* __restrict a, int64_t a_ks, const P* __restrict b, int64_t b_rs, T beta,
                   T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
   typedef T V __attribute__((vector_size(W * sizeof(T))));
@@ -73,7 +74,7 @@ void micro_kernel(int64_t kn, const P* __restrict a, int64_t a_ks, const P* __re
     for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + k * b_rs + v * W, sizeof(PV));
 #pragma GCC unroll 64
     for (int i = 0; i < MR; ++i) {
-      const P ai = a[k * a_ks + i];
+      const P ai = ARows ? a[i * a_ks + k] : a[k * a_ks + i];
 #pragma GCC unroll 64
       for (int v = 0; v < NV; ++v) acc[i][v] = Step::step(acc[i][v], ai, bv[v]);
     }
@@ -90,10 +91,10 @@ struct FmaStep {
 };
 
 // See GemmMicroKernelF32.
-template <typename T, int W, int MR, int NV>
+template <typename T, int W, int MR, int NV, bool ARows = false>
 void gemm_micro_kernel(int64_t kc, const T* __restrict a, int64_t a_ks, const T* __restrict b, int64_t b_rs, T beta,
                        T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
-  micro_kernel<T, T, W, MR, NV, FmaStep>(kc, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n);
+  micro_kernel<T, T, W, MR, NV, FmaStep, ARows>(kc, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n);
 }
 
 // One step of a bfloat16 dot product in W float lanes, as AVX512_BF16's vdpbf16ps does it: each
@@ -117,11 +118,11 @@ struct PairDotEmulated {
 };
 
 // See GemmMicroKernelBF16: kp pairs of k, Dot a PairDotEmulated or the instruction.
-template <int W, int MR, int NV, typename Dot>
+template <int W, int MR, int NV, typename Dot, bool ARows = false>
 void gemm_micro_kernel_bf16(int64_t kp, const uint32_t* __restrict a, int64_t a_ks, const uint32_t* __restrict b,
                             int64_t b_rs, float beta, float* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m,
                             int64_t n) {
-  micro_kernel<uint32_t, float, W, MR, NV, Dot>(kp, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n);
+  micro_kernel<uint32_t, float, W, MR, NV, Dot, ARows>(kp, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n);
 }
 
 template <int W>

@@ -18,7 +18,8 @@ namespace tvc::cpu {
 // (a_ks = MR, 64-byte aligned, zero-padded to MR rows) or A itself when its columns are
 // contiguous, and Bp a B micro-panel of NR full columns (element [k][j] at b[k * b_rs + j]):
 // packed (b_rs = NR, zero-padded) or B itself when its rows are contiguous. Each element's sum
-// runs over k in order.
+// runs over k in order. Each kernel has a second form for an A read in place along its rows
+// (contiguous), MR full rows: element [k][i] at a[i * a_ks + k], a_ks then A's row stride.
 using GemmMicroKernelF32 = void (*)(int64_t kc, const float* a, int64_t a_ks, const float* b, int64_t b_rs, float beta,
                                     float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
 using GemmMicroKernelF64 = void (*)(int64_t kc, const double* a, int64_t a_ks, const double* b, int64_t b_rs,
@@ -27,8 +28,9 @@ using GemmMicroKernelF64 = void (*)(int64_t kc, const double* a, int64_t a_ks, c
 // The bfloat16 micro-kernel: C = Ap @ Bp + beta * C as above, in float32, over kp pairs of k.
 // Each 32-bit element holds the bfloat16 bits of two consecutive k (the even one in the low
 // half; a zero pair past K's end): Ap's pair [p][i] at a[p * a_ks + i] (A's row i, packed: a_ks
-// = MR), Bp's pair [p][j] at b[p * b_rs + j] (B's column j). Each pair adds its odd then its even
-// product to the sum (AVX512_BF16's vdpbf16ps; products are exact in float32), pairs in order.
+// = MR; the rows form: at a[i * a_ks + p]), Bp's pair [p][j] at b[p * b_rs + j] (B's column j).
+// Each pair adds its odd then its even product to the sum (AVX512_BF16's vdpbf16ps; products are
+// exact in float32), pairs in order.
 using GemmMicroKernelBF16 = void (*)(int64_t kp, const uint32_t* a, int64_t a_ks, const uint32_t* b, int64_t b_rs,
                                      float beta, float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
 
@@ -36,15 +38,15 @@ using GemmMicroKernelBF16 = void (*)(int64_t kp, const uint32_t* a, int64_t a_ks
 // the packed B block (kc x nc) in L2, the packed A block (mc x kc) in L3.
 struct GemmKernelF32 {
   int64_t mr, nr, kc, mc, nc;
-  GemmMicroKernelF32 micro;
+  GemmMicroKernelF32 micro, micro_a_rows;
 };
 struct GemmKernelF64 {
   int64_t mr, nr, kc, mc, nc;
-  GemmMicroKernelF64 micro;
+  GemmMicroKernelF64 micro, micro_a_rows;
 };
 struct GemmKernelBF16 {
   int64_t mr, nr, kc, mc, nc;  // kc counts values of k (an even number), not pairs
-  GemmMicroKernelBF16 micro;
+  GemmMicroKernelBF16 micro, micro_a_rows;
 };
 // The instruction set's fp32 peak loop: `chains` independent vector accumulators of `lanes`
 // floats, each updated acc = acc * x + y per iteration (one FMA where the ISA has them), all in
