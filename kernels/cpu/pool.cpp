@@ -100,31 +100,43 @@ T* plane_ptr(const Tensor& t, int64_t n, int64_t c) {
 
 // ---------------------------------------------------------------- forward
 
+// The length of max_plane_values's row of column maxima: from the left padding to the last
+// window's end, and at least to the input row's end.
+int64_t padded_row_length(const Pool2dParams& p, const PlaneGeom& g) {
+  return std::max(p.padding[1] + g.W, (g.Wo - 1) * p.stride[1] + (p.kernel[1] - 1) * p.dilation[1] + 1);
+}
+
 // Max of one plane without indices (inference): each output row's window rows are first reduced
-// column by column into rows_max (W values), then each output takes the max of its window's
-// columns there. Both steps keep the NaN rule, so every value equals the windowed scan's.
+// column by column into rows_max (its W values after the left padding, every other value -inf),
+// then each output takes the max of its window's columns there, tap by tap over the whole output
+// row (best, Wo values). Max ignores the -inf padding (every window holds an input column) and
+// both steps keep the NaN rule, so every value equals the windowed scan's. rows_max holds
+// padded_row_length values.
 template <typename T>
 void max_plane_values(const T* xp, int64_t xs2, int64_t xs3, const Pool2dParams& p, const PlaneGeom& g, T* yp,
-                      int64_t ys2, int64_t ys3, compute_t<T>* rows_max) {
+                      int64_t ys2, int64_t ys3, compute_t<T>* rows_max, compute_t<T>* best) {
   using C = compute_t<T>;
+  constexpr C lowest = -std::numeric_limits<C>::infinity();
+  const int64_t stride = p.stride[1], dilation = p.dilation[1];
+  std::fill(rows_max, rows_max + padded_row_length(p, g), lowest);
+  C* row = rows_max + p.padding[1];
+  auto take = [](C& acc, C v) { acc = (v > acc || v != v) ? v : acc; };
   for (int64_t oh = 0; oh < g.Ho; ++oh) {
     Window rows = max_window(p, g, oh, 0);
-    std::fill(rows_max, rows_max + g.W, -std::numeric_limits<C>::infinity());
+    std::fill(row, row + g.W, lowest);
     for (int64_t h = rows.h0; h < rows.h1; h += rows.dh) {
       const T* xrow = xp + h * xs2;
-      auto take = [&](int64_t w, C v) { rows_max[w] = (v > rows_max[w] || v != v) ? v : rows_max[w]; };
       if (xs3 == 1)  // contiguous rows: a loop the compiler vectorises
-        for (int64_t w = 0; w < g.W; ++w) take(w, static_cast<C>(xrow[w]));
+        for (int64_t w = 0; w < g.W; ++w) take(row[w], static_cast<C>(xrow[w]));
       else
-        for (int64_t w = 0; w < g.W; ++w) take(w, static_cast<C>(xrow[w * xs3]));
+        for (int64_t w = 0; w < g.W; ++w) take(row[w], static_cast<C>(xrow[w * xs3]));
     }
-    for (int64_t ow = 0; ow < g.Wo; ++ow) {
-      Window win = max_window(p, g, 0, ow);
-      C best = -std::numeric_limits<C>::infinity();
-      for (int64_t w = win.w0; w < win.w1; w += win.dw)
-        best = (rows_max[w] > best || rows_max[w] != rows_max[w]) ? rows_max[w] : best;
-      yp[oh * ys2 + ow * ys3] = static_cast<T>(best);
+    std::fill(best, best + g.Wo, lowest);
+    for (int64_t j = 0; j < p.kernel[1]; ++j) {
+      const C* tap = rows_max + j * dilation;
+      for (int64_t ow = 0; ow < g.Wo; ++ow) take(best[ow], tap[ow * stride]);
     }
+    for (int64_t ow = 0; ow < g.Wo; ++ow) yp[oh * ys2 + ow * ys3] = static_cast<T>(best[ow]);
   }
 }
 
@@ -140,10 +152,10 @@ struct MaxForward {
     int64_t xs2 = x.strides()[2], xs3 = x.strides()[3], ys2 = y.strides()[2], ys3 = y.strides()[3];
     if (args.out.size() == 1 && window == max_window) {
       parallel_for(g.N * g.C, plane_work(p, g), [&](int64_t b, int64_t e) {
-        std::vector<C> rows_max(g.W);
+        std::vector<C> rows_max(padded_row_length(p, g)), best(g.Wo);
         for (int64_t it = b; it < e; ++it)
           max_plane_values(plane_ptr<T>(x, it / g.C, it % g.C), xs2, xs3, p, g, plane_ptr<T>(y, it / g.C, it % g.C),
-                           ys2, ys3, rows_max.data());
+                           ys2, ys3, rows_max.data(), best.data());
       });
       return;
     }
