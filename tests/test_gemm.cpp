@@ -4,6 +4,7 @@
 // other; and results that do not change with the thread count.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -386,6 +387,66 @@ TEST(VectorFunctions, MatchFloat64OnEveryInstructionSet) {
       const Tensor odd = x.slice(0, 3, 3 + 37);
       EXPECT_TRUE(same_values(f.op(odd), f.op(x).slice(0, 3, 3 + 37))) << f.name;
     }
+  });
+}
+
+// A convolution's fused epilogue row (cpu::epilogue_row: scale, shift, residual, activation in one
+// pass of the instruction set's kernel) against float64 on every instruction set: each
+// activation with every subset of scale, shift and residual, in place and not, lengths around the
+// vector widths; within the float32 roundings of the sums (2^-21 of their terms' magnitudes)
+// plus 4 ulp; NaN kept.
+TEST(ConvEpilogue, RowKernelMatchesFloat64OnEveryInstructionSet) {
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> dist(-8.0f, 8.0f);
+  const int64_t max_n = 1003;
+  std::vector<float> x(max_n), r(max_n);
+  for (int64_t i = 0; i < max_n; ++i) x[i] = dist(gen), r[i] = dist(gen);
+  x[5] = NAN, x[6] = -0.0f, x[7] = 3.0f, x[8] = -3.0f;
+  const float scale = -1.7f, shift = 0.9f;
+  const cpu::RowActivation acts[] = {cpu::RowActivation::none, cpu::RowActivation::relu, cpu::RowActivation::relu6,
+                                     cpu::RowActivation::silu, cpu::RowActivation::hardswish};
+  auto activation = [](cpu::RowActivation a, double z) {
+    switch (a) {
+      case cpu::RowActivation::relu:
+        return z < 0 ? 0.0 : z;
+      case cpu::RowActivation::relu6:
+        return z < 0 ? 0.0 : z > 6 ? 6.0 : z;
+      case cpu::RowActivation::silu:
+        return z / (1 + std::exp(-z));
+      case cpu::RowActivation::hardswish:
+        return z * std::clamp(z + 3, 0.0, 6.0) / 6;
+      case cpu::RowActivation::none:
+        break;
+    }
+    return z;
+  };
+  for_each_isa([&] {
+    for (cpu::RowActivation act : acts)
+      for (int parts = 0; parts < 8; ++parts)
+        for (int64_t n : {1, 3, 7, 8, 15, 16, 17, 31, 33, 40, 1003})
+          for (bool in_place : {false, true}) {
+            const float* s = parts & 1 ? &scale : nullptr;
+            const float* b = parts & 2 ? &shift : nullptr;
+            const float* res = parts & 4 ? r.data() : nullptr;
+            std::vector<float> y(x.begin(), x.begin() + n);
+            cpu::epilogue_row(n, in_place ? y.data() : x.data(), y.data(), s, b, res, act);
+            for (int64_t i = 0; i < n; ++i) {
+              double z = x[i];
+              if (s) z *= scale;
+              double terms = std::abs(z);
+              if (b) z += shift, terms += std::abs(shift);
+              if (res) z += r[i], terms += std::abs(r[i]);
+              const double want = activation(act, z);
+              const std::string where = cat_str("activation ", static_cast<int>(act), " parts ", parts, " n ", n,
+                                                in_place ? " in place" : "", " at ", i);
+              if (std::isnan(want)) {
+                EXPECT_TRUE(std::isnan(y[i])) << where;
+                continue;
+              }
+              EXPECT_TRUE(std::abs(y[i] - want) <= std::ldexp(terms, -21) + 1e-40 || ulps(y[i], want) <= 4)
+                  << where << ": " << y[i] << " against " << want;
+            }
+          }
   });
 }
 

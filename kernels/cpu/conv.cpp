@@ -143,10 +143,45 @@ void activate(EpilogueActivation a, int64_t n, T* v) {
   }
 }
 
-// v[k] = the epilogue of positions p0 + k (k < len, in row-major (Ho, Wo) order, rows Wo long) of
-// channel o of sample n, in place, v contiguous.
+RowActivation row_activation(EpilogueActivation a) {
+  switch (a) {
+    case EpilogueActivation::ReLU:
+      return RowActivation::relu;
+    case EpilogueActivation::ReLU6:
+      return RowActivation::relu6;
+    case EpilogueActivation::SiLU:
+      return RowActivation::silu;
+    case EpilogueActivation::Hardswish:
+      return RowActivation::hardswish;
+    case EpilogueActivation::None:
+      break;
+  }
+  return RowActivation::none;
+}
+
+// The residual's values at positions p0 .. p0 + len - 1 of channel o of sample n when they are
+// contiguous, else null.
 template <typename T, typename R>
-void epilogue_positions(const Epilogue<T, R>& e, int64_t n, int64_t o, int64_t p0, int64_t Wo, T* v, int64_t len) {
+const R* residual_run(const Epilogue<T, R>& e, int64_t n, int64_t o, int64_t p0, int64_t Wo, int64_t len) {
+  if (e.rs[3] != 1 || (e.rs[2] != Wo && p0 % Wo + len > Wo)) return nullptr;
+  return e.residual + n * e.rs[0] + o * e.rs[1] + p0 / Wo * e.rs[2] + p0 % Wo;
+}
+
+// dst[k] = the epilogue of src[k], positions p0 + k (k < len, in row-major (Ho, Wo) order, rows
+// Wo long) of channel o of sample n; src and dst contiguous, possibly the same. Float32 (with a
+// float32 residual whose values there are contiguous) in one pass of the instruction set's
+// kernel; else in place in dst.
+template <typename T, typename R>
+void epilogue_positions(const Epilogue<T, R>& e, int64_t n, int64_t o, int64_t p0, int64_t Wo, const T* src, T* dst,
+                        int64_t len) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<R, float>) {
+    const float* r = e.residual ? residual_run(e, n, o, p0, Wo, len) : nullptr;
+    if (r || !e.residual)
+      return epilogue_row(len, src, dst, e.scale ? e.scale + o : nullptr, e.shift ? e.shift + o : nullptr, r,
+                          row_activation(e.activation));
+  }
+  if (src != dst) std::copy(src, src + len, dst);
+  T* v = dst;
   const T s = e.scale ? e.scale[o] : T(1), b = e.shift ? e.shift[o] : T(0);
   if (e.scale)
     for (int64_t k = 0; k < len; ++k) v[k] = v[k] * s + b;
@@ -185,12 +220,21 @@ void epilogue_channels(const Epilogue<T>& e, int64_t n, int64_t p, int64_t Wo, i
     for (int64_t c = 0; c < count; ++c) v[c * step] = run[c];
 }
 
+// Row oh of output channel o of sample n, Wo sums at row (which may be overwritten), through the
+// epilogue into its place in yo (that channel's plane of y, strides ys).
+void store_output_row(const Epilogue<float>& e, int64_t n, int64_t o, int64_t oh, int64_t Wo, float* row, float* yo,
+                      const int64_t* ys) {
+  if (ys[3] == 1) return epilogue_positions(e, n, o, oh * Wo, Wo, row, yo + oh * ys[2], Wo);
+  epilogue_positions(e, n, o, oh * Wo, Wo, row, row, Wo);
+  for (int64_t ow = 0; ow < Wo; ++ow) yo[oh * ys[2] + ow * ys[3]] = row[ow];
+}
+
 // Output channel o of sample n as a (Ho, Wo) plane with contiguous rows (row stride y_rs): the
 // epilogue applied in place, in one run when the rows follow each other.
 template <typename T>
 void epilogue_plane(const Epilogue<T>& e, int64_t n, int64_t o, T* y, int64_t y_rs, int64_t Ho, int64_t Wo) {
-  if (y_rs == Wo) return epilogue_positions(e, n, o, 0, Wo, y, Ho * Wo);
-  for (int64_t h = 0; h < Ho; ++h) epilogue_positions(e, n, o, h * Wo, Wo, y + h * y_rs, Wo);
+  if (y_rs == Wo) return epilogue_positions(e, n, o, 0, Wo, y, y, Ho * Wo);
+  for (int64_t h = 0; h < Ho; ++h) epilogue_positions(e, n, o, h * Wo, Wo, y + h * y_rs, y + h * y_rs, Wo);
 }
 
 // The epilogue on channels [o0, o1) of samples [n0, n1) of y, in place, split over threads: per
@@ -231,7 +275,10 @@ void epilogue_gemm_block(const void* ctx, T* c, int64_t c_rs, int64_t c_cs, int6
                          int64_t cols) {
   const auto& out = *static_cast<const GemmOutput<T>*>(ctx);
   if (c_cs == 1) {
-    for (int64_t i = 0; i < m; ++i) epilogue_positions(*out.e, out.n, out.o0 + i0 + i, j0, out.Wo, c + i * c_rs, cols);
+    for (int64_t i = 0; i < m; ++i) {
+      T* row = c + i * c_rs;
+      epilogue_positions(*out.e, out.n, out.o0 + i0 + i, j0, out.Wo, row, row, cols);
+    }
     return;
   }
   T* tmp = thread_scratch<T, 4>(m);
@@ -341,11 +388,11 @@ int64_t tap_offset(const ConvGeom& g, int64_t Wp, int64_t i, int64_t j) { return
 // xp, and output (oh, ow) is element q = oh * Wp + ow of a flat result whose tap (i, j) is
 // xp[stride * q + i * dh * Wp + j * dw]; the q with ow >= Wo are computed and dropped. Short rows
 // (small maps, 5x5 windows) become whole vectors this way. Taps over the padding add exact zeros,
-// so every output is the sum over the taps inside the input, in tap order. y_rs is y's row
-// stride (its columns contiguous); xp holds Hp * Wp + 64 floats, yq (Ho - 1) * Wp + Wo, rows and
-// tap_w kh * kw.
+// so every output is the sum over the taps inside the input, in tap order. The result stays in
+// yq (output row oh at yq + oh * Wp), for the caller's epilogue to store; xp holds Hp * Wp + 64
+// floats, yq (Ho - 1) * Wp + Wo, rows and tap_w kh * kw.
 void depthwise_plane_flat(const float* x, int64_t x_rs, int64_t x_cs, const float* w, float bias, const ConvGeom& g,
-                          float* y, int64_t y_rs, float* xp, float* yq, const float** rows, float* tap_w) {
+                          float* xp, float* yq, const float** rows, float* tap_w) {
   const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw;
   std::fill(xp, xp + Hp * Wp + 64, 0.f);  // the stride-2 kernel's last vector loads may read past the end
   for (int64_t h = 0; h < g.H; ++h) {
@@ -361,7 +408,6 @@ void depthwise_plane_flat(const float* x, int64_t x_rs, int64_t x_cs, const floa
       tap_w[t] = w[t];
     }
   depthwise_row((g.Ho - 1) * Wp + g.Wo, g.kh * g.kw, rows, tap_w, g.sw, bias, yq);
-  for (int64_t oh = 0; oh < g.Ho; ++oh) std::copy(yq + oh * Wp, yq + oh * Wp + g.Wo, y + oh * y_rs);
 }
 
 // The epilogue left after a depthwise plane started from `first` (the shift when there is no
@@ -391,20 +437,22 @@ void depthwise_forward(const Operand<const T>& x, const T* w, const Epilogue<T>&
       const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, taps = g.kh * g.kw;
       parallel_for(g.N * g.O, g.P * taps, [&](int64_t b, int64_t end) {
         float* xp = thread_scratch<float, 0>(Hp * Wp + 64);
-        float* yq = thread_scratch<float, 1>((g.Ho - 1) * Wp + g.Wo + g.P);
-        float* buf = yq + (g.Ho - 1) * Wp + g.Wo;  // the plane, when y's columns are strided
+        float* yq = thread_scratch<float, 1>((g.Ho - 1) * Wp + g.Wo);
         std::vector<const float*> rows(taps);
         std::vector<float> tap_w(taps);
         for (int64_t it = b; it < end; ++it) {
           int64_t n = it / g.O, o = it % g.O, c = o / g.Og;
           float* yp = y.p + n * y.s[0] + o * y.s[1];
-          bool direct = y.s[3] == 1;
           depthwise_plane_flat(x.p + n * x.s[0] + c * x.s[1], x.s[2], x.s[3], w + o * taps, first ? first[o] : 0.f, g,
-                               direct ? yp : buf, direct ? y.s[2] : g.Wo, xp, yq, rows.data(), tap_w.data());
-          if (!rest.is_identity()) epilogue_plane(rest, n, o, direct ? yp : buf, direct ? y.s[2] : g.Wo, g.Ho, g.Wo);
-          if (!direct)
-            for (int64_t oh = 0; oh < g.Ho; ++oh)
-              for (int64_t ow = 0; ow < g.Wo; ++ow) yp[oh * y.s[2] + ow * y.s[3]] = buf[oh * g.Wo + ow];
+                               xp, yq, rows.data(), tap_w.data());
+          // The rest of the epilogue: without a residual over the whole flat result in one run (the
+          // dropped columns too: whole vectors on short rows), else row by row on the way out.
+          if (!rest.residual) {
+            epilogue_positions(rest, n, o, 0, (g.Ho - 1) * Wp + g.Wo, yq, yq, (g.Ho - 1) * Wp + g.Wo);
+            for (int64_t oh = 0; oh < g.Ho; ++oh) store_output_row({}, n, o, oh, g.Wo, yq + oh * Wp, yp, y.s);
+          } else {
+            for (int64_t oh = 0; oh < g.Ho; ++oh) store_output_row(rest, n, o, oh, g.Wo, yq + oh * Wp, yp, y.s);
+          }
         }
       });
       return;
@@ -723,8 +771,7 @@ void winograd_forward(const Operand<const float>& x, const float* w, const Epilo
           kn.output(tw, m + o * cols + s * T + i * tw, g.O * cols, rows);
           for (int64_t a = 0; a < 4 && 4 * i + a < g.Ho; ++a) {
             const int64_t oh = 4 * i + a;
-            epilogue_positions(e, n, o, oh * g.Wo, g.Wo, rows[a], g.Wo);
-            for (int64_t ow = 0; ow < g.Wo; ++ow) yo[oh * y.s[2] + ow * y.s[3]] = rows[a][ow];
+            store_output_row(e, n, o, oh, g.Wo, rows[a], yo, y.s);
           }
         }
       }
@@ -807,7 +854,7 @@ void epilogue_into(const void* ctx, float* c, int64_t c_rs, int64_t /*c_cs: 1, C
     for (int64_t j = j0; j < j0 + cols;) {  // in runs inside one sample
       const int64_t s = j / out.P, p0 = j % out.P, len = std::min(j0 + cols - j, out.P - p0);
       float* v = c + i * c_rs + (j - j0);
-      epilogue_positions(*out.e, out.n0 + s, o, p0, out.Wo, v, len);
+      epilogue_positions(*out.e, out.n0 + s, o, p0, out.Wo, v, v, len);
       Y* yp = y.p + (out.n0 + s) * y.s[0] + o * y.s[1];
       if (y.s[3] == 1 && y.s[2] == out.Wo) {
         for (int64_t k = 0; k < len; ++k) yp[p0 + k] = Y(v[k]);

@@ -395,6 +395,11 @@ void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const floa
 
 float dot(int64_t n, const float* a, const float* b) { return active_kernels().dot(n, a, b); }
 
+void epilogue_row(int64_t n, const float* x, float* y, const float* scale, const float* shift, const float* residual,
+                  RowActivation act) {
+  active_kernels().epilogue(n, x, y, scale, shift, residual, act);
+}
+
 const WinogradF43& winograd_f43() { return active_kernels().winograd; }
 
 void vector_function(VectorFunction f, int64_t n, const float* x, float* y) {

@@ -45,6 +45,12 @@ const WinogradF43& winograd_f43();
 // in a fixed order (gemm_kernels.h, DotF32).
 float dot(int64_t n, const float* a, const float* b);
 
+// A convolution's epilogue over n contiguous floats with the active instruction set's kernel
+// (gemm_kernels.h, EpilogueRowF32): y[k] = act(x[k] * scale + shift + residual[k]), each of
+// scale, shift, residual left out when null; y may be x.
+void epilogue_row(int64_t n, const float* x, float* y, const float* scale, const float* shift, const float* residual,
+                  RowActivation act);
+
 // y[i] = f(x[i]) for n contiguous floats (x and y may be the same array) with the active
 // instruction set's kernel (gemm_kernels.h, UnaryF32): e^x, sigmoid, silu, gelu (erf form).
 enum class VectorFunction { exp, sigmoid, silu, gelu };

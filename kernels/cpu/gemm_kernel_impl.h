@@ -519,6 +519,77 @@ void store_lanes(typename FloatVector<W>::type x, int64_t n, float* p) {
     for (int64_t i = 0; i < n; ++i) p[i] = x[i];
 }
 
+// ---------------------------------------------------------------- convolution epilogue
+
+template <int W, RowActivation Act>
+typename FloatVector<W>::type activation_lanes(typename FloatVector<W>::type v) {
+  typedef typename FloatVector<W>::type V;
+  if constexpr (Act == RowActivation::relu) {
+    return v < 0.f ? V{} : v;
+  } else if constexpr (Act == RowActivation::relu6) {
+    const V x = v < 0.f ? V{} : v;
+    return x > 6.f ? V{} + 6.f : x;
+  } else if constexpr (Act == RowActivation::silu) {
+    return v * sigmoid_lanes<W>(v);
+  } else if constexpr (Act == RowActivation::hardswish) {
+    V r = v + 3.f;
+    r = r < 0.f ? V{} : r;
+    r = r > 6.f ? V{} + 6.f : r;
+    return v * r / 6.f;
+  } else {
+    return v;
+  }
+}
+
+template <int W, RowActivation Act>
+void epilogue_lanes(int64_t n, const float* x, float* y, const float* scale, const float* shift,
+                    const float* residual) {
+  typedef typename FloatVector<W>::type V;
+  const float s = scale ? *scale : 1.f, b = shift ? *shift : 0.f;
+  auto one = [&](V v, V r) {
+    if (scale)
+      v = v * s + b;
+    else if (shift)
+      v = v + b;
+    if (residual) v = v + r;
+    return activation_lanes<W, Act>(v);
+  };
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    V v, r{};
+    __builtin_memcpy(&v, x + i, sizeof(V));
+    if (residual) __builtin_memcpy(&r, residual + i, sizeof(V));
+    v = one(v, r);
+    __builtin_memcpy(y + i, &v, sizeof(V));
+  }
+  if (i < n) {  // the tail through zero-padded vectors
+    float xb[W] = {}, rb[W] = {};
+    for (int64_t k = i; k < n; ++k) xb[k - i] = x[k], rb[k - i] = residual ? residual[k] : 0.f;
+    V v, r;
+    __builtin_memcpy(&v, xb, sizeof(V));
+    __builtin_memcpy(&r, rb, sizeof(V));
+    store_lanes<W>(one(v, r), n - i, y + i);
+  }
+}
+
+// See EpilogueRowF32.
+template <int W>
+void epilogue_f32(int64_t n, const float* x, float* y, const float* scale, const float* shift, const float* residual,
+                  RowActivation act) {
+  switch (act) {
+    case RowActivation::none:
+      return epilogue_lanes<W, RowActivation::none>(n, x, y, scale, shift, residual);
+    case RowActivation::relu:
+      return epilogue_lanes<W, RowActivation::relu>(n, x, y, scale, shift, residual);
+    case RowActivation::relu6:
+      return epilogue_lanes<W, RowActivation::relu6>(n, x, y, scale, shift, residual);
+    case RowActivation::silu:
+      return epilogue_lanes<W, RowActivation::silu>(n, x, y, scale, shift, residual);
+    case RowActivation::hardswish:
+      return epilogue_lanes<W, RowActivation::hardswish>(n, x, y, scale, shift, residual);
+  }
+}
+
 // See WinogradInputF32.
 template <int W>
 void winograd_input_f43(int64_t tiles, const float* const* rows, float* v, int64_t v_stride) {

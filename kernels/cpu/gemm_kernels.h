@@ -96,6 +96,15 @@ struct WinogradF43 {
 // both within 3 ulp or 1e-40 (silu's tail is x times a sigmoid in the denormal range), gelu
 // x * Phi(x) (erf form) within 8 ulp or 1e-40.
 using UnaryF32 = void (*)(int64_t n, const float* x, float* y);
+// The activations of a convolution's epilogue, in the order of tvc's EpilogueActivation.
+enum class RowActivation { none, relu, relu6, silu, hardswish };
+// A convolution's epilogue over n contiguous floats (y may be x):
+//   y[k] = act(x[k] * scale + shift + residual[k])
+// where a null scale, shift (one value each) or residual (n contiguous values) leaves its step
+// out, and act keeps NaN: relu x < 0 ? 0 : x, relu6 that clamped to 6, silu as UnaryF32's,
+// hardswish x * clamp(x + 3, 0, 6) / 6.
+using EpilogueRowF32 = void (*)(int64_t n, const float* x, float* y, const float* scale, const float* shift,
+                                const float* residual, RowActivation act);
 struct GemmKernels {
   GemmKernelF32 f32;
   GemmKernelF64 f64;
@@ -104,6 +113,7 @@ struct GemmKernels {
   DepthwiseRowF32 depthwise_row;
   DotF32 dot;
   UnaryF32 exp, sigmoid, silu, gelu;
+  EpilogueRowF32 epilogue;
   PackTransposedF32 pack_transposed;
   WinogradF43 winograd;
 };
