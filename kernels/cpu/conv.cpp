@@ -174,6 +174,10 @@ const R* residual_run(const Epilogue<T, R>& e, int64_t n, int64_t o, int64_t p0,
 template <typename T, typename R>
 void epilogue_positions(const Epilogue<T, R>& e, int64_t n, int64_t o, int64_t p0, int64_t Wo, const T* src, T* dst,
                         int64_t len) {
+  if (e.is_identity()) {
+    if (src != dst) std::copy(src, src + len, dst);
+    return;
+  }
   if constexpr (std::is_same_v<T, float> && std::is_same_v<R, float>) {
     const float* r = e.residual ? residual_run(e, n, o, p0, Wo, len) : nullptr;
     if (r || !e.residual)
@@ -237,32 +241,6 @@ void epilogue_plane(const Epilogue<T>& e, int64_t n, int64_t o, T* y, int64_t y_
   for (int64_t h = 0; h < Ho; ++h) epilogue_positions(e, n, o, h * Wo, Wo, y + h * y_rs, y + h * y_rs, Wo);
 }
 
-// The epilogue on channels [o0, o1) of samples [n0, n1) of y, in place, split over threads: per
-// channel plane when y's planes have contiguous rows, else per position over the channels.
-template <typename T>
-void apply_epilogue(const Epilogue<T>& e, const Operand<T>& y, int64_t n0, int64_t n1, int64_t o0, int64_t o1,
-                    int64_t Ho, int64_t Wo) {
-  if (e.is_identity()) return;
-  const int64_t channels = o1 - o0, samples = n1 - n0, P = Ho * Wo;
-  if (y.s[3] == 1) {
-    parallel_for(samples * channels, P, [&](int64_t b, int64_t end) {
-      for (int64_t it = b; it < end; ++it) {
-        int64_t n = n0 + it / channels, o = o0 + it % channels;
-        epilogue_plane(e, n, o, y.p + n * y.s[0] + o * y.s[1], y.s[2], Ho, Wo);
-      }
-    });
-    return;
-  }
-  parallel_for(samples * P, channels, [&](int64_t b, int64_t end) {
-    std::vector<T> tmp(static_cast<size_t>(channels));
-    for (int64_t it = b; it < end; ++it) {
-      const int64_t n = n0 + it / P, p = it % P;
-      epilogue_channels(e, n, p, Wo, o0, y.p + n * y.s[0] + o0 * y.s[1] + p / Wo * y.s[2] + p % Wo * y.s[3], y.s[1],
-                        channels, tmp.data());
-    }
-  });
-}
-
 // The epilogue inside the GEMM of one sample's group (GemmEpilogue): C's rows are channels from
 // o0, its columns the sample's positions (y itself, (H, W) flattened to one stride).
 template <typename T>
@@ -284,6 +262,49 @@ void epilogue_gemm_block(const void* ctx, T* c, int64_t c_rs, int64_t c_cs, int6
   T* tmp = thread_scratch<T, 4>(m);
   for (int64_t j = 0; j < cols; ++j)
     epilogue_channels(*out.e, out.n, j0 + j, out.Wo, out.o0 + i0, c + j * c_cs, c_rs, m, tmp);
+}
+
+// Where a convolution GEMM's sums go when it does not write y itself (GemmEpilogue): C is the
+// item's dense (Og, m*P) block of samples from n0, rows channels from o0; each finished block
+// gets the epilogue while in cache and is stored into y (of Y: the sums' type T, or bfloat16 for
+// float32 sums, rounded once).
+template <typename T, typename Y>
+struct ConvBlockOutput {
+  const Epilogue<T, Y>* e;
+  Operand<Y> y;
+  int64_t n0, o0, P, Wo;
+};
+template <typename T, typename Y>
+void epilogue_into(const void* ctx, T* c, int64_t c_rs, int64_t /*c_cs: 1, C is row-major*/, int64_t i0, int64_t rows,
+                   int64_t j0, int64_t cols) {
+  const auto& out = *static_cast<const ConvBlockOutput<T, Y>*>(ctx);
+  const Operand<Y>& y = out.y;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t o = out.o0 + i0 + i;
+    for (int64_t j = j0; j < j0 + cols;) {  // in runs inside one sample
+      const int64_t s = j / out.P, p0 = j % out.P, len = std::min(j0 + cols - j, out.P - p0);
+      T* v = c + i * c_rs + (j - j0);
+      Y* yp = y.p + (out.n0 + s) * y.s[0] + o * y.s[1];
+      const bool dense = y.s[3] == 1 && y.s[2] == out.Wo;
+      if constexpr (std::is_same_v<T, Y>) {
+        if (dense) {
+          epilogue_positions(*out.e, out.n0 + s, o, p0, out.Wo, v, yp + p0, len);
+          j += len;
+          continue;
+        }
+      }
+      epilogue_positions(*out.e, out.n0 + s, o, p0, out.Wo, v, v, len);
+      if (dense) {
+        for (int64_t k = 0; k < len; ++k) yp[p0 + k] = Y(v[k]);
+      } else {
+        for (int64_t k = 0, h = p0 / out.Wo, w = p0 % out.Wo; k < len; ++k) {
+          yp[h * y.s[2] + w * y.s[3]] = Y(v[k]);
+          if (++w == out.Wo) w = 0, ++h;
+        }
+      }
+      j += len;
+    }
+  }
 }
 
 // col (K, P) <- the receptive fields of channels [0, Cg) of x (x points at sample n, channel
@@ -811,8 +832,9 @@ void conv_forward(const Operand<const T>& x, const T* w, const Epilogue<T>& e, c
     const Columns<T> B = input_columns(x, n0, m, gi, g);  // (K, cols)
     const T* wg = w + gi * g.Og * g.K;
     T* yg = y.p + n0 * y.s[0] + gi * g.Og * y.s[1];
-    // Y (Og, cols) = W_g (Og, K) @ B, into y itself when one dense sample (with the epilogue
-    // applied inside the GEMM, on blocks still in cache), else through out.
+    // Y (Og, cols) = W_g (Og, K) @ B, into y itself when one dense sample, else into a block
+    // stored into y by epilogue_into; either way the epilogue is applied inside the GEMM, on
+    // blocks still in cache.
     bool in_place = m == 1 && y.s[2] == g.Wo * y.s[3];
     if (in_place) {
       const GemmOutput<T> block_out{&e, n0, gi * g.Og, g.Wo};
@@ -821,52 +843,11 @@ void conv_forward(const Operand<const T>& x, const T* w, const Epilogue<T>& e, c
               e.is_identity() ? nullptr : &epilogue);
       return;
     }
-    T* out = thread_scratch<T, 1>(g.Og * cols);
-    gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, out, cols, 1, T(0));
-    parallel_for(g.Og, cols, [&](int64_t o0, int64_t o1) {
-      for (int64_t o = o0; o < o1; ++o)
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t h = 0; h < g.Ho; ++h)
-            for (int64_t q = 0; q < g.Wo; ++q)
-              yg[i * y.s[0] + o * y.s[1] + h * y.s[2] + q * y.s[3]] = out[o * cols + i * g.P + h * g.Wo + q];
-    });
-    apply_epilogue(e, y, n0, n0 + m, gi * g.Og, (gi + 1) * g.Og, g.Ho, g.Wo);
+    T* sums = thread_scratch<T, 1>(g.Og * cols);
+    const ConvBlockOutput<T, T> out{&e, y, n0, gi * g.Og, g.P, g.Wo};
+    const GemmEpilogue<T> epilogue{epilogue_into<T, T>, &out};
+    gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, sums, cols, 1, T(0), &epilogue);
   });
-}
-
-// Where the float32 sums of a bfloat16 convolution's GEMM go (GemmEpilogue): C is the item's
-// dense (Og, m*P) block of samples from n0, rows channels from o0; each finished block gets the
-// epilogue in float32 while in cache and is stored into y (of Y: bfloat16, rounded once, or
-// float32).
-template <typename Y>
-struct Bf16ConvOutput {
-  const Epilogue<float, Y>* e;
-  Operand<Y> y;
-  int64_t n0, o0, P, Wo;
-};
-template <typename Y>
-void epilogue_into(const void* ctx, float* c, int64_t c_rs, int64_t /*c_cs: 1, C is row-major*/, int64_t i0,
-                   int64_t rows, int64_t j0, int64_t cols) {
-  const auto& out = *static_cast<const Bf16ConvOutput<Y>*>(ctx);
-  const Operand<Y>& y = out.y;
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t o = out.o0 + i0 + i;
-    for (int64_t j = j0; j < j0 + cols;) {  // in runs inside one sample
-      const int64_t s = j / out.P, p0 = j % out.P, len = std::min(j0 + cols - j, out.P - p0);
-      float* v = c + i * c_rs + (j - j0);
-      epilogue_positions(*out.e, out.n0 + s, o, p0, out.Wo, v, v, len);
-      Y* yp = y.p + (out.n0 + s) * y.s[0] + o * y.s[1];
-      if (y.s[3] == 1 && y.s[2] == out.Wo) {
-        for (int64_t k = 0; k < len; ++k) yp[p0 + k] = Y(v[k]);
-      } else {
-        for (int64_t k = 0, h = p0 / out.Wo, w = p0 % out.Wo; k < len; ++k) {
-          yp[h * y.s[2] + w * y.s[3]] = Y(v[k]);
-          if (++w == out.Wo) w = 0, ++h;
-        }
-      }
-      j += len;
-    }
-  }
 }
 
 // A convolution of a bfloat16 input and weight other than depthwise: gemm's bfloat16 form
@@ -878,8 +859,8 @@ void conv_forward_bf16(const Operand<const BFloat16>& x, const BFloat16* w, cons
     const int64_t cols = m * g.P;
     const Columns<BFloat16> B = input_columns(x, n0, m, gi, g);  // (K, cols)
     float* sums = thread_scratch<float, 1>(g.Og * cols);
-    const Bf16ConvOutput<Y> out{&e, y, n0, gi * g.Og, g.P, g.Wo};
-    const GemmEpilogue<float> epilogue{epilogue_into<Y>, &out};
+    const ConvBlockOutput<float, Y> out{&e, y, n0, gi * g.Og, g.P, g.Wo};
+    const GemmEpilogue<float> epilogue{epilogue_into<float, Y>, &out};
     gemm(g.Og, cols, g.K, w + gi * g.Og * g.K, g.K, 1, B.p, B.rs, B.cs, sums, cols, 1, 0.f, &epilogue);
   });
 }

@@ -338,10 +338,24 @@ typename FloatVector<W>::type exp_lanes(typename FloatVector<W>::type x) {
   return y;
 }
 
-// See UnaryF32: whole vectors, then the tail through a zero-padded vector.
+// See UnaryF32: whole vectors; the tail as the last W values, loaded before the loop (which may
+// overwrite them in place) and stored after it, the overlap getting the same values again; fewer
+// than W values through a zero-padded vector.
 template <int W, typename F>
 void map_lanes(int64_t n, const float* x, float* y, F f) {
   typedef typename FloatVector<W>::type V;
+  if (n < W) {
+    float buf[W] = {};
+    for (int64_t k = 0; k < n; ++k) buf[k] = x[k];
+    V v;
+    __builtin_memcpy(&v, buf, sizeof(V));
+    v = f(v);
+    __builtin_memcpy(buf, &v, sizeof(V));
+    for (int64_t k = 0; k < n; ++k) y[k] = buf[k];
+    return;
+  }
+  V last;
+  __builtin_memcpy(&last, x + n - W, sizeof(V));
   int64_t i = 0;
   for (; i + W <= n; i += W) {
     V v;
@@ -350,13 +364,8 @@ void map_lanes(int64_t n, const float* x, float* y, F f) {
     __builtin_memcpy(y + i, &v, sizeof(V));
   }
   if (i < n) {
-    float buf[W] = {};
-    for (int64_t k = i; k < n; ++k) buf[k - i] = x[k];
-    V v;
-    __builtin_memcpy(&v, buf, sizeof(V));
-    v = f(v);
-    __builtin_memcpy(buf, &v, sizeof(V));
-    for (int64_t k = i; k < n; ++k) y[k] = buf[k - i];
+    last = f(last);
+    __builtin_memcpy(y + n - W, &last, sizeof(V));
   }
 }
 
@@ -541,6 +550,7 @@ typename FloatVector<W>::type activation_lanes(typename FloatVector<W>::type v) 
   }
 }
 
+// The tail as map_lanes's.
 template <int W, RowActivation Act>
 void epilogue_lanes(int64_t n, const float* x, float* y, const float* scale, const float* shift,
                     const float* residual) {
@@ -554,6 +564,18 @@ void epilogue_lanes(int64_t n, const float* x, float* y, const float* scale, con
     if (residual) v = v + r;
     return activation_lanes<W, Act>(v);
   };
+  if (n < W) {
+    float xb[W] = {}, rb[W] = {};
+    for (int64_t k = 0; k < n; ++k) xb[k] = x[k], rb[k] = residual ? residual[k] : 0.f;
+    V v, r;
+    __builtin_memcpy(&v, xb, sizeof(V));
+    __builtin_memcpy(&r, rb, sizeof(V));
+    store_lanes<W>(one(v, r), n, y);
+    return;
+  }
+  V last, last_r{};
+  __builtin_memcpy(&last, x + n - W, sizeof(V));
+  if (residual) __builtin_memcpy(&last_r, residual + n - W, sizeof(V));
   int64_t i = 0;
   for (; i + W <= n; i += W) {
     V v, r{};
@@ -562,13 +584,9 @@ void epilogue_lanes(int64_t n, const float* x, float* y, const float* scale, con
     v = one(v, r);
     __builtin_memcpy(y + i, &v, sizeof(V));
   }
-  if (i < n) {  // the tail through zero-padded vectors
-    float xb[W] = {}, rb[W] = {};
-    for (int64_t k = i; k < n; ++k) xb[k - i] = x[k], rb[k - i] = residual ? residual[k] : 0.f;
-    V v, r;
-    __builtin_memcpy(&v, xb, sizeof(V));
-    __builtin_memcpy(&r, rb, sizeof(V));
-    store_lanes<W>(one(v, r), n - i, y + i);
+  if (i < n) {
+    last = one(last, last_r);
+    __builtin_memcpy(y + n - W, &last, sizeof(V));
   }
 }
 
