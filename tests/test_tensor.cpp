@@ -356,3 +356,53 @@ TEST(Tensor, MemoryMappedStorage) {
   EXPECT_THROW(Storage::map_file(path + ".missing"), Error);
   std::remove(path.c_str());
 }
+
+// Large CPU blocks go back to a cache when their tensor dies and serve the next request of their
+// size or up to 1/8 smaller (a model's activations then reuse their pages); the limit bounds what
+// is kept, and empty_cpu_cache gives it all back.
+TEST(Storage, LargeBlocksAreKeptForReuse) {
+  empty_cpu_cache();
+  const size_t limit = cpu_cache_limit();
+  ASSERT_GT(limit, size_t{64} << 20);
+  const int64_t n = int64_t{1} << 20;  // 4 MiB of float32
+  const void* first = nullptr;
+  {
+    Tensor t = empty({n});
+    first = t.raw_data();
+    EXPECT_EQ(cpu_cached_bytes(), 0u);
+  }
+  EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 4);
+  {
+    Tensor same = empty({n});
+    EXPECT_EQ(same.raw_data(), first);  // the kept block
+    EXPECT_EQ(cpu_cached_bytes(), 0u);
+  }
+  {
+    Tensor smaller = empty({n - n / 10});  // within 1/8: the same block again
+    EXPECT_EQ(smaller.raw_data(), first);
+    smaller.fill_(1.0);
+    EXPECT_EQ(sum(smaller).item<double>(), double(n - n / 10));
+  }
+  EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 4);  // the block keeps its own size
+  {
+    Tensor half = empty({n / 2});  // much smaller: a block of its own
+    EXPECT_NE(half.raw_data(), first);
+    EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 4);
+  }
+  EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 6);
+  {
+    Tensor small = empty({1000});  // below 1 MiB: never kept
+  }
+  EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 6);
+  set_cpu_cache_limit(size_t(n) * 5);  // frees the largest blocks beyond the limit
+  EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 2);
+  set_cpu_cache_limit(0);
+  EXPECT_EQ(cpu_cached_bytes(), 0u);
+  { Tensor t = empty({n}); }
+  EXPECT_EQ(cpu_cached_bytes(), 0u);  // nothing is kept with a limit of 0
+  set_cpu_cache_limit(limit);
+  { Tensor t = empty({n}); }
+  EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 4);
+  empty_cpu_cache();
+  EXPECT_EQ(cpu_cached_bytes(), 0u);
+}

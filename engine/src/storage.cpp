@@ -5,15 +5,127 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
 #include <new>
 
 #include "tvc/error.h"
 #include "tvc/internal/kernel.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define TVC_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TVC_ASAN 1
+#endif
+#endif
+#ifdef TVC_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace tvc {
+namespace {
+
+// The kept blocks, by size (see set_cpu_cache_limit). Under AddressSanitizer a kept block is
+// poisoned, so a use after its tensor died is still reported.
+class BlockCache {
+ public:
+  static constexpr size_t kMinBlock = size_t{1} << 20;
+
+  BlockCache() {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const size_t physical = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+    limit_ = std::min(physical / 4, size_t{4} << 30);
+  }
+
+  struct Block {
+    void* data;
+    size_t size;
+  };
+  // A kept block of at least size and at most size + size / 8 bytes, or {nullptr, 0}.
+  Block take(size_t size) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = blocks_.lower_bound(size);
+    if (it == blocks_.end() || it->first > size + size / 8) return {nullptr, 0};
+    const Block block{it->second, it->first};
+    kept_ -= block.size;
+    blocks_.erase(it);
+#ifdef TVC_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(block.data, block.size);
+#endif
+    return block;
+  }
+
+  // Keeps the block p of size bytes, or frees it when that would pass the limit.
+  void give(void* p, size_t size) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (kept_ + size <= limit_) {
+#ifdef TVC_ASAN
+        ASAN_POISON_MEMORY_REGION(p, size);
+#endif
+        blocks_.emplace(size, p);
+        kept_ += size;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+  void set_limit(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    limit_ = bytes;
+    trim_to(limit_);
+  }
+  size_t limit() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return limit_;
+  }
+  size_t kept() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return kept_;
+  }
+  void empty() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    trim_to(0);
+  }
+
+ private:
+  // Frees the largest blocks until at most bytes are kept (mutex_ held).
+  void trim_to(size_t bytes) {
+    while (kept_ > bytes) {
+      auto it = std::prev(blocks_.end());
+#ifdef TVC_ASAN
+      ASAN_UNPOISON_MEMORY_REGION(it->second, it->first);
+#endif
+      std::free(it->second);
+      kept_ -= it->first;
+      blocks_.erase(it);
+    }
+  }
+
+  std::mutex mutex_;
+  std::multimap<size_t, void*> blocks_;
+  size_t kept_ = 0, limit_ = 0;
+};
+
+// Never destroyed: tensors that outlive static destruction still give their blocks back to it.
+BlockCache& block_cache() {
+  static BlockCache* cache = new BlockCache;
+  return *cache;
+}
+
+}  // namespace
+
+void set_cpu_cache_limit(size_t bytes) { block_cache().set_limit(bytes); }
+size_t cpu_cache_limit() { return block_cache().limit(); }
+size_t cpu_cached_bytes() { return block_cache().kept(); }
+void empty_cpu_cache() { block_cache().empty(); }
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   constexpr size_t kAlign = 64;
@@ -25,6 +137,16 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
     return std::shared_ptr<Storage>(new Storage(data, nbytes, memory.release, device));
   }
   size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
+  if (rounded >= BlockCache::kMinBlock) {
+    BlockCache& cache = block_cache();
+    BlockCache::Block block = cache.take(rounded);
+    if (!block.data) {
+      block = {std::aligned_alloc(kAlign, rounded), rounded};
+      TVC_CHECK(block.data != nullptr, "Storage::allocate: out of memory allocating ", nbytes, " bytes");
+    }
+    return std::shared_ptr<Storage>(new Storage(
+        block.data, nbytes, [&cache, size = block.size](void* p) { cache.give(p, size); }, device));
+  }
   void* data = rounded ? std::aligned_alloc(kAlign, rounded) : nullptr;
   TVC_CHECK(data != nullptr || rounded == 0, "Storage::allocate: out of memory allocating ", nbytes, " bytes");
   return std::shared_ptr<Storage>(new Storage(

@@ -51,4 +51,13 @@ class Storage {
   std::atomic<uint64_t> version_{0};
 };
 
+// Large CPU blocks (1 MiB and up) that tensors free are kept for reuse, so that a model's
+// activations do not fault their pages in afresh on every call: a block is reused for a request
+// of its size or up to 1/8 smaller, and at most cpu_cache_limit() bytes are kept (by default a
+// quarter of the physical memory, at most 4 GiB; 0 keeps none). Thread-safe.
+void set_cpu_cache_limit(size_t bytes);  // also frees what is kept beyond the new limit
+size_t cpu_cache_limit();
+size_t cpu_cached_bytes();  // kept now, not in use by any tensor
+void empty_cpu_cache();     // returns every kept block to the system
+
 }  // namespace tvc
