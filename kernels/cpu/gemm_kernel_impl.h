@@ -17,7 +17,8 @@ namespace {
 // GemmMicroKernelF32), through a row buffer when the tile is partial or C's columns strided;
 // either way each element gets the same arithmetic.
 template <typename T, int W, int MR, int NV, typename V>
-void store_tile(const V (&acc)[MR][NV], T beta, T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
+__attribute__((always_inline)) inline void store_tile(const V (&acc)[MR][NV], T beta, T* __restrict c, int64_t c_rs,
+                                                      int64_t c_cs, int64_t m, int64_t n) {
   constexpr int NR = NV * W;
   bool direct = n == NR && c_cs == 1;
 #pragma GCC unroll 64
