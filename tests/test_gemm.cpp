@@ -168,7 +168,8 @@ std::vector<Case> small_cases() {
 // each, every pair of layouts of A and B, C's layout and beta in turn.
 std::vector<Case> large_cases() {
   const int64_t shapes[][3] = {{257, 129, 300}, {19, 801, 400},  {1601, 19, 45},
-                               {13, 33, 2049},  {1, 1000, 1280}, {8, 77, 517}};  // few rows: the dot-product path
+                               {13, 33, 2049},  {1, 1000, 1280}, {8, 77, 517},  // few rows: the dot-product path
+                               {300, 1, 700}};  // one column: the dot products too, rows split over threads
   std::vector<Case> cases;
   int i = 0;
   for (const auto& s : shapes)

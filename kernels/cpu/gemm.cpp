@@ -311,21 +311,31 @@ Grid thread_grid(int64_t threads, int64_t mtiles, int64_t ntiles, int64_t mr, in
 }
 
 // Few rows of C (a linear layer's batch) times a B whose columns are contiguous (x @ W^T with W
-// row-major): each element is one dot product of an A row and a B column, both read in place,
-// since packing all of B for a few rows costs more than the products. Columns are split over
-// threads and every dot product runs in a fixed order, so results do not depend on the threads.
+// row-major), or one column of C (a matrix-vector product, as a squeeze-excitation block's 1x1
+// convolutions of a pooled map) with A's rows contiguous: each element is one dot product of an
+// A row and a B column, both read in place, since packing costs more than so few products per
+// element. Columns (rows, for one column) are split over threads and every dot product runs in a
+// fixed order, so results do not depend on the threads.
 constexpr int64_t kDotRows = 8;
 
 void gemm_dots(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, const float* B, int64_t b_cs, float* C,
                int64_t c_rs, int64_t c_cs, float beta, const BlockSink<float>& sink) {
   const DotF32 dot = active_kernels().dot;
+  auto element = [&](int64_t i, int64_t j) {
+    float s = dot(K, A + i * a_rs, B + j * b_cs);
+    float& c = C[i * c_rs + j * c_cs];
+    c = beta == 0.f ? s : s + beta * c;
+  };
+  if (N == 1) {
+    parallel_for(M, K, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) element(i, 0);
+      sink(C + i0 * c_rs, c_rs, c_cs, i0, i1 - i0, 0, 1);
+    });
+    return;
+  }
   parallel_for(N, M * K, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j)
-      for (int64_t i = 0; i < M; ++i) {
-        float s = dot(K, A + i * a_rs, B + j * b_cs);
-        float& c = C[i * c_rs + j * c_cs];
-        c = beta == 0.f ? s : s + beta * c;
-      }
+      for (int64_t i = 0; i < M; ++i) element(i, j);
     sink(C + j0 * c_cs, c_rs, c_cs, 0, M, j0, j1 - j0);
   });
 }
@@ -372,7 +382,8 @@ void gemm_any(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t
                     BlockSink<Acc>{sink.epilogue, !sink.transposed});
   if (M * N * K <= kSmallGemm) return gemm_small(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, sink);
   if constexpr (std::is_same_v<T, float>)
-    if (M <= kDotRows && a_cs == 1 && b_rs == 1) return gemm_dots(M, N, K, A, a_rs, B, b_cs, C, c_rs, c_cs, beta, sink);
+    if ((M <= kDotRows || N == 1) && a_cs == 1 && b_rs == 1)
+      return gemm_dots(M, N, K, A, a_rs, B, b_cs, C, c_rs, c_cs, beta, sink);
   gemm_packed(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, sink);
 }
 
