@@ -197,12 +197,18 @@ struct AvgForward {
       for (int64_t oh = 0; oh < g.Ho; ++oh)
         for (int64_t ow = 0; ow < g.Wo; ++ow) {
           Window win = window(p, g, oh, ow);
-          // Each window row summed in lanes (loops.h); rows in order.
+          // Each window row summed in lanes (loops.h), rows in order; a window of whole rows of a
+          // plane with contiguous rows (a global average pool) in lanes as one run.
           C sum = 0;
           const int64_t width = win.w1 - win.w0;
-          for (int64_t h = win.h0; h < win.h1; ++h) {
-            const T* row = xp + h * xs2 + win.w0 * xs3;
-            sum += sum_in_lanes<C>(width, [&](int64_t w) { return static_cast<C>(row[w * xs3]); });
+          if (width == g.W && xs3 == 1 && xs2 == g.W && win.h1 > win.h0) {
+            const T* run = xp + win.h0 * xs2;
+            sum = sum_in_lanes<C>((win.h1 - win.h0) * g.W, [&](int64_t i) { return static_cast<C>(run[i]); });
+          } else {
+            for (int64_t h = win.h0; h < win.h1; ++h) {
+              const T* row = xp + h * xs2 + win.w0 * xs3;
+              sum += sum_in_lanes<C>(width, [&](int64_t w) { return static_cast<C>(row[w * xs3]); });
+            }
           }
           bool empty = win.h0 >= win.h1 || win.w0 >= win.w1;
           yp[oh * ys2 + ow * ys3] = static_cast<T>(empty ? C(0) : sum / static_cast<C>(win.divisor));
