@@ -153,16 +153,21 @@ Tensor conv2d_batched(const Tensor& input, const Tensor& weight_in, const Tensor
   bool gx = input.requires_grad(), gw = weight.requires_grad();
   bool gb = bias.defined() && bias.requires_grad();
   SavedTensor sx(gw ? input : Tensor()), sw(gx ? weight : Tensor());
+  // Depthwise gradients run over whole NCHW planes (the kernels' fast paths): channels-last
+  // operands (ConvNeXt's blocks hand them over) are made NCHW first, one pass each, instead of
+  // being read with a stride per tap.
+  const bool depthwise = ws[1] == 1 && groups > 1;
   autograd::record("ConvolutionBackward0", {input, weight, bias}, {out}, [=](const GradList& g) -> GradList {
-    Tensor dy = dense(g[0]);
+    Tensor dy = depthwise ? dense(g[0]).contiguous() : dense(g[0]);
     Tensor dx, dw, db;
     if (gx) {
-      dx = detail::empty_with_format(xs, dy.dtype(), fmt);
+      dx = detail::empty_with_format(xs, dy.dtype(), depthwise ? MemoryFormat::Contiguous : fmt);
       if (dx.numel() > 0) detail::run(Op::conv2d_backward_input, {dy, sw.unpack("ConvolutionBackward0")}, {dx}, &p);
     }
     if (gw) {
       dw = empty(ws, {.dtype = dy.dtype()});
-      if (dw.numel() > 0) detail::run(Op::conv2d_backward_weight, {dy, sx.unpack("ConvolutionBackward0")}, {dw}, &p);
+      const Tensor x = sx.unpack("ConvolutionBackward0");
+      if (dw.numel() > 0) detail::run(Op::conv2d_backward_weight, {dy, depthwise ? x.contiguous() : x}, {dw}, &p);
     }
     if (gb) db = sum(dy, {0, 2, 3});
     return {dx, dw, db};
