@@ -233,14 +233,6 @@ void store_output_row(const Epilogue<float>& e, int64_t n, int64_t o, int64_t oh
   for (int64_t ow = 0; ow < Wo; ++ow) yo[oh * ys[2] + ow * ys[3]] = row[ow];
 }
 
-// Output channel o of sample n as a (Ho, Wo) plane with contiguous rows (row stride y_rs): the
-// epilogue applied in place, in one run when the rows follow each other.
-template <typename T>
-void epilogue_plane(const Epilogue<T>& e, int64_t n, int64_t o, T* y, int64_t y_rs, int64_t Ho, int64_t Wo) {
-  if (y_rs == Wo) return epilogue_positions(e, n, o, 0, Wo, y, y, Ho * Wo);
-  for (int64_t h = 0; h < Ho; ++h) epilogue_positions(e, n, o, h * Wo, Wo, y + h * y_rs, y + h * y_rs, Wo);
-}
-
 // The epilogue inside the GEMM of one sample's group (GemmEpilogue): C's rows are channels from
 // o0, its columns the sample's positions (y itself, (H, W) flattened to one stride).
 template <typename T>
@@ -486,7 +478,7 @@ void depthwise_forward(const Operand<const T>& x, const T* w, const Epilogue<T>&
       int64_t n = it / g.O, o = it % g.O, c = o / g.Og;
       std::fill(buf.begin(), buf.end(), first ? first[o] : T(0));
       depthwise_plane(x.p + n * x.s[0] + c * x.s[1], x.s, w + o * g.kh * g.kw, g, buf.data());
-      if (!rest.is_identity()) epilogue_plane(rest, n, o, buf.data(), g.Wo, g.Ho, g.Wo);
+      epilogue_positions(rest, n, o, 0, g.Wo, buf.data(), buf.data(), g.P);
       T* yp = y.p + n * y.s[0] + o * y.s[1];
       for (int64_t oh = 0; oh < g.Ho; ++oh)
         for (int64_t ow = 0; ow < g.Wo; ++ow) yp[oh * y.s[2] + ow * y.s[3]] = buf[oh * g.Wo + ow];
