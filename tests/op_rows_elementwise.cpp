@@ -64,6 +64,8 @@ const std::vector<ReduceCase>& reduce_cases() {
       {"dim 1 keepdim", {4, 5}, {1}, true},
       {"dim -1 of 3-d", {2, 3, 7}, {-1}, false},
       {"dims 0,2 of 3-d", {3, 4, 5}, {0, 2}, false},
+      {"dims 0,1 of 3-d (a bias's gradient)", {3, 4, 5}, {0, 1}, false},
+      {"dims 0,1 of 600 columns (two column blocks)", {2, 3, 600}, {0, 1}, false},
       {"dims 0,2,3 keepdim (batch norm)", {2, 3, 4, 5}, {0, 2, 3}, true},
       {"non-contiguous dim 1", {6, 5}, {1}, false, true},
       {"channels-last dims 2,3", {2, 3, 4, 5}, {2, 3}, true, false, true},

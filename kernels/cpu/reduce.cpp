@@ -87,12 +87,57 @@ void for_each_output(const Tensor& in, const Tensor& out, Visit&& visit) {
 template <typename T>
 using acc_t = std::conditional_t<std::is_floating_point_v<compute_t<T>>, double, int64_t>;
 
+// Columns of a column block of sum_columns: their sums (double) stay in L1 while the rows stream.
+constexpr int64_t kSumColumnBlock = 512;
+
+// sum where the kept dims are one contiguous run of columns, every reduced dim outside it (a
+// bias's gradient: the sum over rows of (R, D)): each thread takes a range of columns and adds
+// row after row into their sums, in the order for_each_output's per-element loop adds them (so
+// the same values), reading rows contiguously instead of one strided column at a time. False
+// where the geometry is not that.
+template <typename T, typename TOut>
+bool sum_columns(const Tensor& in, const Tensor& out) {
+  const ReduceGeometry g = reduce_geometry(in, out);
+  if (g.kept_shape.size() != 1 || g.kept_in_strides[0] != 1 || g.red_shape.empty() || g.num_red < 2) return false;
+  const int64_t nr = static_cast<int64_t>(g.red_shape.size()), columns = g.kept_shape[0];
+  for (int64_t d = 0; d < nr; ++d)
+    if (g.red_strides[d] < columns) return false;
+  using A = acc_t<T>;
+  const T* src = static_cast<const T*>(in.raw_data());
+  TOut* dst = static_cast<TOut*>(out.raw_data());
+  const int64_t out_stride = g.kept_out_strides[0];
+  parallel_for(columns, g.num_red, [&](int64_t begin, int64_t end) {
+    A acc[kSumColumnBlock];
+    std::vector<int64_t> ridx(nr);
+    for (int64_t c0 = begin; c0 < end; c0 += kSumColumnBlock) {
+      const int64_t width = std::min(kSumColumnBlock, end - c0);
+      std::fill(acc, acc + width, A(0));
+      std::fill(ridx.begin(), ridx.end(), 0);
+      for (;;) {
+        const T* row = src + c0;
+        for (int64_t d = 0; d < nr; ++d) row += ridx[d] * g.red_strides[d];
+        for (int64_t c = 0; c < width; ++c) acc[c] += static_cast<A>(static_cast<compute_t<T>>(row[c]));
+        int64_t d = nr - 1;
+        for (; d >= 0; --d) {
+          if (++ridx[d] < g.red_shape[d]) break;
+          ridx[d] = 0;
+        }
+        if (d < 0) break;
+      }
+      for (int64_t c = 0; c < width; ++c)
+        dst[(c0 + c) * out_stride] = static_cast<TOut>(static_cast<compute_t<TOut>>(acc[c]));
+    }
+  });
+  return true;
+}
+
 void sum_kernel(const KernelArgs& args) {
   const Tensor& in = args.in[0];
   const Tensor& out = args.out[0];
   dispatch_all(in.dtype(), Op::sum, [&]<typename T>() {
     dispatch_all(out.dtype(), Op::sum, [&]<typename TOut>() {
       using A = acc_t<T>;
+      if (sum_columns<T, TOut>(in, out)) return;
       const T* src = static_cast<const T*>(in.raw_data());
       TOut* dst = static_cast<TOut*>(out.raw_data());
       for_each_output(in, out, [&](int64_t out_off, auto&& iterate) {
