@@ -391,6 +391,46 @@ TEST(VectorFunctions, MatchFloat64OnEveryInstructionSet) {
   });
 }
 
+// gelu's gradient (the gelu_backward kernel of every instruction set, taken by dense float32
+// tensors) against float64: within 2e-7 of Phi(x) + x * phi(x) (whose largest value is 1.13) over
+// [-30, 30], the gradient scaled by dy; a length that is not a multiple of the vector width and a
+// non-contiguous x (the scalar path) agree with the vector path.
+TEST(VectorFunctions, GeluGradientMatchesFloat64OnEveryInstructionSet) {
+  std::mt19937 gen(9);
+  std::uniform_real_distribution<float> wide(-30.0f, 30.0f), narrow(-5.0f, 5.0f), scale(-2.0f, 2.0f);
+  std::vector<float> values = {0.0f, -0.0f, 1e-8f, -1e-8f, 20.0f, -20.0f}, dy;
+  for (int i = 0; i < 100000; ++i) values.push_back(i % 2 ? wide(gen) : narrow(gen));
+  for (size_t i = 0; i < values.size(); ++i) dy.push_back(scale(gen));
+  const int64_t n = static_cast<int64_t>(values.size());
+  const Tensor x = tensor<float>(values, Shape{n}), g = tensor<float>(dy, Shape{n});
+  auto gradient = [](const Tensor& at, const Tensor& dy_at) {
+    Tensor leaf = at.detach().requires_grad_();
+    gelu(leaf).backward(dy_at);
+    return leaf.grad();
+  };
+  for_each_isa([&] {
+    const std::vector<double> got = gradient(x, g).to_vector();
+    double worst = 0;
+    float worst_at = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = values[i];
+      const double want =
+          dy[i] * (0.5 * std::erfc(-v / std::sqrt(2.0)) + v * std::exp(-v * v / 2) / std::sqrt(2 * M_PI));
+      const double e = std::abs(got[i] - want) / std::max(1.0, std::abs(static_cast<double>(dy[i])));
+      if (e > worst) worst = e, worst_at = values[i];
+    }
+    EXPECT_LE(worst, 2e-7) << "gelu gradient at x = " << worst_at;
+    const Tensor odd = x.slice(0, 3, 3 + 37), odd_g = g.slice(0, 3, 3 + 37);
+    EXPECT_TRUE(same_values(gradient(odd, odd_g), gradient(x, g).slice(0, 3, 3 + 37)));
+    const Tensor strided = x.slice(0, 0, 2 * 37).reshape({37, 2}).select(1, 0);
+    const Tensor strided_g = g.slice(0, 0, 2 * 37).reshape({37, 2}).select(1, 0);
+    const std::vector<double> scalar = gradient(strided, strided_g).to_vector(),
+                              vector = gradient(strided.contiguous(), strided_g.contiguous()).to_vector();
+    for (size_t i = 0; i < scalar.size(); ++i)
+      EXPECT_LE(std::abs(scalar[i] - vector[i]), 4e-7) << "strided gelu gradient at " << i;
+  });
+}
+
 // A convolution's fused epilogue row (cpu::epilogue_row: scale, shift, residual, activation in one
 // pass of the instruction set's kernel) against float64 on every instruction set: each
 // activation with every subset of scale, shift and residual, in place and not, lengths around the

@@ -380,6 +380,11 @@ Tensor gelu(const Tensor& t, GeluApproximate approximate) {
       Tensor right = mul(mul(scalar_like(0.5, d), x), mul(sub(scalar_like(1, d), mul(th, th)), dinner));
       return mul(g, add(left, right));
     }
+    if (kernel_registry().supports(Op::gelu_backward, g.device())) {
+      Tensor out = detail::empty_with_format(x.shape(), g.dtype(), x.suggest_memory_format());
+      detail::run(Op::gelu_backward, {g, x}, {out});
+      return out;
+    }
     Tensor cdf = mul(scalar_like(0.5, d), add(scalar_like(1, d), erf(mul(x, scalar_like(0.7071067811865476, d)))));
     Tensor pdf = mul(scalar_like(0.3989422804014327, d), exp(mul(scalar_like(-0.5, d), mul(x, x))));
     return mul(g, add(cdf, mul(x, pdf)));

@@ -551,6 +551,45 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   return bias.defined() ? add(y, bias.reshape(cshape)) : y;
 }
 
+namespace {
+
+// Whether t is undefined or of x's dtype and device.
+bool same_dtype_and_device(const Tensor& x, const Tensor& t) {
+  return !t.defined() || (t.dtype() == x.dtype() && t.device() == x.device());
+}
+
+// Layer norm over the trailing dims `normalized_shape` (checked) as one layer_norm kernel over
+// rows, the backward as one layer_norm_backward kernel (not differentiable again, as batch
+// norm's). A missing weight or bias is ones or zeros of the row's length.
+Tensor layer_norm_fused(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                        double eps) {
+  const int64_t D = shape_numel(normalized_shape), R = input.numel() / D;
+  const TensorOptions options{.dtype = input.dtype(), .device = input.device()};
+  Tensor x, w, y, mean = empty({R}, options), rstd = empty({R}, options);
+  {
+    NoGradGuard no_grad;
+    x = input.detach().contiguous();
+    w = weight.defined() ? weight.detach().contiguous().reshape({D}) : ones({D}, options);
+    const Tensor b = bias.defined() ? bias.detach().contiguous().reshape({D}) : zeros({D}, options);
+    y = empty(x.shape(), options);
+    const LayerNormParams p{eps};
+    detail::run(Op::layer_norm, {x, w, b}, {y, mean, rstd}, &p);
+  }
+  if (!autograd::any_requires_grad({input, weight, bias})) return y;
+  const bool g_weight = weight.defined() && weight.requires_grad(), g_bias = bias.defined() && bias.requires_grad();
+  SavedTensor sx(x);
+  autograd::record("NativeLayerNormBackward0", {input, weight, bias}, {y}, [=](const GradList& g) -> GradList {
+    const Tensor xs = sx.unpack("NativeLayerNormBackward0");
+    Tensor dx = empty(xs.shape(), options), sum_dy_xhat = empty({D}, options), sum_dy = empty({D}, options);
+    detail::run(Op::layer_norm_backward, {g[0].contiguous(), xs, mean, rstd, w}, {dx, sum_dy_xhat, sum_dy});
+    return {dx, g_weight ? sum_dy_xhat.reshape(normalized_shape) : Tensor(),
+            g_bias ? sum_dy.reshape(normalized_shape) : Tensor()};
+  });
+  return y;
+}
+
+}  // namespace
+
 Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
   check_floating_input("layer_norm", input);
@@ -562,6 +601,11 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
   for (const Tensor* t : {&weight, &bias})
     TVC_CHECK(!t->defined() || t->shape() == normalized_shape, "layer_norm: ", t == &weight ? "weight" : "bias",
               " of shape ", t->shape(), " does not match normalized_shape ", normalized_shape);
+  const bool fused = input.numel() > 0 && (input.dtype() == DType::Float32 || input.dtype() == DType::Float64) &&
+                     kernel_registry().supports(Op::layer_norm, input.device()) &&
+                     kernel_registry().supports(Op::layer_norm_backward, input.device()) &&
+                     same_dtype_and_device(input, weight) && same_dtype_and_device(input, bias);
+  if (fused) return layer_norm_fused(input, normalized_shape, weight, bias, eps);
   Shape dims;
   for (int64_t i = 0; i < k; ++i) dims.push_back(input.dim() - k + i);
   return affine(normalize(input, dims, eps), weight, bias, normalized_shape);

@@ -223,6 +223,33 @@ void clamp_backward_kernel(const KernelArgs& a) {
                              [lo, hi](C g, C x) { return g * static_cast<C>((x >= lo) & (x <= hi)); });
   });
 }
+// in = (grad, x) -> out (kernel.h): float32 runs contiguous in all three through the instruction
+// set's kernel, the rest element by element in the compute type.
+void gelu_backward_kernel(const KernelArgs& a) {
+  const Tensor& out = a.out[0];
+  auto derivative = [](auto g, auto x) {
+    using C = decltype(x);
+    const C cdf = C(0.5) * (C(1) + std::erf(x * static_cast<C>(0.7071067811865476)));
+    return g * (cdf + x * static_cast<C>(0.3989422804014327) * std::exp(C(-0.5) * x * x));
+  };
+  if (out.dtype() == DType::Float32 && a.in[0].dtype() == DType::Float32 && a.in[1].dtype() == DType::Float32) {
+    for_each_strided<3>(
+        {&out, &a.in[0], &a.in[1]}, [&](std::array<char*, 3> p, const std::array<int64_t, 3>& st, int64_t n) {
+          if (st[0] == 4 && st[1] == 4 && st[2] == 4) {
+            gelu_backward(n, reinterpret_cast<const float*>(p[1]), reinterpret_cast<const float*>(p[2]),
+                          reinterpret_cast<float*>(p[0]));
+            return;
+          }
+          for (int64_t i = 0; i < n; ++i)
+            *reinterpret_cast<float*>(p[0] + i * st[0]) = derivative(*reinterpret_cast<const float*>(p[1] + i * st[1]),
+                                                                     *reinterpret_cast<const float*>(p[2] + i * st[2]));
+        });
+    return;
+  }
+  dispatch_floating(out.dtype(), Op::gelu_backward, [&]<typename T>() {
+    map_elements<T, T, compute_t<T>, 3>({&out, &a.in[0], &a.in[1]}, derivative);
+  });
+}
 void pow_scalar_kernel(const KernelArgs& a) {
   double e = a.p<UnaryParams>().a;
   if (e == 2) {
@@ -441,6 +468,7 @@ void register_elementwise_kernels(KernelRegistry& r) {
   r.set(Op::softplus, cpu, softplus_kernel);
   r.set(Op::clamp, cpu, clamp_kernel);
   r.set(Op::clamp_backward, cpu, clamp_backward_kernel);
+  r.set(Op::gelu_backward, cpu, gelu_backward_kernel);
   r.set(Op::pow_scalar, cpu, pow_scalar_kernel);
   r.set(Op::add, cpu, add_kernel);
   r.set(Op::sub, cpu, sub_kernel);

@@ -411,6 +411,20 @@ void epilogue_row(int64_t n, const float* x, float* y, const float* scale, const
   active_kernels().epilogue(n, x, y, scale, shift, residual, act);
 }
 
+void layer_norm_row(int64_t n, const float* x, const float* w, const float* b, float eps, float* y, float* mean,
+                    float* rstd) {
+  active_kernels().layer_norm(n, x, w, b, eps, y, mean, rstd);
+}
+
+void layer_norm_backward_row(int64_t n, const float* dy, const float* x, float mean, float rstd, const float* w,
+                             float* dx, float* sum_dy_xhat, float* sum_dy) {
+  active_kernels().layer_norm_backward(n, dy, x, mean, rstd, w, dx, sum_dy_xhat, sum_dy);
+}
+
+void gelu_backward(int64_t n, const float* dy, const float* x, float* dx) {
+  active_kernels().gelu_backward(n, dy, x, dx);
+}
+
 const WinogradF43& winograd_f43() { return active_kernels().winograd; }
 
 void vector_function(VectorFunction f, int64_t n, const float* x, float* y) {

@@ -51,9 +51,20 @@ float dot(int64_t n, const float* a, const float* b);
 void epilogue_row(int64_t n, const float* x, float* y, const float* scale, const float* shift, const float* residual,
                   RowActivation act);
 
+// Layer norm of one row of n contiguous floats, and its backward, with the active instruction
+// set's kernels (gemm_kernels.h, LayerNormRowF32 and LayerNormBackwardRowF32).
+void layer_norm_row(int64_t n, const float* x, const float* w, const float* b, float eps, float* y, float* mean,
+                    float* rstd);
+void layer_norm_backward_row(int64_t n, const float* dy, const float* x, float mean, float rstd, const float* w,
+                             float* dx, float* sum_dy_xhat, float* sum_dy);
+
 // y[i] = f(x[i]) for n contiguous floats (x and y may be the same array) with the active
 // instruction set's kernel (gemm_kernels.h, UnaryF32): e^x, sigmoid, silu, gelu (erf form).
 enum class VectorFunction { exp, sigmoid, silu, gelu };
 void vector_function(VectorFunction f, int64_t n, const float* x, float* y);
+
+// gelu's (erf form) backward over n contiguous floats with the active instruction set's kernel
+// (gemm_kernels.h, GeluBackwardF32): dx[i] = dy[i] * (Phi(x[i]) + x[i] * phi(x[i])).
+void gelu_backward(int64_t n, const float* dy, const float* x, float* dx);
 
 }  // namespace tvc::cpu

@@ -17,7 +17,10 @@ extern const GemmKernels gemm_kernels_avx2 = {
     sigmoid_f32<8>,
     silu_f32<8>,
     gelu_f32<8>,
+    gelu_backward_f32<8>,
     epilogue_f32<8>,
+    layer_norm_f32<8>,
+    layer_norm_backward_f32<8>,
     pack_transposed<8>,
     {winograd_input_f43<8>, winograd_output_f43<8>, winograd_weight_f43<8>},
 };

@@ -17,7 +17,10 @@ extern const GemmKernels gemm_kernels_avx512 = {
     sigmoid_f32<16>,
     silu_f32<16>,
     gelu_f32<16>,
+    gelu_backward_f32<16>,
     epilogue_f32<16>,
+    layer_norm_f32<16>,
+    layer_norm_backward_f32<16>,
     pack_transposed<16>,
     {winograd_input_f43<16>, winograd_output_f43<16>, winograd_weight_f43<16>},
 };

@@ -17,7 +17,10 @@ extern const GemmKernels gemm_kernels_generic = {
     sigmoid_f32<4>,
     silu_f32<4>,
     gelu_f32<4>,
+    gelu_backward_f32<4>,
     epilogue_f32<4>,
+    layer_norm_f32<4>,
+    layer_norm_backward_f32<4>,
     pack_transposed<4>,
     {winograd_input_f43<4>, winograd_output_f43<4>, winograd_weight_f43<4>},
 };

@@ -135,6 +135,30 @@ struct IntVector {
   typedef int32_t type __attribute__((vector_size(W * sizeof(int32_t))));
 };
 
+// W floats from p (any alignment); the sum of v's lanes in order.
+template <int W>
+typename FloatVector<W>::type load_lanes(const float* p) {
+  typename FloatVector<W>::type v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <int W>
+float lane_total(typename FloatVector<W>::type v) {
+  float s = 0;
+  for (int lane = 0; lane < W; ++lane) s += v[lane];
+  return s;
+}
+
+// Stores the first n lanes of x at p.
+template <int W>
+void store_lanes(typename FloatVector<W>::type x, int64_t n, float* p) {
+  if (n >= W)
+    __builtin_memcpy(p, &x, sizeof(x));
+  else
+    for (int64_t i = 0; i < n; ++i) p[i] = x[i];
+}
+
 // The even lanes of the 2W floats lo, hi.
 template <int W>
 typename FloatVector<W>::type even_lanes(typename FloatVector<W>::type lo, typename FloatVector<W>::type hi) {
@@ -437,6 +461,26 @@ void gelu_f32(int64_t n, const float* x, float* y) {
   map_lanes<W>(n, x, y, [](auto v) { return v * normal_cdf_lanes<W>(v); });
 }
 
+// See GeluBackwardF32: whole vectors, then the tail through zero-padded vectors.
+template <int W>
+void gelu_backward_f32(int64_t n, const float* dy, const float* x, float* dx) {
+  typedef typename FloatVector<W>::type V;
+  auto lanes = [](V d, V v) {
+    const V pdf = 0.398942280401432678f * exp_lanes<W>(-0.5f * (v * v));
+    return d * (normal_cdf_lanes<W>(v) + v * pdf);
+  };
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const V v = lanes(load_lanes<W>(dy + i), load_lanes<W>(x + i));
+    __builtin_memcpy(dx + i, &v, sizeof(V));
+  }
+  if (i < n) {
+    float db[W] = {}, xb[W] = {};
+    for (int64_t k = i; k < n; ++k) db[k - i] = dy[k], xb[k - i] = x[k];
+    store_lanes<W>(lanes(load_lanes<W>(db), load_lanes<W>(xb)), n - i, dx + i);
+  }
+}
+
 // ---------------------------------------------------------------- Winograd F(4x4, 3x3)
 
 // Lane shuffles over W-lane vectors (J: the lane indices 0..W-1): the even or odd elements of the
@@ -520,15 +564,6 @@ void winograd_g(const V (&g)[3], V (&out)[6]) {
   out[5] = g[2];
 }
 
-// Stores the first n lanes of x at p.
-template <int W>
-void store_lanes(typename FloatVector<W>::type x, int64_t n, float* p) {
-  if (n >= W)
-    __builtin_memcpy(p, &x, sizeof(x));
-  else
-    for (int64_t i = 0; i < n; ++i) p[i] = x[i];
-}
-
 // ---------------------------------------------------------------- convolution epilogue
 
 template <int W, RowActivation Act>
@@ -607,6 +642,90 @@ void epilogue_f32(int64_t n, const float* x, float* y, const float* scale, const
     case RowActivation::hardswish:
       return epilogue_lanes<W, RowActivation::hardswish>(n, x, y, scale, shift, residual);
   }
+}
+
+// ---------------------------------------------------------------- layer norm
+
+// The sum of n terms: lanes(i) gives the W terms from i, one(i) the term i alone; 4 accumulators
+// of W lanes added pairwise, then the lanes, then the tail in order.
+template <int W, typename Lanes, typename One>
+float row_sum(int64_t n, Lanes lanes, One one) {
+  typedef typename FloatVector<W>::type V;
+  V acc[4] = {};
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W)
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) acc[u] += lanes(i + u * W);
+  for (; i + W <= n; i += W) acc[0] += lanes(i);
+  float s = lane_total<W>((acc[0] + acc[1]) + (acc[2] + acc[3]));
+  for (; i < n; ++i) s += one(i);
+  return s;
+}
+
+// See LayerNormRowF32.
+template <int W>
+void layer_norm_f32(int64_t n, const float* x, const float* w, const float* b, float eps, float* y, float* mean_out,
+                    float* rstd_out) {
+  typedef typename FloatVector<W>::type V;
+  const float mean = row_sum<W>(
+                         n, [&](int64_t i) { return load_lanes<W>(x + i); }, [&](int64_t i) { return x[i]; }) /
+                     static_cast<float>(n);
+  const float var = row_sum<W>(
+                        n,
+                        [&](int64_t i) {
+                          const V d = load_lanes<W>(x + i) - mean;
+                          return d * d;
+                        },
+                        [&](int64_t i) { return (x[i] - mean) * (x[i] - mean); }) /
+                    static_cast<float>(n);
+  const float rstd = 1.0f / __builtin_sqrtf(var + eps);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const V v = (load_lanes<W>(x + i) - mean) * rstd * load_lanes<W>(w + i) + load_lanes<W>(b + i);
+    __builtin_memcpy(y + i, &v, sizeof(V));
+  }
+  for (; i < n; ++i) y[i] = (x[i] - mean) * rstd * w[i] + b[i];
+  *mean_out = mean;
+  *rstd_out = rstd;
+}
+
+// See LayerNormBackwardRowF32.
+template <int W>
+void layer_norm_backward_f32(int64_t n, const float* dy, const float* x, float mean, float rstd, const float* w,
+                             float* dx, float* sum_dy_xhat, float* sum_dy) {
+  typedef typename FloatVector<W>::type V;
+  V acc_g[2] = {}, acc_gx[2] = {};
+  int64_t i = 0;
+  auto lanes = [&](int64_t at, int u) {
+    const V d = load_lanes<W>(dy + at), xhat = (load_lanes<W>(x + at) - mean) * rstd, g = d * load_lanes<W>(w + at);
+    acc_g[u] += g;
+    acc_gx[u] += g * xhat;
+    if (sum_dy_xhat) {
+      const V s = load_lanes<W>(sum_dy_xhat + at) + d * xhat;
+      __builtin_memcpy(sum_dy_xhat + at, &s, sizeof(V));
+    }
+    if (sum_dy) {
+      const V s = load_lanes<W>(sum_dy + at) + d;
+      __builtin_memcpy(sum_dy + at, &s, sizeof(V));
+    }
+  };
+  for (; i + 2 * W <= n; i += 2 * W) lanes(i, 0), lanes(i + W, 1);
+  for (; i + W <= n; i += W) lanes(i, 0);
+  float s_g = lane_total<W>(acc_g[0] + acc_g[1]), s_gx = lane_total<W>(acc_gx[0] + acc_gx[1]);
+  for (int64_t k = i; k < n; ++k) {
+    const float xhat = (x[k] - mean) * rstd, g = dy[k] * w[k];
+    s_g += g;
+    s_gx += g * xhat;
+    if (sum_dy_xhat) sum_dy_xhat[k] += dy[k] * xhat;
+    if (sum_dy) sum_dy[k] += dy[k];
+  }
+  const float mean_g = s_g / static_cast<float>(n), mean_gx = s_gx / static_cast<float>(n);
+  for (i = 0; i + W <= n; i += W) {
+    const V xhat = (load_lanes<W>(x + i) - mean) * rstd;
+    const V v = rstd * (load_lanes<W>(dy + i) * load_lanes<W>(w + i) - mean_g - xhat * mean_gx);
+    __builtin_memcpy(dx + i, &v, sizeof(V));
+  }
+  for (; i < n; ++i) dx[i] = rstd * (dy[i] * w[i] - mean_g - (x[i] - mean) * rstd * mean_gx);
 }
 
 // See WinogradInputF32.

@@ -96,6 +96,10 @@ struct WinogradF43 {
 // both within 3 ulp or 1e-40 (silu's tail is x times a sigmoid in the denormal range), gelu
 // x * Phi(x) (erf form) within 8 ulp or 1e-40.
 using UnaryF32 = void (*)(int64_t n, const float* x, float* y);
+// gelu's (erf form) backward over n contiguous floats (dx may be dy or x):
+//   dx[i] = dy[i] * (Phi(x[i]) + x[i] * phi(x[i])), phi(x) = e^(-x^2 / 2) / sqrt(2 pi),
+// Phi as in UnaryF32's gelu.
+using GeluBackwardF32 = void (*)(int64_t n, const float* dy, const float* x, float* dx);
 // The activations of a convolution's epilogue, in the order of tvc's EpilogueActivation.
 enum class RowActivation { none, relu, relu6, silu, hardswish };
 // A convolution's epilogue over n contiguous floats (y may be x):
@@ -105,6 +109,17 @@ enum class RowActivation { none, relu, relu6, silu, hardswish };
 // hardswish x * clamp(x + 3, 0, 6) / 6.
 using EpilogueRowF32 = void (*)(int64_t n, const float* x, float* y, const float* scale, const float* shift,
                                 const float* residual, RowActivation act);
+// Layer norm of one row of n contiguous floats (n >= 1): its mean and rstd = 1 / sqrt(var + eps),
+// var biased (both summed in float, two passes), and
+//   y[k] = (x[k] - mean) * rstd * w[k] + b[k].
+using LayerNormRowF32 = void (*)(int64_t n, const float* x, const float* w, const float* b, float eps, float* y,
+                                 float* mean, float* rstd);
+// Its backward for one row: with xhat = (x - mean) * rstd and g = dy * w,
+//   dx[k] = rstd * (g[k] - sum(g) / n - xhat[k] * sum(g * xhat) / n),
+// and, where not null, sum_dy_xhat[k] += dy[k] * xhat[k] and sum_dy[k] += dy[k] (the weight's
+// and the bias's gradients, gathered over rows).
+using LayerNormBackwardRowF32 = void (*)(int64_t n, const float* dy, const float* x, float mean, float rstd,
+                                         const float* w, float* dx, float* sum_dy_xhat, float* sum_dy);
 struct GemmKernels {
   GemmKernelF32 f32;
   GemmKernelF64 f64;
@@ -113,7 +128,10 @@ struct GemmKernels {
   DepthwiseRowF32 depthwise_row;
   DotF32 dot;
   UnaryF32 exp, sigmoid, silu, gelu;
+  GeluBackwardF32 gelu_backward;
   EpilogueRowF32 epilogue;
+  LayerNormRowF32 layer_norm;
+  LayerNormBackwardRowF32 layer_norm_backward;
   PackTransposedF32 pack_transposed;
   WinogradF43 winograd;
 };

@@ -1,9 +1,11 @@
-// CPU kernels: training-mode batch norm's statistics and its backward, and softmax (kernel.h).
+// CPU kernels: training-mode batch norm's statistics and its backward, layer norm and its
+// backward, and softmax (kernel.h).
 //
 // Shape legend: x is (N, C, *), seen as (N, C, S) with S the product of the trailing dims, n = N*S
 // values per channel; it is dense either as (N, C, S) (contiguous) or with C innermost
 // (channels-last): the op layer makes it one of the two. Sums run in double per channel, with
 // the work split over channels, so results do not depend on the thread count.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -12,6 +14,34 @@
 #include "loops.h"
 
 namespace tvc::cpu {
+
+// Layer norm's rows in float64, as the float32 kernels of gemm.h (gemm_kernels.h, LayerNormRowF32
+// and LayerNormBackwardRowF32) compute them, in scalar code.
+static void layer_norm_row(int64_t n, const double* x, const double* w, const double* b, double eps, double* y,
+                           double* mean_out, double* rstd_out) {
+  const double mean = sum_in_lanes<double>(n, [&](int64_t i) { return x[i]; }) / static_cast<double>(n);
+  const double var =
+      sum_in_lanes<double>(n, [&](int64_t i) { return (x[i] - mean) * (x[i] - mean); }) / static_cast<double>(n);
+  const double rstd = 1.0 / std::sqrt(var + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mean) * rstd * w[i] + b[i];
+  *mean_out = mean;
+  *rstd_out = rstd;
+}
+
+static void layer_norm_backward_row(int64_t n, const double* dy, const double* x, double mean, double rstd,
+                                    const double* w, double* dx, double* sum_dy_xhat, double* sum_dy) {
+  double s_g = 0, s_gx = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double xhat = (x[i] - mean) * rstd, g = dy[i] * w[i];
+    s_g += g;
+    s_gx += g * xhat;
+    sum_dy_xhat[i] += dy[i] * xhat;
+    sum_dy[i] += dy[i];
+  }
+  const double mean_g = s_g / static_cast<double>(n), mean_gx = s_gx / static_cast<double>(n);
+  for (int64_t i = 0; i < n; ++i) dx[i] = rstd * (dy[i] * w[i] - mean_g - (x[i] - mean) * rstd * mean_gx);
+}
+
 namespace {
 
 // The dims of a (N, C, S) view of x and whether C is innermost.
@@ -155,6 +185,65 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
   });
 }
 
+// Calls f.template operator()<T>() for float32 or float64, the dtypes of the layer norm kernels.
+template <typename F>
+void dispatch_float_or_double(DType dtype, Op op, F&& f) {
+  if (dtype == DType::Float32) return f.template operator()<float>();
+  if (dtype == DType::Float64) return f.template operator()<double>();
+  unsupported_dtype(op, dtype, Device::CPU);
+}
+
+// in = (x, weight, bias) -> out = (y, mean, rstd) (kernel.h): one row kernel call per row.
+void layer_norm_kernel(const KernelArgs& args) {
+  const Tensor& x = args.in[0];
+  const int64_t D = args.in[1].numel(), R = D == 0 ? 0 : x.numel() / D;
+  const double eps = args.p<LayerNormParams>().eps;
+  dispatch_float_or_double(x.dtype(), Op::layer_norm, [&]<typename T>() {
+    const T *xp = x.data_ptr<T>(), *w = args.in[1].data_ptr<T>(), *b = args.in[2].data_ptr<T>();
+    T *y = args.out[0].data_ptr<T>(), *mean = args.out[1].data_ptr<T>(), *rstd = args.out[2].data_ptr<T>();
+    parallel_for(R, 4 * D, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        layer_norm_row(D, xp + r * D, w, b, static_cast<T>(eps), y + r * D, mean + r, rstd + r);
+    });
+  });
+}
+
+// Rows per block of layer norm's backward: each block gathers the weight's and the bias's
+// gradients over its rows in its own sums, which are then added over blocks in order.
+constexpr int64_t kLayerNormBlockRows = 64;
+
+// in = (grad_out, x, mean, rstd, weight) -> out = (grad_x, sum_dy_xhat, sum_dy) (kernel.h).
+void layer_norm_backward_kernel(const KernelArgs& args) {
+  const Tensor& x = args.in[1];
+  const int64_t D = args.in[4].numel(), R = D == 0 ? 0 : x.numel() / D;
+  const int64_t blocks = (R + kLayerNormBlockRows - 1) / kLayerNormBlockRows;
+  dispatch_float_or_double(x.dtype(), Op::layer_norm_backward, [&]<typename T>() {
+    const T *dy = args.in[0].data_ptr<T>(), *xp = x.data_ptr<T>(), *mean = args.in[2].data_ptr<T>(),
+            *rstd = args.in[3].data_ptr<T>(), *w = args.in[4].data_ptr<T>();
+    T *dx = args.out[0].data_ptr<T>(), *sum_dy_xhat = args.out[1].data_ptr<T>(), *sum_dy = args.out[2].data_ptr<T>();
+    // Per block: D sums of dy * xhat, then D of dy.
+    std::vector<T> partial(static_cast<size_t>(2 * blocks * D), T(0));
+    parallel_for(blocks, kLayerNormBlockRows * 4 * D, [&](int64_t begin, int64_t end) {
+      for (int64_t blk = begin; blk < end; ++blk) {
+        T* sums = partial.data() + 2 * blk * D;
+        for (int64_t r = blk * kLayerNormBlockRows; r < std::min(R, (blk + 1) * kLayerNormBlockRows); ++r)
+          layer_norm_backward_row(D, dy + r * D, xp + r * D, mean[r], rstd[r], w, dx + r * D, sums, sums + D);
+      }
+    });
+    parallel_for(D, 2 * blocks, [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; ++j) {
+        double s_w = 0, s_b = 0;
+        for (int64_t blk = 0; blk < blocks; ++blk) {
+          s_w += static_cast<double>(partial[2 * blk * D + j]);
+          s_b += static_cast<double>(partial[(2 * blk + 1) * D + j]);
+        }
+        sum_dy_xhat[j] = static_cast<T>(s_w);
+        sum_dy[j] = static_cast<T>(s_b);
+      }
+    });
+  });
+}
+
 // in = (x) -> out: softmax along params.dim of the contiguous x, seen as (outer, n, inner). Float32
 // rows (inner == 1, as attention's) through the vector e^x and a sum in double; other slices
 // element by element in the compute type. A slice holding NaN gives NaN everywhere.
@@ -208,6 +297,8 @@ void register_norm_kernels(KernelRegistry& r) {
   r.set(Op::softmax, cpu, softmax_kernel);
   r.set(Op::batch_norm_stats, cpu, batch_norm_stats_kernel);
   r.set(Op::batch_norm_backward, cpu, batch_norm_backward_kernel);
+  r.set(Op::layer_norm, cpu, layer_norm_kernel);
+  r.set(Op::layer_norm_backward, cpu, layer_norm_backward_kernel);
 }
 
 }  // namespace tvc::cpu

@@ -106,6 +106,8 @@ void register_cpu_kernels(KernelRegistry& registry, Isa isa);
 // softplus (a = beta, b = threshold), gelu (approximate_tanh), pow_scalar (a = exponent).
 // clamp_backward: in = (grad, x) -> out = grad * (1 where a <= x <= b, else 0), a bound left out
 // when has_a / has_b is false; NaN x gives grad * 0.
+// gelu_backward: in = (grad, x) -> out = grad * (Phi(x) + x * phi(x)) (gelu's erf form; no
+// parameters), phi the standard normal density and Phi its distribution function.
 struct UnaryParams {
   double a = 0, b = 0;
   bool has_a = true, has_b = true;
@@ -167,6 +169,21 @@ struct Pool2dParams {
 // (C)): with xhat = (x - mean) * invstd and means over N and *,
 //   grad_x = weight * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)),
 // sum_dy_xhat = Σ dy * xhat (the weight's gradient), sum_dy = Σ dy (the bias's); sums in double.
+
+// layer_norm: in = (x, contiguous, float32 or float64, seen as (R, D) rows; weight (D); bias (D),
+// both x's dtype) -> out = (y (x's shape, contiguous), mean (R), rstd (R)): per row the mean and
+// rstd = 1 / sqrt(var + eps), var biased (two passes; float32 rows summed in float32 lanes, as
+// PyTorch's kernel), and y = (x - mean) * rstd * weight + bias.
+struct LayerNormParams {
+  double eps;
+};
+// layer_norm_backward: in = (grad_out, x (both contiguous (R, D) rows), mean (R), rstd (R), weight
+// (D)) -> out = (grad_x (x's shape, contiguous), sum_dy_xhat (D), sum_dy (D)): with xhat = (x -
+// mean) * rstd and g = grad_out * weight, per row
+//   grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+// sum_dy_xhat = Σ_rows grad_out * xhat (the weight's gradient), sum_dy = Σ_rows grad_out (the
+// bias's), summed in blocks of rows of a fixed size, then over blocks in double (so independent
+// of the thread count).
 
 // softmax: in = (x, contiguous, floating) -> out (x's shape, contiguous): along dim, e^(x - max)
 // over the slice's sum of them (float16/bfloat16 computed in float32).

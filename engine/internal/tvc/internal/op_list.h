@@ -59,6 +59,7 @@
   X(mish, COMPOSED)                         \
   X(clamp, KERNEL)                          \
   X(clamp_backward, BACKWARD)               \
+  X(gelu_backward, BACKWARD)                \
   X(pow_scalar, KERNEL)                     \
   /* elementwise binary, broadcasting */    \
   X(add, KERNEL)                            \
@@ -112,7 +113,8 @@
   X(channel_affine, KERNEL)                 \
   X(batch_norm_stats, KERNEL)               \
   X(batch_norm_backward, BACKWARD)          \
-  X(layer_norm, COMPOSED)                   \
+  X(layer_norm, KERNEL)                     \
+  X(layer_norm_backward, BACKWARD)          \
   X(group_norm, COMPOSED)                   \
   X(softmax, KERNEL)                        \
   X(log_softmax, COMPOSED)                  \
