@@ -332,7 +332,9 @@ std::vector<OpRow> linalg_rows() {
       [] {
         std::vector<OpSample> c{randn_sample("2-d", {{3, 4}, {5, 4}, {5}}),
                                 randn_sample("3-d", {{2, 3, 4}, {2, 4}, {2}}), randn_sample("1-d", {{4}, {3, 4}, {3}}),
-                                randn_sample("size-1", {{1, 1}, {1, 1}, {1}})};
+                                randn_sample("size-1", {{1, 1}, {1, 1}, {1}}),
+                                // Rows with whole vectors and a tail on every ISA.
+                                randn_sample("rows of 37 into 21", {{5, 7, 37}, {21, 37}, {21}})};
         OpSample nc = randn_sample("non-contiguous", {{4, 3}, {5, 3}, {5}});
         nc.inputs = {non_contiguous(nc.inputs[0]), non_contiguous(nc.inputs[1]), nc.inputs[2]};
         c.push_back(nc);

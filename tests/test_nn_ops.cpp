@@ -11,6 +11,8 @@
 #include "torch_golden.h"
 #include "tvc/autograd.h"
 #include "tvc/internal/kernel.h"
+#include "tvc/nn/containers.h"
+#include "tvc/nn/layers.h"
 #include "tvc/ops.h"
 #include "tvc/profiler.h"
 
@@ -321,6 +323,83 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
                                                                                            : 1e-14)
                 << where;
           }
+}
+
+// linear_gelu in inference (one kernel: the bias and the GELU applied to the product's blocks)
+// gives the separate linear and gelu ops' values bit for bit, in float32 (on every instruction
+// set) and float64, for shapes with one or several GEMM blocks, a strided x and a transposed
+// weight; with autograd it is the separate ops with their gradients; a Sequential's Linear then
+// GELU takes it without grad, and the plain forwards with a hook on either module.
+TEST(NnOps, LinearGeluEqualsTheSeparateOps) {
+  auto identical = [](const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() && a.to_vector() == b.to_vector();
+  };
+  struct Case {
+    const char* label;
+    Shape x;
+    int64_t out;
+  };
+  const std::vector<Case> cases{
+      {"small", {3, 5}, 4}, {"3-d rows", {2, 7, 37}, 21}, {"several blocks", {5, 120, 70}, 700}, {"1-d", {9}, 40}};
+  for (Isa isa : available_isas()) {
+    set_isa(isa);
+    for (DType dt : {DType::Float32, DType::Float64})
+      for (const Case& c : cases)
+        for (bool strided : {false, true}) {
+          const std::string where =
+              cat_str(c.label, strided ? " strided" : "", " ", dtype_name(dt), " ", isa_name(isa));
+          Tensor x = randn_of(c.x, dt, 1) * 2;
+          Tensor w = randn_of({c.out, c.x.back()}, dt, 2), b = randn_of({c.out}, dt, 3);
+          if (strided) {
+            x = x.unsqueeze(-1)
+                    .expand([&] {
+                      Shape s = c.x;
+                      s.push_back(2);
+                      return s;
+                    }())
+                    .contiguous()
+                    .select(-1, 1);
+            w = w.t().contiguous().t();
+          }
+          Tensor fused;
+          {
+            NoGradGuard no_grad;
+            fused = linear_gelu(x, w, b);
+          }
+          const Tensor separate = gelu(linear(x, w, b));
+          EXPECT_EQ(fused.shape(), separate.shape()) << where;
+          EXPECT_TRUE(identical(fused, separate.detach())) << where << ": " << relative_error(fused, separate);
+        }
+  }
+  set_isa(available_isas().back());
+  // With autograd: the separate ops' values and gradients.
+  const Tensor x = randn_of({4, 6}, DType::Float64, 4).requires_grad_(), w = randn_of({5, 6}, DType::Float64, 5),
+               b = randn_of({5}, DType::Float64, 6).requires_grad_();
+  const Tensor y = linear_gelu(x, w, b);
+  ASSERT_TRUE(y.requires_grad());
+  y.sum().backward();
+  const Tensor x2 = x.detach().requires_grad_(), b2 = b.detach().requires_grad_();
+  gelu(linear(x2, w, b2)).sum().backward();
+  EXPECT_LE(relative_error(x.grad(), x2.grad()), 1e-15);
+  EXPECT_LE(relative_error(b.grad(), b2.grad()), 1e-15);
+  // Sequential: fused without grad, the hooked forwards otherwise (the hook sees the Linear's output).
+  auto fc = std::make_shared<nn::Linear>(6, 5);
+  nn::Sequential mlp{fc, std::make_shared<nn::GELU>()};
+  const Tensor input = randn_of({3, 6}, DType::Float32, 7);
+  Tensor plain, hooked;
+  {
+    NoGradGuard no_grad;
+    plain = mlp(input);
+    int calls = 0;
+    fc->register_forward_hook([&](nn::Module&, const nn::TensorList&, const nn::TensorList&) {
+      ++calls;
+      return std::optional<nn::TensorList>();
+    });
+    hooked = mlp(input);
+    EXPECT_EQ(calls, 1);
+  }
+  EXPECT_TRUE(identical(plain, gelu(linear(input, fc->weight(), fc->bias())).detach()));
+  EXPECT_TRUE(identical(hooked, plain));
 }
 
 // float32 3x3 stride-1 convolutions with enough channels and 4x4 output tiles take Winograd

@@ -68,10 +68,58 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   return out;
 }
 
+namespace {
+
+// Whether linear (with a bias) runs as the linear kernel: x, weight and bias of one float32 or
+// float64 dtype and device, something to compute, and the device has the kernel.
+bool linear_kernel_fits(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return (x.dtype() == DType::Float32 || x.dtype() == DType::Float64) && weight.dtype() == x.dtype() &&
+         bias.dtype() == x.dtype() && weight.device() == x.device() && bias.device() == x.device() && x.numel() > 0 &&
+         weight.shape()[1] > 0 && kernel_registry().supports(Op::linear, x.device());
+}
+
+// The linear kernel on x (*, K): x @ weight^T + bias, then the GELU where gelu is set; no autograd.
+Tensor run_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool gelu) {
+  NoGradGuard no_grad;
+  const int64_t K = weight.shape()[1], N = weight.shape()[0];
+  const Tensor rows = x.reshape({-1, K});
+  Tensor out = empty({rows.shape()[0], N}, {.dtype = x.dtype(), .device = x.device()});
+  const LinearParams p{gelu};
+  detail::run(Op::linear, {rows.detach(), weight.detach(), bias.detach()}, {out}, &p);
+  Shape shape = x.shape();
+  shape.back() = N;
+  return out.view(shape);
+}
+
+// linear with a bias as one linear kernel (the bias added to the product's blocks while in
+// cache); its backward as matmuls and a sum over rows.
+Tensor linear_fused(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  Tensor y = run_linear(x, weight, bias, false);
+  if (!autograd::any_requires_grad({x, weight, bias})) return y;
+  const int64_t K = weight.shape()[1], N = weight.shape()[0];
+  const bool gx = x.requires_grad(), gw = weight.requires_grad(), gb = bias.requires_grad();
+  const Shape x_shape = x.shape();
+  SavedTensor srows(gw ? x.reshape({-1, K}) : Tensor()), sweight(gx ? weight : Tensor());
+  autograd::record("AddmmBackward0", {x, weight, bias}, {y}, [=](const GradList& g) -> GradList {
+    const char* node = "AddmmBackward0";
+    const Tensor g2 = g[0].reshape({-1, N});
+    return {gx ? matmul(g2, sweight.unpack(node)).reshape(x_shape) : Tensor(),
+            gw ? matmul(g2.t(), srows.unpack(node)) : Tensor(), gb ? sum(g2, {0}) : Tensor()};
+  });
+  return y;
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TVC_CHECK(weight.dim() == 2, "linear: weight must be 2-d (out_features, in_features), got shape ", weight.shape());
   TVC_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1], "linear: input of shape ", x.shape(),
             " does not end in in_features = ", weight.shape()[1], " (weight shape ", weight.shape(), ")");
+  if (bias.defined()) {
+    TVC_CHECK(bias.dim() == 1 && bias.shape()[0] == weight.shape()[0], "linear: bias of shape ", bias.shape(),
+              " does not match out_features = ", weight.shape()[0]);
+    if (linear_kernel_fits(x, weight, bias)) return linear_fused(x, weight, bias);
+  }
   Tensor y;
   if (x.dtype() == DType::Float32 && weight.dtype() == DType::BFloat16) {
     // A bfloat16 weight (nn::convert_weights_to_bfloat16): without autograd on the CPU, x rounded to
@@ -91,12 +139,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   } else {
     y = matmul(x, weight.t());
   }
-  if (bias.defined()) {
-    TVC_CHECK(bias.dim() == 1 && bias.shape()[0] == weight.shape()[0], "linear: bias of shape ", bias.shape(),
-              " does not match out_features = ", weight.shape()[0]);
-    y = add(y, bias);
-  }
-  return y;
+  return bias.defined() ? add(y, bias) : y;
+}
+
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  TVC_CHECK(bias.defined(), "linear_gelu: needs a bias");
+  const bool fused = weight.dim() == 2 && x.dim() >= 1 && x.shape().back() == weight.shape()[1] && bias.dim() == 1 &&
+                     bias.shape()[0] == weight.shape()[0] && linear_kernel_fits(x, weight, bias) &&
+                     !autograd::any_requires_grad({x, weight, bias});
+  return fused ? run_linear(x, weight, bias, true) : gelu(linear(x, weight, bias));
 }
 
 Tensor Tensor::matmul(const Tensor& other) const { return tvc::matmul(*this, other); }

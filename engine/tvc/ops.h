@@ -140,6 +140,12 @@ Tensor bmm(const Tensor& a, const Tensor& b);     // (B,M,K) @ (B,K,N) -> (B,M,N
 Tensor matmul(const Tensor& a, const Tensor& b);  // torch.matmul rules, batch dims broadcast
 // x (*,in) @ weight (out,in)^T + bias (out) -> (*,out)
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// gelu(linear(x, weight, bias)), gelu's erf form, bias (out) required: when autograd does not
+// record it (no grad mode, or no input that requires grad), x, weight and bias are float32 or
+// float64 of one dtype and the device has the kernel, one kernel that adds the bias and applies
+// the GELU to each block of the product while in cache; otherwise the two ops, with their
+// gradients. An MLP's Linear then GELU (Sequential, nn::linear_activation) runs it in inference.
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // ---- convolution and pooling ----
 // input (N,C,H,W), weight (O,C/groups,kh,kw), bias (O) -> (N,O,Ho,Wo). Unbatched (C,H,W) input

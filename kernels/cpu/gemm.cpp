@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -523,6 +524,50 @@ void bmm_kernel(const KernelArgs& args) {
   }
 }
 
+// What a linear layer's epilogue applies: the bias (N), then the GELU where gelu is set.
+template <typename T>
+struct LinearEpilogue {
+  const T* bias;
+  bool gelu;
+};
+
+// A linear layer's epilogue on each row of a finished block of its product (GemmEpilogue; C's
+// columns contiguous).
+template <typename T>
+void linear_epilogue(const void* ctx, T* c, int64_t c_rs, int64_t, int64_t, int64_t m, int64_t j0, int64_t n) {
+  const auto& e = *static_cast<const LinearEpilogue<T>*>(ctx);
+  const T* b = e.bias + j0;
+  for (int64_t i = 0; i < m; ++i) {
+    T* row = c + i * c_rs;
+    if constexpr (std::is_same_v<T, float>) {
+      epilogue_row(n, row, row, nullptr, nullptr, b, RowActivation::none);
+      if (e.gelu) vector_function(VectorFunction::gelu, n, row, row);
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        const T v = row[j] + b[j];
+        row[j] = e.gelu ? v * T(0.5) * (T(1) + std::erf(v * T(0.7071067811865476))) : v;
+      }
+    }
+  }
+}
+
+// in = (x (M,K), weight (N,K), bias (N)) -> out (M,N) (kernel.h).
+void linear_kernel(const KernelArgs& args) {
+  const Tensor& x = args.in[0];
+  const Tensor& w = args.in[1];
+  const Tensor& out = args.out[0];
+  const int64_t M = x.shape()[0], K = x.shape()[1], N = w.shape()[0];
+  auto run = [&]<typename T>() {
+    const LinearEpilogue<T> e{args.in[2].data_ptr<T>(), args.p<LinearParams>().gelu};
+    const GemmEpilogue<T> epilogue{linear_epilogue<T>, &e};
+    gemm<T>(M, N, K, x.data_ptr<T>(), x.strides()[0], x.strides()[1], w.data_ptr<T>(), w.strides()[1], w.strides()[0],
+            out.data_ptr<T>(), N, 1, T(0), &epilogue);
+  };
+  if (x.dtype() == DType::Float32) return run.template operator()<float>();
+  if (x.dtype() == DType::Float64) return run.template operator()<double>();
+  unsupported_dtype(Op::linear, x.dtype(), Device::CPU);
+}
+
 }  // namespace
 
 void register_gemm_kernels(KernelRegistry& r, Isa isa) {
@@ -542,6 +587,7 @@ void register_gemm_kernels(KernelRegistry& r, Isa isa) {
 #endif
   g_kernels.store(k, std::memory_order_release);
   r.set(Op::bmm, Device::CPU, bmm_kernel);
+  r.set(Op::linear, Device::CPU, linear_kernel);
 }
 
 }  // namespace tvc::cpu

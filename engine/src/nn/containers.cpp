@@ -34,6 +34,13 @@ Tensor Sequential::forward(const Tensor& x) {
       i += act ? 2 : 1;
       continue;
     }
+    // A Linear and a GELU go through linear_activation, which fuses them in inference.
+    if (dynamic_cast<const Linear*>(m.get()) && dynamic_cast<const GELU*>(at(i + 1))) {
+      ModulePtr linear = m, act = children_.item(i + 1).second;
+      y = linear_activation(*linear, *act, y);
+      ++i;
+      continue;
+    }
     y = (*m)(y);
   }
   return y;

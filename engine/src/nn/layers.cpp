@@ -244,6 +244,15 @@ Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, cons
   return conv2d->forward_epilogue(x, scale, shift, residual, *act);
 }
 
+Tensor linear_activation(Module& linear, Module& activation, const Tensor& x) {
+  auto* fc = typeid(linear) == typeid(Linear) ? static_cast<Linear*>(&linear) : nullptr;
+  auto* gelu = typeid(activation) == typeid(GELU) ? static_cast<GELU*>(&activation) : nullptr;
+  if (fc && gelu && gelu->approximate == GeluApproximate::None && fc->bias().defined() && !linear.has_call_hooks() &&
+      !activation.has_call_hooks())
+    return linear_gelu(x, fc->weight(), fc->bias());
+  return activation(linear(x));
+}
+
 // ---------------------------------------------------------------- bfloat16 inference
 
 int64_t convert_weights_to_bfloat16(Module& model) {

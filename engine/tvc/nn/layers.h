@@ -239,6 +239,12 @@ class Dropout : public Cloneable<Dropout> {
 // weight / sqrt(running_var + eps), shift = bias - running_mean * scale (+ the convolution's bias times scale),
 // computed in double from the current values on each call. Forwards call it where torchvision's forward runs exactly
 // this sequence; Sequential does for its children in order.
+// activation(linear(x)) for an MLP's Linear and activation modules: their forwards one after
+// the other, with their hooks; or, when linear is a Linear with a bias and activation a GELU of
+// the erf form (those exact classes) and neither has hooks, tvc::linear_gelu (one kernel in
+// inference). Sequential calls it for a Linear followed by a GELU.
+Tensor linear_activation(Module& linear, Module& activation, const Tensor& x);
+
 Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, const Tensor& x,
                             const Tensor& residual = Tensor());
 

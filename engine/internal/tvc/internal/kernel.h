@@ -125,6 +125,13 @@ struct FillParams {
 };
 
 // bmm: out[b] = in0[b] @ in1[b], shapes (B,M,K) (B,K,N) -> (B,M,N), any strides.
+// linear: in = (x (M,K), weight (N,K), both any strides; bias (N)), float32 or float64, K >= 1 ->
+// out (M,N) contiguous = x @ weight^T + bias: the bias added to each finished block of the
+// product (rounded as the separate add rounds it), then with params.gelu the GELU (erf form) of
+// each element, as the gelu kernel computes it.
+struct LinearParams {
+  bool gelu = false;
+};
 // Reductions (sum, amax, amin, argmax, argmin): the output is given in keepdim form; dims where
 // the output has extent 1 and the input does not are reduced.
 struct TopkParams {

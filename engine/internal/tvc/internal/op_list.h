@@ -93,7 +93,7 @@
   /* linear algebra */                      \
   X(bmm, KERNEL)                            \
   X(matmul, COMPOSED)                       \
-  X(linear, COMPOSED)                       \
+  X(linear, KERNEL)                         \
   /* convolution and pooling, N,C,H,W */    \
   X(conv2d, KERNEL)                         \
   X(conv2d_backward_input, BACKWARD)        \
