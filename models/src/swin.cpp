@@ -96,7 +96,8 @@ class ShiftedWindowAttention : public nn::Cloneable<ShiftedWindowAttention> {
   Tensor relative_position_bias() const {
     const int64_t tokens = window_ * window_;
     Tensor bias = index_select(parameter("relative_position_bias_table"), 0, buffer("relative_position_index"));
-    return bias.view({tokens, tokens, num_heads_}).permute({2, 0, 1}).unsqueeze(0);
+    // Contiguous (h * T * T values, once per call): the add to every window then reads it in rows.
+    return bias.view({tokens, tokens, num_heads_}).permute({2, 0, 1}).contiguous().unsqueeze(0);
   }
 
   // (nW, T, T) in like's dtype and device: 0 where two tokens of a window come from the same
