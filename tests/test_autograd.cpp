@@ -20,6 +20,45 @@ TEST(Autograd, AccumulatesIntoLeaves) {
   EXPECT_LE(relative_error(first, mul(x, scalar_like(2, DType::Float32))), 1e-7);
 }
 
+// A leaf's first gradient is the incoming tensor itself when nothing else holds it (no copy), and
+// a copy otherwise: never the memory of another leaf's gradient, of the caller's tensor or of
+// what a hook kept.
+TEST(Autograd, FirstGradientIsTakenOnlyWhenNothingElseHoldsIt) {
+  Tensor x = randn({4, 5}).requires_grad_();
+  const void* incoming = nullptr;
+  const int handle = x.register_hook([&](const Tensor& g) {
+    incoming = g.data_ptr<float>();
+    return Tensor();
+  });
+  sum(mul(x, x)).backward();
+  EXPECT_EQ(x.grad().data_ptr<float>(), incoming);  // taken
+  EXPECT_LE(relative_error(x.grad(), mul(x.detach(), scalar_like(2, DType::Float32))), 1e-7);
+  x.remove_hook(handle);
+  // add's backward hands the same gradient to both inputs: two separate tensors.
+  Tensor a = randn({3}).requires_grad_(), b = randn({3}).requires_grad_();
+  Tensor g = randn({3});
+  add(a, b).backward(g);
+  EXPECT_NE(a.grad().data_ptr<float>(), b.grad().data_ptr<float>());
+  EXPECT_NE(a.grad().data_ptr<float>(), g.data_ptr<float>());
+  EXPECT_NE(b.grad().data_ptr<float>(), g.data_ptr<float>());
+  a.grad().add_(1.0);
+  EXPECT_EQ(b.grad().to_vector(), g.to_vector());
+  // A hook that keeps the gradient: the leaf's is a copy.
+  Tensor kept;
+  Tensor c = randn({3}).requires_grad_();
+  c.register_hook([&](const Tensor& grad) {
+    kept = grad;
+    return Tensor();
+  });
+  sum(mul(c, c)).backward();
+  EXPECT_NE(c.grad().data_ptr<float>(), kept.data_ptr<float>());
+  // select's backward writes the gradient into a zero tensor of the input's size: the whole of it
+  // is the leaf's.
+  Tensor d = randn({2, 3}).requires_grad_();
+  sum(d.select(0, 1)).backward();
+  EXPECT_EQ(d.grad().to_vector(), std::vector<double>({0, 0, 0, 1, 1, 1}));
+}
+
 TEST(Autograd, SharedSubexpressionSumsGradients) {
   Tensor x = randn({4}, {.dtype = DType::Float64}).requires_grad_();
   Tensor y = exp(x);

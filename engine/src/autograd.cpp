@@ -57,14 +57,25 @@ class AccumulateGrad : public Node {
   GradList apply(GradList&& grads) override {
     auto leaf = leaf_.lock();
     if (!leaf) return {};
-    Tensor g = grads[0];
+    Tensor g = std::move(grads[0]);
     for (auto& [handle, hook] : leaf->leaf_hooks) {
       Tensor r = hook(g);
       if (r.defined()) g = r;
     }
     if (!leaf->grad) {
-      // Own the gradient: a fresh tensor in the leaf's layout, never an alias of another.
-      Tensor owned = empty_like(Tensor(leaf));
+      // Own the gradient, never an alias of another: g itself where nothing else holds it or its
+      // memory and it is laid out as a fresh tensor in the leaf's layout would be (as PyTorch's
+      // AccumulateGrad steals it; no copy of every parameter's gradient per step), else a copy.
+      const Tensor like(leaf);
+      const bool sole = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.storage_offset() == 0 &&
+                        g.storage()->nbytes() == static_cast<size_t>(g.numel()) * g.element_size() &&
+                        g.dtype() == like.dtype() && g.device() == like.device() && g.shape() == like.shape() &&
+                        g.is_contiguous(like.suggest_memory_format());
+      if (sole) {
+        leaf->grad = g.impl_ptr();
+        return {};
+      }
+      Tensor owned = empty_like(like);
       owned.copy_(g);
       leaf->grad = owned.impl_ptr();
     } else {
