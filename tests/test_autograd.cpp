@@ -43,6 +43,13 @@ TEST(Autograd, FirstGradientIsTakenOnlyWhenNothingElseHoldsIt) {
   EXPECT_NE(b.grad().data_ptr<float>(), g.data_ptr<float>());
   a.grad().add_(1.0);
   EXPECT_EQ(b.grad().to_vector(), g.to_vector());
+  // Both of add's gradients reach one leaf: summed (in place only into a tensor of its own), the
+  // caller's gradient untouched.
+  Tensor e = randn({3}).requires_grad_();
+  const std::vector<double> g_before = g.to_vector();
+  add(e, e).backward(g);
+  EXPECT_EQ(g.to_vector(), g_before);
+  EXPECT_LE(relative_error(e.grad(), mul(g, scalar_like(2, DType::Float32))), 1e-7);
   // A hook that keeps the gradient: the leaf's is a copy.
   Tensor kept;
   Tensor c = randn({3}).requires_grad_();
