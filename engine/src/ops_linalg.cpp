@@ -78,11 +78,11 @@ bool linear_kernel_fits(const Tensor& x, const Tensor& weight, const Tensor& bia
          weight.shape()[1] > 0 && kernel_registry().supports(Op::linear, x.device());
 }
 
-// The linear kernel on x (*, K): x @ weight^T + bias, then the GELU where gelu is set; no autograd.
-Tensor run_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool gelu) {
+// The linear kernel on x (*, K), given as its rows (M, K): x @ weight^T + bias, then the GELU
+// where gelu is set, in x's shape but for the last dim; no autograd.
+Tensor run_linear(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& bias, bool gelu) {
   NoGradGuard no_grad;
-  const int64_t K = weight.shape()[1], N = weight.shape()[0];
-  const Tensor rows = x.reshape({-1, K});
+  const int64_t N = weight.shape()[0];
   Tensor out = empty({rows.shape()[0], N}, {.dtype = x.dtype(), .device = x.device()});
   const LinearParams p{gelu};
   detail::run(Op::linear, {rows.detach(), weight.detach(), bias.detach()}, {out}, &p);
@@ -94,12 +94,13 @@ Tensor run_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, boo
 // linear with a bias as one linear kernel (the bias added to the product's blocks while in
 // cache); its backward as matmuls and a sum over rows.
 Tensor linear_fused(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  Tensor y = run_linear(x, weight, bias, false);
-  if (!autograd::any_requires_grad({x, weight, bias})) return y;
   const int64_t K = weight.shape()[1], N = weight.shape()[0];
+  const Tensor rows = x.reshape({-1, K});  // a view, or the one copy of a non-contiguous x
+  Tensor y = run_linear(x, rows, weight, bias, false);
+  if (!autograd::any_requires_grad({x, weight, bias})) return y;
   const bool gx = x.requires_grad(), gw = weight.requires_grad(), gb = bias.requires_grad();
   const Shape x_shape = x.shape();
-  SavedTensor srows(gw ? x.reshape({-1, K}) : Tensor()), sweight(gx ? weight : Tensor());
+  SavedTensor srows(gw ? rows : Tensor()), sweight(gx ? weight : Tensor());
   autograd::record("AddmmBackward0", {x, weight, bias}, {y}, [=](const GradList& g) -> GradList {
     const char* node = "AddmmBackward0";
     const Tensor g2 = g[0].reshape({-1, N});
@@ -147,7 +148,7 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const bool fused = weight.dim() == 2 && x.dim() >= 1 && x.shape().back() == weight.shape()[1] && bias.dim() == 1 &&
                      bias.shape()[0] == weight.shape()[0] && linear_kernel_fits(x, weight, bias) &&
                      !autograd::any_requires_grad({x, weight, bias});
-  return fused ? run_linear(x, weight, bias, true) : gelu(linear(x, weight, bias));
+  return fused ? run_linear(x, x.reshape({-1, weight.shape()[1]}), weight, bias, true) : gelu(linear(x, weight, bias));
 }
 
 Tensor Tensor::matmul(const Tensor& other) const { return tvc::matmul(*this, other); }
