@@ -364,7 +364,11 @@ TEST(NnOps, LinearGeluEqualsTheSeparateOps) {
           Tensor fused;
           {
             NoGradGuard no_grad;
+            KernelProfiler profiler;
             fused = linear_gelu(x, w, b);
+            // One kernel: the fused linear, no separate gelu (or add) after it.
+            ASSERT_EQ(profiler.records().size(), 1u) << where;
+            EXPECT_EQ(profiler.records()[0].op, "linear") << where;
           }
           const Tensor separate = gelu(linear(x, w, b));
           EXPECT_EQ(fused.shape(), separate.shape()) << where;
@@ -389,7 +393,11 @@ TEST(NnOps, LinearGeluEqualsTheSeparateOps) {
   Tensor plain, hooked;
   {
     NoGradGuard no_grad;
-    plain = mlp(input);
+    {
+      KernelProfiler profiler;
+      plain = mlp(input);
+      ASSERT_EQ(profiler.records().size(), 1u);  // the Linear and the GELU as one kernel
+    }
     int calls = 0;
     fc->register_forward_hook([&](nn::Module&, const nn::TensorList&, const nn::TensorList&) {
       ++calls;
