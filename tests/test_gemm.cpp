@@ -511,3 +511,38 @@ TEST(ElementwiseThreads, LongRowsCutIntoPiecesGiveEveryElementItsValue) {
   }
   set_num_threads(threads);
 }
+
+// The depthwise row kernel of each instruction set against float64: lengths around its blocks of
+// 8 vectors and its last, partial block (1 to 8 vectors, the last one partial), 9 and 25 taps,
+// strides 1 and 2; the sums in tap order from the bias, within their float32 roundings (2^-21
+// of the terms' magnitudes); nothing written past n, and the loads past the row only into the
+// documented slack.
+TEST(DepthwiseRow, MatchesFloat64OnEveryInstructionSet) {
+  std::mt19937 gen(12);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  for_each_isa([&] {
+    for (int64_t taps : {9, 25})
+      for (int64_t stride : {1, 2})
+        for (int64_t n : {1, 7, 8, 15, 16, 17, 73, 127, 128, 129, 130, 255, 256, 300}) {
+          const int64_t span = (n - 1) * stride + 1 + taps;  // tap t reads from offset t
+          std::vector<float> x(span + cpu::kDepthwiseRowSlack), w(taps);
+          for (float& v : x) v = dist(gen);
+          for (float& v : w) v = dist(gen);
+          std::vector<const float*> rows(taps);
+          for (int64_t t = 0; t < taps; ++t) rows[t] = x.data() + t;
+          const float bias = 0.625f, canary = 1234.5f;
+          std::vector<float> y(n + 40, canary);
+          cpu::depthwise_row(n, taps, rows.data(), w.data(), stride, bias, y.data());
+          for (int64_t i = 0; i < n; ++i) {
+            double want = bias, terms = std::abs(bias);
+            for (int64_t t = 0; t < taps; ++t) {
+              want += double(w[t]) * rows[t][i * stride];
+              terms += std::abs(double(w[t]) * rows[t][i * stride]);
+            }
+            EXPECT_LE(std::abs(y[i] - want), std::ldexp(terms, -21))
+                << "taps " << taps << " stride " << stride << " n " << n << " at " << i;
+          }
+          for (int64_t i = n; i < n + 40; ++i) EXPECT_EQ(y[i], canary) << "n " << n << " wrote past the row at " << i;
+        }
+  });
+}

@@ -268,8 +268,8 @@ TEST(NnOps, Conv2dRejectsBadShapes) {
 // The fused epilogue kernel (no autograd) against the separate ops (autograd recording), in
 // float32, float64 and bfloat16 (its GEMM form; against float64), over the kernel's paths: pointwise and 3x3 GEMMs (in
 // place, the epilogue inside the GEMM on one or several threads, and several samples per GEMM on small maps), grouped,
-// depthwise (the float32 flat path, stride 1 and 2, and float64's direct loops), NCHW and channels-last inputs and
-// outputs, a residual in either layout or strided.
+// depthwise (the float32 flat path, stride 1 and 2, short and long rows, and float64's direct loops), NCHW and
+// channels-last inputs and outputs, a residual in either layout or strided.
 TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
   struct Case {
     const char* label;
@@ -284,7 +284,10 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
                                 {"small maps", {12, 3, 4, 4}, {5, 3, 3, 3}, {2, 2}, {1, 1}, 1},
                                 {"grouped", {2, 4, 6, 5}, {6, 2, 3, 3}, {1, 1}, {1, 1}, 2},
                                 {"depthwise", {2, 5, 9, 7}, {5, 1, 3, 3}, {1, 1}, {1, 1}, 5},
-                                {"depthwise stride 2", {1, 4, 9, 10}, {8, 1, 5, 5}, {2, 2}, {2, 2}, 4}};
+                                {"depthwise stride 2", {1, 4, 9, 10}, {8, 1, 5, 5}, {2, 2}, {2, 2}, 4},
+                                // rows of 16 and more: the epilogue row by row on the way out
+                                {"depthwise wide rows", {1, 3, 6, 40}, {3, 1, 3, 3}, {1, 1}, {1, 1}, 3},
+                                {"depthwise wide stride 2", {2, 3, 9, 36}, {3, 1, 5, 5}, {2, 2}, {2, 2}, 3}};
   const EpilogueActivation acts[] = {EpilogueActivation::None, EpilogueActivation::ReLU, EpilogueActivation::ReLU6,
                                      EpilogueActivation::SiLU, EpilogueActivation::Hardswish};
   for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16})

@@ -397,31 +397,37 @@ int64_t tap_offset(const ConvGeom& g, int64_t Wp, int64_t i, int64_t j) { return
 
 // Float32 planes (x's row and column strides x_rs, x_cs: channels-last planes too), stride 1 or 2,
 // all to the instruction set's row kernel (depthwise_row) as one long row: the plane is copied
-// into a zero-padded (Hp, Wp) buffer
-// xp, and output (oh, ow) is element q = oh * Wp + ow of a flat result whose tap (i, j) is
-// xp[stride * q + i * dh * Wp + j * dw]; the q with ow >= Wo are computed and dropped. Short rows
-// (small maps, 5x5 windows) become whole vectors this way. Taps over the padding add exact zeros,
-// so every output is the sum over the taps inside the input, in tap order. The result stays in
-// yq (output row oh at yq + oh * Wp), for the caller's epilogue to store; xp holds Hp * Wp + 64
-// floats, yq (Ho - 1) * Wp + Wo, rows and tap_w kh * kw.
+// into a zero-padded (Hp, Wp) buffer xp, and output (oh, ow) is element q = oh * Wp + ow of a flat
+// result whose tap (i, j) is xp[stride * q + i * dh * Wp + j * dw]; the q with ow >= Wo are computed
+// and dropped. Short rows (small maps, 5x5 windows) become whole vectors this way. Taps over the
+// padding add exact zeros, so every output is the sum over the taps inside the input, in tap order.
+// The result stays in yq (output row oh at yq + oh * Wp), for the caller's epilogue to store; xp
+// holds depthwise_padded_floats, yq depthwise_flat_outputs, rows and tap_w kh * kw.
+int64_t depthwise_padded_floats(const ConvGeom& g) { return (g.H + 2 * g.ph) * (g.W + 2 * g.pw) + kDepthwiseRowSlack; }
+int64_t depthwise_flat_outputs(const ConvGeom& g) { return (g.Ho - 1) * (g.W + 2 * g.pw) + g.Wo; }
 void depthwise_plane_flat(const float* x, int64_t x_rs, int64_t x_cs, const float* w, float bias, const ConvGeom& g,
                           float* xp, float* yq, const float** rows, float* tap_w) {
-  const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw;
-  std::fill(xp, xp + Hp * Wp + 64, 0.f);  // the stride-2 kernel's last vector loads may read past the end
+  const int64_t Wp = g.W + 2 * g.pw;
+  std::fill(xp, xp + depthwise_padded_floats(g), 0.f);  // the padding, and the slack the kernel's last loads read
   for (int64_t h = 0; h < g.H; ++h) {
     float* row = xp + (h + g.ph) * Wp + g.pw;
+    const float* src = x + h * x_rs;
     if (x_cs == 1)
-      std::copy(x + h * x_rs, x + h * x_rs + g.W, row);
+      std::copy(src, src + g.W, row);
     else
-      for (int64_t w = 0; w < g.W; ++w) row[w] = x[h * x_rs + w * x_cs];
+      for (int64_t w = 0; w < g.W; ++w) row[w] = src[w * x_cs];
   }
   for (int64_t i = 0, t = 0; i < g.kh; ++i)
     for (int64_t j = 0; j < g.kw; ++j, ++t) {
       rows[t] = xp + tap_offset(g, Wp, i, j);
       tap_w[t] = w[t];
     }
-  depthwise_row((g.Ho - 1) * Wp + g.Wo, g.kh * g.kw, rows, tap_w, g.sw, bias, yq);
+  depthwise_row(depthwise_flat_outputs(g), g.kh * g.kw, rows, tap_w, g.sw, bias, yq);
 }
+
+// Output rows at least this long get the epilogue on their way out (one pass, whole vectors);
+// shorter ones over the whole flat result first (whole vectors across rows), then are copied.
+constexpr int64_t kDepthwiseShortRow = 16;
 
 // The epilogue left after a depthwise plane started from `first` (the shift when there is no
 // scale: the row kernels start each sum from it, as conv2d's bias always did).
@@ -447,25 +453,21 @@ void depthwise_forward(const Operand<const T>& x, const T* w, const Epilogue<T>&
   if constexpr (std::is_same_v<T, float>) {
     if (flat_depthwise(g)) {
       note_kernel_path("depthwise rows");
-      const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, taps = g.kh * g.kw;
+      const int64_t Wp = g.W + 2 * g.pw, taps = g.kh * g.kw;
       parallel_for(g.N * g.O, g.P * taps, [&](int64_t b, int64_t end) {
-        float* xp = thread_scratch<float, 0>(Hp * Wp + 64);
-        float* yq = thread_scratch<float, 1>((g.Ho - 1) * Wp + g.Wo);
+        float* xp = thread_scratch<float, 0>(depthwise_padded_floats(g));
+        float* yq = thread_scratch<float, 1>(depthwise_flat_outputs(g));
         std::vector<const float*> rows(taps);
         std::vector<float> tap_w(taps);
         for (int64_t it = b; it < end; ++it) {
-          int64_t n = it / g.O, o = it % g.O, c = o / g.Og;
-          float* yp = y.p + n * y.s[0] + o * y.s[1];
+          const int64_t n = it / g.O, o = it % g.O, c = o / g.Og;
           depthwise_plane_flat(x.p + n * x.s[0] + c * x.s[1], x.s[2], x.s[3], w + o * taps, first ? first[o] : 0.f, g,
                                xp, yq, rows.data(), tap_w.data());
-          // The rest of the epilogue: without a residual over the whole flat result in one run (the
-          // dropped columns too: whole vectors on short rows), else row by row on the way out.
-          if (!rest.residual) {
-            epilogue_positions(rest, n, o, 0, (g.Ho - 1) * Wp + g.Wo, yq, yq, (g.Ho - 1) * Wp + g.Wo);
-            for (int64_t oh = 0; oh < g.Ho; ++oh) store_output_row({}, n, o, oh, g.Wo, yq + oh * Wp, yp, y.s);
-          } else {
-            for (int64_t oh = 0; oh < g.Ho; ++oh) store_output_row(rest, n, o, oh, g.Wo, yq + oh * Wp, yp, y.s);
-          }
+          const bool flat_epilogue = !rest.residual && g.Wo < kDepthwiseShortRow;
+          if (flat_epilogue) epilogue_positions(rest, n, o, 0, Wp, yq, yq, depthwise_flat_outputs(g));
+          float* yp = y.p + n * y.s[0] + o * y.s[1];
+          for (int64_t oh = 0; oh < g.Ho; ++oh)
+            store_output_row(flat_epilogue ? Epilogue<float>{} : rest, n, o, oh, g.Wo, yq + oh * Wp, yp, y.s);
         }
       });
       return;
@@ -491,11 +493,11 @@ void depthwise_forward(const Operand<const T>& x, const T* w, const Epilogue<T>&
 // padded plane dyu, behind M = the largest tap offset of zeros, gives every element p of the
 // padded input plane as dx_pad[p] = Σ_t w_t * dyu[M + p - offset_t], the taps in order; dx is the
 // inside of dx_pad. dy_rs and dx_rs are row strides (columns contiguous); dyu holds
-// M + Hp * Wp + 64 floats, dxp Hp * Wp, rows and tap_w kh * kw.
+// M + Hp * Wp + kDepthwiseRowSlack floats, dxp Hp * Wp, rows and tap_w kh * kw.
 void depthwise_plane_input_flat(const float* dy, int64_t dy_rs, const float* w, const ConvGeom& g, float* dx,
                                 int64_t dx_rs, float* dyu, float* dxp, const float** rows, float* tap_w) {
   const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, M = tap_offset(g, Wp, g.kh - 1, g.kw - 1);
-  std::fill(dyu, dyu + M + Hp * Wp + 64, 0.f);
+  std::fill(dyu, dyu + M + Hp * Wp + kDepthwiseRowSlack, 0.f);
   for (int64_t oh = 0; oh < g.Ho; ++oh)
     for (int64_t ow = 0; ow < g.Wo; ++ow) dyu[M + g.sw * (oh * Wp + ow)] = dy[oh * dy_rs + ow];
   for (int64_t i = 0, t = 0; i < g.kh; ++i)
@@ -514,7 +516,7 @@ void depthwise_backward_input(const Operand<const T>& dy, const T* w, const Oper
     if (g.Og == 1 && flat_depthwise(g) && dy.s[3] == 1 && dx.s[3] == 1) {
       const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, taps = g.kh * g.kw;
       parallel_for(g.N * g.C, g.P * taps, [&](int64_t b, int64_t e) {
-        float* dyu = thread_scratch<float, 0>(tap_offset(g, Wp, g.kh - 1, g.kw - 1) + Hp * Wp + 64);
+        float* dyu = thread_scratch<float, 0>(tap_offset(g, Wp, g.kh - 1, g.kw - 1) + Hp * Wp + kDepthwiseRowSlack);
         float* dxp = thread_scratch<float, 1>(Hp * Wp);
         std::vector<const float*> rows(taps);
         std::vector<float> tap_w(taps);

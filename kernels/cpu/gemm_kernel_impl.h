@@ -245,61 +245,57 @@ void pack_transposed(int64_t k_n, int64_t cols, const float* src, int64_t src_ld
   }
 }
 
-// See DepthwiseRowF32: U vectors of W outputs stay in registers over the taps.
+// U vectors of depthwise outputs from ow (see DepthwiseRowF32), in registers over the taps; the
+// first `count` outputs are stored (the last vector may be partial: computed whole, its loads
+// reading into the caller's slack).
+template <int W, int U>
+void depthwise_vectors(int64_t ow, int64_t count, int64_t taps, const float* const* rows, const float* w,
+                       int64_t stride, float bias, float* y) {
+  typedef typename FloatVector<W>::type V;
+  V acc[U];
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) acc[u] = V{} + bias;
+  for (int64_t t = 0; t < taps; ++t) {
+    const float* x = rows[t] + ow * stride;
+    const V wv = V{} + w[t];
+#pragma GCC unroll 8
+    for (int u = 0; u < U; ++u) {
+      V xv;
+      if (stride == 1) {
+        __builtin_memcpy(&xv, x + u * W, sizeof(V));
+      } else {  // stride 2: the even lanes of two vectors
+        V lo, hi;
+        __builtin_memcpy(&lo, x + 2 * u * W, sizeof(V));
+        __builtin_memcpy(&hi, x + 2 * u * W + W, sizeof(V));
+        xv = even_lanes<W>(lo, hi);
+      }
+      acc[u] += wv * xv;
+    }
+  }
+  if (count == U * W) {
+    __builtin_memcpy(y + ow, acc, sizeof(acc));
+  } else {
+    float lanes[U * W];
+    __builtin_memcpy(lanes, acc, sizeof(acc));
+    for (int64_t k = 0; k < count; ++k) y[ow + k] = lanes[k];
+  }
+}
+
+// See DepthwiseRowF32: blocks of 8 vectors, then the rest (up to 8 vectors, the last partial) as
+// one block, so that its sums too are independent chains rather than one vector's latency-bound
+// chain over the taps.
 template <int W>
 void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride, float bias,
                    float* y) {
-  typedef typename FloatVector<W>::type V;
-  constexpr int U = 4;
-  // With stride 2 a vector of outputs loads 2W inputs, the last one past the last input used:
-  // the loops stop one output early so that it is still inside the row.
-  const int64_t end = stride == 2 ? n - 1 : n;
+  constexpr int U = 8;
   int64_t ow = 0;
-  for (; ow + U * W <= end; ow += U * W) {
-    V acc[U];
-#pragma GCC unroll 8
-    for (int u = 0; u < U; ++u) acc[u] = V{} + bias;
-    for (int64_t t = 0; t < taps; ++t) {
-      const float* x = rows[t] + ow * stride;
-      const V wv = V{} + w[t];
-#pragma GCC unroll 8
-      for (int u = 0; u < U; ++u) {
-        V xv;
-        if (stride == 1) {
-          __builtin_memcpy(&xv, x + u * W, sizeof(V));
-        } else {  // stride 2: the even lanes of two vectors
-          V lo, hi;
-          __builtin_memcpy(&lo, x + 2 * u * W, sizeof(V));
-          __builtin_memcpy(&hi, x + 2 * u * W + W, sizeof(V));
-          xv = even_lanes<W>(lo, hi);
-        }
-        acc[u] += wv * xv;
-      }
-    }
-    __builtin_memcpy(y + ow, acc, sizeof(acc));
-  }
-  for (; ow + W <= end; ow += W) {  // one vector at a time
-    V acc = V{} + bias;
-    for (int64_t t = 0; t < taps; ++t) {
-      const float* x = rows[t] + ow * stride;
-      V xv;
-      if (stride == 1) {
-        __builtin_memcpy(&xv, x, sizeof(V));
-      } else {
-        V lo, hi;
-        __builtin_memcpy(&lo, x, sizeof(V));
-        __builtin_memcpy(&hi, x + W, sizeof(V));
-        xv = even_lanes<W>(lo, hi);
-      }
-      acc += (V{} + w[t]) * xv;
-    }
-    __builtin_memcpy(y + ow, &acc, sizeof(acc));
-  }
-  for (; ow < n; ++ow) {
-    float s = bias;
-    for (int64_t t = 0; t < taps; ++t) s += w[t] * rows[t][ow * stride];
-    y[ow] = s;
-  }
+  for (; ow + U * W <= n; ow += U * W) depthwise_vectors<W, U>(ow, U * W, taps, rows, w, stride, bias, y);
+  using Block = void (*)(int64_t, int64_t, int64_t, const float* const*, const float*, int64_t, float, float*);
+  static constexpr Block last_blocks[U] = {depthwise_vectors<W, 1>, depthwise_vectors<W, 2>, depthwise_vectors<W, 3>,
+                                           depthwise_vectors<W, 4>, depthwise_vectors<W, 5>, depthwise_vectors<W, 6>,
+                                           depthwise_vectors<W, 7>, depthwise_vectors<W, 8>};
+  const int64_t rest = n - ow;
+  if (rest > 0) last_blocks[(rest + W - 1) / W - 1](ow, rest, taps, rows, w, stride, bias, y);
 }
 
 // See DotF32: 4 vector accumulators of W lanes, added pairwise, then the lanes, then the tail.

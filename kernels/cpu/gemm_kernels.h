@@ -61,7 +61,9 @@ struct FmaPeakLoop {
 // One output row of a float32 depthwise convolution, every tap inside the input:
 //   y[ow] = bias + w[0] * rows[0][ow * stride] + ... + w[taps-1] * rows[taps-1][ow * stride]
 // for ow in [0, n), summed in tap order; rows[t] points at tap t's input for ow = 0 (its rows
-// contiguous), stride is 1 or 2.
+// contiguous), stride is 1 or 2. Each rows[t] must be readable for kDepthwiseRowSlack floats past
+// rows[t][(n - 1) * stride]: the last vector is computed whole.
+constexpr int64_t kDepthwiseRowSlack = 32;
 using DepthwiseRowF32 = void (*)(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride,
                                  float bias, float* y);
 // The dot product of n floats a and b (both contiguous), summed in a fixed order.
