@@ -630,10 +630,14 @@ void depthwise_backward_weight(const Operand<const T>& dy, const Operand<const T
 
 // Small maps are lowered several samples side by side: m samples make one (K, m*P) matrix, so
 // the GEMM has enough columns to pay for packing the weight (a ResNet's last stage at 32x32
-// input has P = 1). The count depends on the shape only, so results do not depend on threads.
+// input has P = 1): up to about kGemmColumns columns, the n samples cut into equal groups (8
+// samples of 7x7 maps as 4 + 4, not 5 + 3, which left one thread waiting for the other). The
+// count depends on the shape only, so results do not depend on threads.
 constexpr int64_t kGemmColumns = 256;
 int64_t samples_per_gemm(const ConvGeom& g, int64_t n) {
-  return std::clamp<int64_t>(kGemmColumns / g.P, 1, std::max<int64_t>(n, 1));
+  n = std::max<int64_t>(n, 1);
+  const int64_t most = std::clamp<int64_t>(kGemmColumns / g.P, 1, n), groups = (n + most - 1) / most;
+  return (n + groups - 1) / groups;
 }
 
 // A (channels, m*P) matrix of m samples' maps: the tensor itself (strides rs, cs) when m == 1
