@@ -546,3 +546,39 @@ TEST(DepthwiseRow, MatchesFloat64OnEveryInstructionSet) {
         }
   });
 }
+
+// The channel-block depthwise kernel of each instruction set against float64: row lengths over
+// its groups of positions and every smaller last group, 9 and 25 taps, steps of 1 and 2
+// positions; the sums in tap order from the bias, within their float32 roundings; nothing
+// written past the row.
+TEST(DepthwiseChannels, MatchFloat64OnEveryInstructionSet) {
+  constexpr int64_t L = cpu::kDepthwiseBlock;
+  std::mt19937 gen(13);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  for_each_isa([&] {
+    for (int64_t taps : {9, 25})
+      for (int64_t step : {L, 2 * L})
+        for (int64_t n = 1; n <= 20; ++n) {
+          std::vector<int64_t> offsets(taps);
+          for (int64_t t = 0; t < taps; ++t) offsets[t] = (t * 3 % 7) * L;  // any order of positions
+          std::vector<float> x((n - 1) * step + 7 * L), w(taps * L), bias(L);
+          for (float& v : x) v = dist(gen);
+          for (float& v : w) v = dist(gen);
+          for (float& v : bias) v = dist(gen);
+          const float canary = 1234.5f;
+          std::vector<float> y((n + 2) * L, canary);
+          cpu::depthwise_channels(n, taps, x.data(), offsets.data(), step, w.data(), bias.data(), y.data());
+          for (int64_t p = 0; p < n; ++p)
+            for (int64_t c = 0; c < L; ++c) {
+              double want = bias[c], terms = std::abs(bias[c]);
+              for (int64_t t = 0; t < taps; ++t) {
+                const double term = double(w[t * L + c]) * x[offsets[t] + p * step + c];
+                want += term, terms += std::abs(term);
+              }
+              EXPECT_LE(std::abs(y[p * L + c] - want), std::ldexp(terms, -21))
+                  << "taps " << taps << " step " << step << " n " << n << " at " << p << ", " << c;
+            }
+          for (int64_t i = n * L; i < (n + 2) * L; ++i) EXPECT_EQ(y[i], canary) << "n " << n << " wrote past the row";
+        }
+  });
+}

@@ -74,6 +74,13 @@ TEST(NnOps, Conv2dForwardAndGradientsMatchTorch) {
       {{1, 3, 9, 11}, {6, 1, 3, 3}, false, {1, 1}, {0, 2}, {2, 1}, 3},
       {{2, 5, 4, 6}, {3, 5, 1, 1}, true, {1, 1}, {0, 0}, {1, 1}, 1},  // pointwise
       {{8, 3, 7, 7}, {4, 3, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},  // 8 small maps as two GEMMs of 4 samples
+      // depthwise in blocks of 16 channels: small maps, 5x5, stride 2 and 3, multiplier 2, a
+      // partial block, channels-last
+      {{2, 20, 7, 7}, {20, 1, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 20},
+      {{1, 24, 12, 11}, {24, 1, 3, 3}, true, {2, 2}, {1, 1}, {1, 1}, 24},
+      {{1, 16, 10, 9}, {16, 1, 3, 3}, false, {3, 3}, {1, 1}, {1, 1}, 16},
+      {{1, 10, 6, 6}, {20, 1, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 10},
+      {{2, 18, 7, 7}, {18, 1, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 18, true},
       {{2, 5, 4, 6}, {3, 5, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1, true},
       {{2, 4, 6, 6}, {4, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 4, true},
       {{2, 6, 4, 6}, {4, 6, 1, 1}, false, {1, 1}, {0, 0}, {1, 1}, 1, true},
@@ -278,17 +285,21 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
     std::array<int64_t, 2> stride, padding;
     int64_t groups;
   };
-  const std::vector<Case> cases{{"pointwise", {2, 6, 5, 7}, {5, 6, 1, 1}, {1, 1}, {0, 0}, 1},
-                                {"3x3", {1, 4, 9, 8}, {6, 4, 3, 3}, {1, 1}, {1, 1}, 1},
-                                // several threads and K, N blocks in the GEMM
-                                {"large", {1, 32, 20, 24}, {80, 32, 3, 3}, {1, 1}, {1, 1}, 1},
-                                {"small maps", {12, 3, 4, 4}, {5, 3, 3, 3}, {2, 2}, {1, 1}, 1},
-                                {"grouped", {2, 4, 6, 5}, {6, 2, 3, 3}, {1, 1}, {1, 1}, 2},
-                                {"depthwise", {2, 5, 9, 7}, {5, 1, 3, 3}, {1, 1}, {1, 1}, 5},
-                                {"depthwise stride 2", {1, 4, 9, 10}, {8, 1, 5, 5}, {2, 2}, {2, 2}, 4},
-                                // rows of 16 and more: the epilogue row by row on the way out
-                                {"depthwise wide rows", {1, 3, 6, 40}, {3, 1, 3, 3}, {1, 1}, {1, 1}, 3},
-                                {"depthwise wide stride 2", {2, 3, 9, 36}, {3, 1, 5, 5}, {2, 2}, {2, 2}, 3}};
+  const std::vector<Case> cases{
+      {"pointwise", {2, 6, 5, 7}, {5, 6, 1, 1}, {1, 1}, {0, 0}, 1},
+      {"3x3", {1, 4, 9, 8}, {6, 4, 3, 3}, {1, 1}, {1, 1}, 1},
+      // several threads and K, N blocks in the GEMM
+      {"large", {1, 32, 20, 24}, {80, 32, 3, 3}, {1, 1}, {1, 1}, 1},
+      {"small maps", {12, 3, 4, 4}, {5, 3, 3, 3}, {2, 2}, {1, 1}, 1},
+      {"grouped", {2, 4, 6, 5}, {6, 2, 3, 3}, {1, 1}, {1, 1}, 2},
+      {"depthwise", {2, 5, 9, 7}, {5, 1, 3, 3}, {1, 1}, {1, 1}, 5},
+      {"depthwise stride 2", {1, 4, 9, 10}, {8, 1, 5, 5}, {2, 2}, {2, 2}, 4},
+      // rows of 16 and more: the epilogue row by row on the way out
+      {"depthwise wide rows", {1, 3, 6, 40}, {3, 1, 3, 3}, {1, 1}, {1, 1}, 3},
+      {"depthwise wide stride 2", {2, 3, 9, 36}, {3, 1, 5, 5}, {2, 2}, {2, 2}, 3},
+      // blocks of 16 channels (a partial one)
+      {"depthwise channel blocks", {2, 20, 7, 7}, {20, 1, 5, 5}, {1, 1}, {2, 2}, 20},
+      {"depthwise channel blocks stride 2", {1, 18, 9, 8}, {18, 1, 3, 3}, {2, 2}, {1, 1}, 18}};
   const EpilogueActivation acts[] = {EpilogueActivation::None, EpilogueActivation::ReLU, EpilogueActivation::ReLU6,
                                      EpilogueActivation::SiLU, EpilogueActivation::Hardswish};
   for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16})

@@ -405,6 +405,15 @@ void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const floa
   active_kernels().depthwise_row(n, taps, rows, w, stride, bias, y);
 }
 
+void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step, const float* w,
+                        const float* bias, float* y) {
+  active_kernels().depthwise_channels(n, taps, x, offsets, step, w, bias, y);
+}
+
+void transpose_copy(int64_t k_n, int64_t cols, const float* src, int64_t src_ld, float* dst, int64_t dst_ld) {
+  active_kernels().pack_transposed(k_n, cols, src, src_ld, dst, dst_ld);
+}
+
 float dot(int64_t n, const float* a, const float* b) { return active_kernels().dot(n, a, b); }
 
 void epilogue_row(int64_t n, const float* x, float* y, const float* scale, const float* shift, const float* residual,

@@ -38,6 +38,17 @@ void gemm(int64_t M, int64_t N, int64_t K, const BFloat16* A, int64_t a_rs, int6
 void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride, float bias,
                    float* y);
 
+// One output row of a float32 depthwise convolution over a block of kDepthwiseBlock channels held
+// position-major, with the active instruction set's kernel (gemm_kernels.h, DepthwiseChannelsF32).
+void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step, const float* w,
+                        const float* bias, float* y);
+
+// A transposing copy with the active instruction set's kernel (gemm_kernels.h, PackTransposedF32):
+//   dst[k * dst_ld + j] = src[j * src_ld + k] for j < cols, k < k_n
+// (with cols below the vector width it may write zeros after each row's values, as documented
+// there).
+void transpose_copy(int64_t k_n, int64_t cols, const float* src, int64_t src_ld, float* dst, int64_t dst_ld);
+
 // The active instruction set's Winograd F(4x4, 3x3) transforms (gemm_kernels.h, WinogradF43).
 const WinogradF43& winograd_f43();
 

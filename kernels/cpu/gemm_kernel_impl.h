@@ -298,6 +298,47 @@ void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const floa
   if (rest > 0) last_blocks[(rest + W - 1) / W - 1](ow, rest, taps, rows, w, stride, bias, y);
 }
 
+// G output positions from ow of a channel block (see DepthwiseChannelsF32): kDepthwiseBlock / W
+// vectors each, in registers over the taps.
+template <int W, int G>
+void depthwise_channel_positions(int64_t ow, int64_t taps, const float* x, const int64_t* offsets, int64_t step,
+                                 const float* w, const float* bias, float* y) {
+  typedef typename FloatVector<W>::type V;
+  constexpr int B = kDepthwiseBlock / W;
+  V acc[G][B];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) acc[g][b] = load_lanes<W>(bias + b * W);
+  for (int64_t t = 0; t < taps; ++t) {
+    const float* xt = x + offsets[t] + ow * step;
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) {
+      const V wv = load_lanes<W>(w + t * kDepthwiseBlock + b * W);
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) acc[g][b] += wv * load_lanes<W>(xt + g * step + b * W);
+    }
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) __builtin_memcpy(y + (ow + g) * kDepthwiseBlock, acc[g], sizeof(acc[g]));
+}
+
+// See DepthwiseChannelsF32: groups of G positions (8 vectors of sums), the rest as one smaller
+// group (its sums independent chains too).
+template <int W>
+void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step, const float* w,
+                        const float* bias, float* y) {
+  constexpr int G = 8 / (kDepthwiseBlock / W);
+  using Group = void (*)(int64_t, int64_t, const float*, const int64_t*, int64_t, const float*, const float*, float*);
+  static constexpr Group last_groups[8] = {depthwise_channel_positions<W, 1>, depthwise_channel_positions<W, 2>,
+                                           depthwise_channel_positions<W, 3>, depthwise_channel_positions<W, 4>,
+                                           depthwise_channel_positions<W, 5>, depthwise_channel_positions<W, 6>,
+                                           depthwise_channel_positions<W, 7>, depthwise_channel_positions<W, 8>};
+  int64_t ow = 0;
+  for (; ow + G <= n; ow += G) depthwise_channel_positions<W, G>(ow, taps, x, offsets, step, w, bias, y);
+  if (ow < n) last_groups[n - ow - 1](ow, taps, x, offsets, step, w, bias, y);
+}
+
 // See DotF32: 4 vector accumulators of W lanes, added pairwise, then the lanes, then the tail.
 template <int W>
 float dot(int64_t n, const float* a, const float* b) {

@@ -66,6 +66,15 @@ struct FmaPeakLoop {
 constexpr int64_t kDepthwiseRowSlack = 32;
 using DepthwiseRowF32 = void (*)(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride,
                                  float bias, float* y);
+// One output row of a float32 depthwise convolution over a block of kDepthwiseBlock channels held
+// position-major (channel c of position p at [p * kDepthwiseBlock + c]):
+//   y[ow][c] = bias[c] + w[0][c] * x[offsets[0] + ow * step + c] + ...
+//              + w[taps-1][c] * x[offsets[taps-1] + ow * step + c]
+// for ow in [0, n), summed in tap order; offsets and step count floats (multiples of the block),
+// w is (taps, kDepthwiseBlock), bias (kDepthwiseBlock), y (n, kDepthwiseBlock).
+constexpr int64_t kDepthwiseBlock = 16;
+using DepthwiseChannelsF32 = void (*)(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step,
+                                      const float* w, const float* bias, float* y);
 // The dot product of n floats a and b (both contiguous), summed in a fixed order.
 using DotF32 = float (*)(int64_t n, const float* a, const float* b);
 // A transposing copy, as the GEMM packs a transposed B (a linear layer's weight, x @ W^T) or a
@@ -128,6 +137,7 @@ struct GemmKernels {
   GemmKernelBF16 bf16;
   FmaPeakLoop peak, bf16_peak;
   DepthwiseRowF32 depthwise_row;
+  DepthwiseChannelsF32 depthwise_channels;
   DotF32 dot;
   UnaryF32 exp, sigmoid, silu, gelu;
   GeluBackwardF32 gelu_backward;
