@@ -23,6 +23,7 @@
 #include "tvc/nn/containers.h"
 #include "tvc/nn/layers.h"
 #include "tvc/ops.h"
+#include "tvc/profiler.h"
 #include "tvc/serialize.h"
 
 namespace tvc {
@@ -503,6 +504,56 @@ TEST(ModelStagesFull, AllOtherModels) {
 TEST(ModelConformance, EfficientnetB0) { test::check_model({.model = "efficientnet_b0"}); }
 TEST(ModelConformance, EfficientnetV2S) { test::check_model({.model = "efficientnet_v2_s"}); }
 TEST(ModelConformance, ConvnextTiny) { test::check_model({.model = "convnext_tiny"}); }
+// In inference a squeeze-excitation's scale goes into the projection convolution's weights, one
+// per sample, where the map has more than 128 positions (96x96 input: the 48x48, 24x24 and 12x12
+// stages), instead of a multiplication over the map: the same values as the separate ops (what
+// autograd records), no map-sized mul kernel there, a per-sample weight-sized one instead; a hook
+// on a squeeze-excitation brings its own multiplication back.
+TEST(EfficientNet, SqueezeExcitationFoldsIntoTheProjectionInInference) {
+  for (const char* name : {"efficientnet_b0", "mobilenet_v3_large"}) {
+    models::BackbonePtr model = models::create(name, {.num_classes = 10});
+    model->eval();
+    Generator gen(7);
+    const Tensor x = randn({2, 3, 96, 96}, {}, &gen);
+    const Tensor separate = model->forward(x.detach().requires_grad_()).detach();
+    // (map-sized mul kernels over more than 128 positions, per-sample weight mul kernels)
+    auto muls = [](const KernelProfiler& profiler) {
+      std::pair<int, int> counts{0, 0};
+      for (const KernelRecord& r : profiler.records()) {
+        if (r.op != "mul") continue;
+        if (r.shape.size() == 4 && r.shape[2] * r.shape[3] > 128) ++counts.first;
+        if (r.shape.size() == 3) ++counts.second;
+      }
+      return counts;
+    };
+    Tensor folded;
+    std::pair<int, int> counts;
+    {
+      NoGradGuard no_grad;
+      KernelProfiler profiler;
+      folded = model->forward(x);
+      counts = muls(profiler);
+    }
+    EXPECT_LE(test::relative_error(folded, separate), 1e-5) << name;
+    EXPECT_EQ(counts.first, 0) << name;
+    EXPECT_GT(counts.second, 0) << name;
+    // A hook on the first squeeze-excitation: its map-sized multiplication runs again.
+    nn::ModulePtr se;
+    for (const auto& [path, m] : model->named_modules())
+      if (!se && path.ends_with(".fc1")) se = model->get_submodule(path.substr(0, path.size() - 4));
+    ASSERT_TRUE(se) << name;
+    auto handle = se->register_forward_hook(
+        [](nn::Module&, const nn::TensorList&, const nn::TensorList&) { return std::optional<nn::TensorList>(); });
+    {
+      NoGradGuard no_grad;
+      KernelProfiler profiler;
+      EXPECT_LE(test::relative_error(model->forward(x), separate), 1e-5) << name;
+      EXPECT_EQ(muls(profiler).first, 1) << name;
+    }
+    handle.remove();
+  }
+}
+
 TEST(ModelConformanceFull, EfficientNet) {
   for (const char* name :
        {"efficientnet_b1", "efficientnet_b2", "efficientnet_b3", "efficientnet_b4", "efficientnet_b5",

@@ -82,7 +82,7 @@ class MBConv : public nn::Cloneable<MBConv> {
   }
 
   Tensor forward(const Tensor& x) override {
-    Tensor result = child("block")(x);
+    Tensor result = detail::run_inverted_residual_body(child("block"), x);
     if (use_res_connect_) result = child("stochastic_depth")(result) + x;
     return result;
   }

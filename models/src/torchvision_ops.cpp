@@ -44,11 +44,42 @@ SqueezeExcitation::SqueezeExcitation(int64_t input_channels, int64_t squeeze_cha
   register_module("scale_activation", std::move(scale_activation));
 }
 
-Tensor SqueezeExcitation::forward(const Tensor& x) {
-  Tensor scale = child("avgpool")(x);                      // (N, C, 1, 1)
-  scale = child("activation")(child("fc1")(scale));        // (N, S, 1, 1)
-  scale = child("scale_activation")(child("fc2")(scale));  // (N, C, 1, 1)
-  return scale * x;
+Tensor SqueezeExcitation::forward(const Tensor& x) { return scale(x) * x; }
+
+Tensor SqueezeExcitation::scale(const Tensor& x) {
+  Tensor s = child("avgpool")(x);                     // (N, C, 1, 1)
+  s = child("activation")(child("fc1")(s));           // (N, S, 1, 1)
+  return child("scale_activation")(child("fc2")(s));  // (N, C, 1, 1)
+}
+
+Tensor run_inverted_residual_body(nn::Module& module, const Tensor& x) {
+  if (typeid(module) != typeid(nn::Sequential)) return module(x);
+  auto& body = static_cast<nn::Sequential&>(module);
+  // The child at i when it is a SqueezeExcitation without hooks followed by a
+  // Conv2dNormActivation without hooks, else null.
+  auto folding_pair = [&body](size_t i) -> SqueezeExcitation* {
+    if (i + 1 >= body.size()) return nullptr;
+    nn::Module &m = *body[i], &next = *body[i + 1];
+    if (typeid(m) != typeid(SqueezeExcitation) || typeid(next) != typeid(Conv2dNormActivation)) return nullptr;
+    if (m.has_call_hooks() || next.has_call_hooks() || static_cast<nn::Sequential&>(next).size() < 2) return nullptr;
+    return static_cast<SqueezeExcitation*>(&m);
+  };
+  bool any = false;
+  for (size_t i = 0; i < body.size(); ++i) any |= folding_pair(i) != nullptr;
+  if (!any || body.has_call_hooks()) return body(x);
+  Tensor y = x;
+  for (size_t i = 0; i < body.size(); ++i) {
+    if (SqueezeExcitation* se = folding_pair(i)) {
+      const nn::ModulePtr layer_owner = body[i + 1];  // held while it runs
+      auto& layer = static_cast<nn::Sequential&>(*layer_owner);
+      nn::Module* activation = layer.size() > 2 ? layer[2].get() : nullptr;
+      y = nn::conv_norm_activation(*layer[0], *layer[1], activation, y, Tensor(), se->scale(y));
+      ++i;
+      continue;
+    }
+    y = (*body[i])(y);
+  }
+  return y;
 }
 
 StochasticDepth::StochasticDepth(double p, std::string mode) : p(p), mode(std::move(mode)) {

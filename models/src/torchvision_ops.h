@@ -44,8 +44,17 @@ class SqueezeExcitation : public nn::Cloneable<SqueezeExcitation> {
  public:
   SqueezeExcitation(int64_t input_channels, int64_t squeeze_channels, nn::ModulePtr activation,
                     nn::ModulePtr scale_activation);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward(const Tensor& x) override;  // scale(x) * x
+  // scale_activation(fc2(activation(fc1(avgpool(x))))): (N, C, H, W) -> (N, C, 1, 1).
+  Tensor scale(const Tensor& x);
 };
+
+// An inverted-residual body (MobileNet v3's "block", EfficientNet's MBConv "block"): when it is a
+// plain Sequential, its children in order, as its forward runs them, except that a SqueezeExcitation followed by a
+// Conv2dNormActivation hands its scale to that layer (nn::conv_norm_activation's input_scale,
+// which in inference folds it into a pointwise convolution's weights) instead of multiplying
+// the map by it. Any other module, or a body or squeeze-excitation with hooks, runs as it is.
+Tensor run_inverted_residual_body(nn::Module& body, const Tensor& x);
 
 // torchvision.ops.StochasticDepth: in training mode with p > 0, x times a Bernoulli(1 - p) mask
 // divided by 1 - p, one draw per sample (mode "row", shape (N, 1, ...)) or one for the batch
