@@ -969,6 +969,9 @@ void conv_backward_input(const Operand<const T>& dy, const T* w, const Operand<T
 
 // The batch is cut into at most this many fixed chunks for the weight gradient.
 constexpr int64_t kWeightChunks = 8;
+// Small maps' weight gradients sum over about this many columns (several samples' positions)
+// per GEMM.
+constexpr int64_t kWeightGradientColumns = 1024;
 
 template <typename T>
 void conv_backward_weight(const Operand<const T>& dy, const Operand<const T>& x, T* dw, const ConvGeom& g) {
@@ -977,6 +980,22 @@ void conv_backward_weight(const Operand<const T>& dy, const Operand<const T>& x,
   int64_t wsize = g.O * g.K;
   if (chunks == 0) {
     std::fill(dw, dw + wsize, T(0));
+    return;
+  }
+  if (g.G == 1 && g.P < kGemmColumns) {
+    // Small maps of one group: the samples in order, several per GEMM so that its sums (over
+    // their positions) are long enough, each GEMM over all threads and accumulating into dw. The
+    // chunks below would give each thread's chunk its own (O, K) partial gradient, written and
+    // summed again, with sums as short as one sample's positions (7x7 maps: 49). Measured on
+    // resnet18's training step (Zen 4, batch 8, 2 threads): layer4's 3x3 weight gradients
+    // 171 -> 33 ms; maps of 256 positions and more stay faster in chunks.
+    const int64_t nb = std::clamp<int64_t>(kWeightGradientColumns / g.P, 1, g.N);
+    for (int64_t s = 0; s < g.N; s += nb) {
+      const int64_t m = std::min(nb, g.N - s), cols = m * g.P;
+      const Columns<T> B = input_columns(x, s, m, 0, g);  // (K, cols), used transposed
+      const Columns<T> dY = gather_columns<T, 1>(dy, s, m, 0, g.Og, g.Ho, g.Wo);
+      gemm<T>(g.Og, g.K, cols, dY.p, dY.rs, dY.cs, B.p, B.cs, B.rs, dw, g.K, 1, s == 0 ? T(0) : T(1));
+    }
     return;
   }
   const int64_t nb = samples_per_gemm(g, (g.N + chunks - 1) / chunks);
