@@ -699,6 +699,58 @@ TEST(NnOps, MaxPoolWithoutIndicesEqualsTheIndexedPath) {
   }
 }
 
+// The indexed path (training) on inputs full of ties (ReLU zeros, values on a coarse grid) and
+// with NaNs, several in one window: each output's index (where its gradient goes) must be the
+// one PyTorch's scan picks, the first maximum in row-major order or the last NaN.
+TEST(NnOps, MaxPoolIndicesMatchTorchOnTiesAndNaNs) {
+  using Pair = std::array<int64_t, 2>;
+  struct Config {
+    const char* torch;
+    Pair kernel, stride, padding, dilation;
+    bool ceil_mode, channels_last;
+  };
+  const std::vector<Config> configs = {
+      {"F.max_pool2d(x, 3, 2, 1)", {3, 3}, {2, 2}, {1, 1}, {1, 1}, false, false},
+      {"F.max_pool2d(x, 3, 2, 1, ceil_mode=True)", {3, 3}, {2, 2}, {1, 1}, {1, 1}, true, true},
+      {"F.max_pool2d(x, (2, 3), (2, 1), (1, 1), dilation=(2, 1), ceil_mode=True)",
+       {2, 3},
+       {2, 1},
+       {1, 1},
+       {2, 1},
+       true,
+       false},
+      {"F.max_pool2d(x, (3, 2), (1, 3), (1, 0), dilation=(1, 2))", {3, 2}, {1, 3}, {1, 0}, {1, 2}, false, false}};
+  std::ostringstream code;
+  code << "import torch.nn.functional as F\nnan = float('nan')\n";
+  std::vector<std::pair<Tensor, Tensor>> ours;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const Config& c = configs[i];
+    Generator gen(120 + i);
+    Tensor x = relu(randint(-2, 3, {2, 3, 11, 9}, {.dtype = DType::Int64}, &gen).to(DType::Float32));
+    x.select(0, 0).select(0, 1).select(0, 3).select(0, 4).fill_(std::nan(""));
+    x.select(0, 0).select(0, 1).select(0, 4).select(0, 4).fill_(std::nan(""));  // the same windows:
+    x.select(0, 0).select(0, 1).select(0, 3).select(0, 5).fill_(std::nan(""));  // NaNs in one column, one row
+    x.select(0, 1).select(0, 2).select(0, 0).select(0, 8).fill_(std::nan(""));  // on the border
+    if (c.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+    x.requires_grad_();
+    const Tensor y = max_pool2d(x, c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
+    const Tensor r = randn_of(y.shape(), DType::Float32, 140 + i);
+    sum(mul(y, r)).backward();
+    ours.push_back({y.detach(), x.grad()});
+    code << "x = " << py_tensor(x) << ".requires_grad_()\ny = " << c.torch << "\n(y * " << py_tensor(r)
+         << ").sum().backward()\nout += [y, x.grad]\n";
+  }
+  const std::vector<Tensor> ref = torch_tensors(code.str());
+  ASSERT_EQ(ref.size(), 2 * configs.size());
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const std::vector<double> a = ours[i].first.to_vector(), b = ref[2 * i].to_vector();
+    ASSERT_EQ(a.size(), b.size()) << configs[i].torch;
+    for (size_t j = 0; j < a.size(); ++j)
+      EXPECT_TRUE(a[j] == b[j] || (std::isnan(a[j]) && std::isnan(b[j]))) << configs[i].torch << ": output " << j;
+    EXPECT_LE(relative_error(ours[i].second, ref[2 * i + 1]), 1e-6) << configs[i].torch << ": grad input";
+  }
+}
+
 // ---------------------------------------------------------------- normalisation, softmax
 
 // Three training steps with running statistics, then one evaluation step, for momentum 0.1 and

@@ -140,6 +140,64 @@ void max_plane_values(const T* xp, int64_t xs2, int64_t xs3, const Pool2dParams&
   }
 }
 
+// Max of one plane with its int64 indices (training), in the same two steps: each output row's
+// window rows reduced column by column into rows_max, with the row each value came from in
+// rows_at, then each output's window columns taken from there. PyTorch's scan (window rows, then
+// columns, in order; a greater value or a NaN replaces the best) gives the first maximum in
+// row-major order, or the last NaN. So per column: the first maximum's row, or the last NaN's;
+// across the window's columns in order: a greater value, an equal one from an earlier row, or a
+// NaN from the same or a later row replaces the best. The padding is -inf at row INT32_MAX, never
+// taken; a window of -inf (or of padding and -inf) gives its first position, as the scan does.
+// rows_max and rows_at hold padded_row_length values; best, best_at and best_w Wo.
+template <typename T>
+void max_plane_indexed(const T* xp, int64_t xs2, int64_t xs3, const Pool2dParams& p, const PlaneGeom& g, T* yp,
+                       int64_t ys2, int64_t ys3, int64_t* ip, int64_t is2, int64_t is3, compute_t<T>* rows_max,
+                       int32_t* rows_at, compute_t<T>* best, int32_t* best_at, int32_t* best_w) {
+  using C = compute_t<T>;
+  constexpr C lowest = -std::numeric_limits<C>::infinity();
+  constexpr int32_t never = std::numeric_limits<int32_t>::max();
+  const int64_t stride = p.stride[1], dilation = p.dilation[1], length = padded_row_length(p, g);
+  std::fill(rows_max, rows_max + length, lowest);
+  std::fill(rows_at, rows_at + length, never);
+  C* row = rows_max + p.padding[1];
+  int32_t* at = rows_at + p.padding[1];
+  for (int64_t oh = 0; oh < g.Ho; ++oh) {
+    const Window rows = max_window(p, g, oh, 0);
+    std::fill(row, row + g.W, lowest);
+    std::fill(at, at + g.W, static_cast<int32_t>(rows.h0));
+    for (int64_t h = rows.h0; h < rows.h1; h += rows.dh) {
+      const T* xrow = xp + h * xs2;
+      auto column = [&](int64_t w, C v) {
+        const bool take = v > row[w] || v != v;
+        row[w] = take ? v : row[w];
+        at[w] = take ? static_cast<int32_t>(h) : at[w];
+      };
+      if (xs3 == 1)  // contiguous rows: a loop the compiler vectorises
+        for (int64_t w = 0; w < g.W; ++w) column(w, static_cast<C>(xrow[w]));
+      else
+        for (int64_t w = 0; w < g.W; ++w) column(w, static_cast<C>(xrow[w * xs3]));
+    }
+    std::fill(best, best + g.Wo, lowest);
+    std::fill(best_at, best_at + g.Wo, never);
+    for (int64_t j = 0; j < p.kernel[1]; ++j) {
+      const C* tap = rows_max + j * dilation;
+      const int32_t* tap_at = rows_at + j * dilation;
+      for (int64_t ow = 0; ow < g.Wo; ++ow) {
+        const C v = tap[ow * stride], b = best[ow];
+        const int32_t h = tap_at[ow * stride], bh = best_at[ow];
+        const bool take = v != v ? (b == b || h >= bh) : (b == b && (v > b || (v == b && h < bh)));
+        best[ow] = take ? v : b;
+        best_at[ow] = take ? h : bh;
+        best_w[ow] = take ? static_cast<int32_t>(ow * stride + j * dilation - p.padding[1]) : best_w[ow];
+      }
+    }
+    for (int64_t ow = 0; ow < g.Wo; ++ow) {
+      yp[oh * ys2 + ow * ys3] = static_cast<T>(best[ow]);
+      ip[oh * is2 + ow * is3] = static_cast<int64_t>(best_at[ow]) * g.W + best_w[ow];
+    }
+  }
+}
+
 // in = (x) -> out (values[, int64 indices]): the indices only when the caller asks for them
 // (autograd needs them for the backward).
 struct MaxForward {
@@ -161,6 +219,20 @@ struct MaxForward {
     }
     const Tensor& idx = args.out[1];
     int64_t is2 = idx.strides()[2], is3 = idx.strides()[3];
+    if (window == max_window) {
+      parallel_for(g.N * g.C, plane_work(p, g), [&](int64_t b, int64_t e) {
+        const int64_t length = padded_row_length(p, g);
+        std::vector<C> rows_max(length), best(g.Wo);
+        std::vector<int32_t> rows_at(length), best_at(g.Wo), best_w(g.Wo);
+        for (int64_t it = b; it < e; ++it) {
+          const int64_t n = it / g.C, c = it % g.C;
+          max_plane_indexed(plane_ptr<T>(x, n, c), xs2, xs3, p, g, plane_ptr<T>(y, n, c), ys2, ys3,
+                            plane_ptr<int64_t>(idx, n, c), is2, is3, rows_max.data(), rows_at.data(), best.data(),
+                            best_at.data(), best_w.data());
+        }
+      });
+      return;
+    }
     for_planes(g, plane_work(p, g), [&](int64_t n, int64_t c) {
       const T* xp = plane_ptr<T>(x, n, c);
       T* yp = plane_ptr<T>(y, n, c);
