@@ -814,6 +814,73 @@ TEST(Layers, ConvNormActivationFusesOnlyWhereNothingChanges) {
   }
 }
 
+// BatchNorm2d and ReLU over a concatenation (DenseNet's pre-activation): in evaluation mode
+// without autograd one channel_affine kernel per input writing its channels of the result, the
+// separate cat, batch norm and relu values bit for bit (float32 and float64, NaNs included);
+// the modules one by one with a hook, in training mode, or with an input requiring grad.
+TEST(Layers, ConcatNormActivationFusesOnlyWhereNothingChanges) {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    auto bn = make_shared<BatchNorm2d>(9, BatchNormOptions{.eps = 1e-3});
+    {
+      NoGradGuard no_grad;
+      bn->running_mean().copy_(randn_of({9}, 1));
+      bn->running_var().copy_(rand({9}) + 0.5);
+      bn->weight().copy_(randn_of({9}, 2));
+      bn->bias().copy_(randn_of({9}, 3));
+    }
+    bn->to(dt);
+    bn->eval();
+    auto relu_module = make_shared<ReLU>(true);
+    std::vector<Tensor> inputs = {randn_of({2, 4, 5, 3}, 4, dt), randn_of({2, 3, 5, 3}, 5, dt),
+                                  randn_of({2, 2, 5, 3}, 6, dt)};
+    {
+      NoGradGuard no_grad;
+      inputs[1].select(0, 1).select(0, 2).select(0, 4).fill_(std::nan(""));
+    }
+    auto same_bits = [](const Tensor& a, const Tensor& b) {
+      const std::vector<double> u = a.to_vector(), v = b.to_vector();
+      if (a.shape() != b.shape()) return false;
+      for (size_t i = 0; i < u.size(); ++i)
+        if (!(u[i] == v[i] && std::signbit(u[i]) == std::signbit(v[i])) && !(std::isnan(u[i]) && std::isnan(v[i])))
+          return false;
+      return true;
+    };
+    NoGradGuard no_grad;
+    const Tensor want = relu((*bn)(cat(inputs, 1))), want_plain = (*bn)(cat(inputs, 1));
+    Tensor y;
+    std::vector<std::string> ops = kernels_of([&] { y = concat_norm_activation(*bn, relu_module.get(), inputs); });
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), "channel_affine"), 3) << dtype_name(dt);
+    EXPECT_FALSE(ran(ops, "copy") || ran(ops, "cat") || ran(ops, "relu")) << dtype_name(dt);
+    EXPECT_TRUE(same_bits(y, want)) << dtype_name(dt);
+    EXPECT_TRUE(same_bits(concat_norm_activation(*bn, nullptr, inputs), want_plain)) << dtype_name(dt);
+    // A hook on the ReLU: the modules one by one, the hook sees the ReLU's output.
+    int calls = 0;
+    auto handle = relu_module->register_forward_hook([&](Module&, const TensorList&, const TensorList&) {
+      ++calls;
+      return std::optional<TensorList>();
+    });
+    ops = kernels_of([&] { y = concat_norm_activation(*bn, relu_module.get(), inputs); });
+    handle.remove();
+    EXPECT_EQ(calls, 1);
+    EXPECT_TRUE(ran(ops, "relu"));
+    EXPECT_TRUE(same_bits(y, want)) << dtype_name(dt);
+    // Training mode: batch statistics, running statistics updated, as the modules do.
+    bn->train();
+    ops = kernels_of([&] { y = concat_norm_activation(*bn, relu_module.get(), inputs); });
+    EXPECT_TRUE(ran(ops, "batch_norm_stats"));
+    bn->eval();
+  }
+  // An input requiring grad: the separate ops, with gradients.
+  auto bn = make_shared<BatchNorm2d>(5);
+  bn->eval();
+  ReLU relu_module;
+  const Tensor a = randn_of({1, 2, 3, 3}, 7).requires_grad_(), b = randn_of({1, 3, 3, 3}, 8);
+  Tensor y = concat_norm_activation(*bn, &relu_module, {a, b});
+  ASSERT_TRUE(y.requires_grad());
+  y.sum().backward();
+  EXPECT_TRUE(a.grad().defined());
+}
+
 // KernelProfiler: one record per kernel on the profiling thread, with the innermost module being
 // called, the path the kernel says it took, its output shape and a time; the innermost of nested
 // profilers records; nothing is recorded without one.

@@ -359,12 +359,15 @@ void where_kernel(const KernelArgs& args) {
 // in = (x, mean, scale, bias) broadcast to out -> out = (x - mean) * scale + bias (kernel.h).
 void channel_affine_kernel(const KernelArgs& args) {
   const Tensor& out = args.out[0];
+  const bool relu = args.params && args.p<ChannelAffineParams>().relu;
   dispatch_floating(out.dtype(), Op::channel_affine, [&]<typename T>() {
     using C = compute_t<T>;
-    // Each step rounded to T, as the separate ops: a no-op for float and double.
-    auto affine = [](C x, C m, C s, C b) {
+    // Each step rounded to T, as the separate ops: a no-op for float and double. The ReLU as a
+    // select (NaN kept).
+    auto affine = [relu](C x, C m, C s, C b) {
       C centered = static_cast<C>(static_cast<T>(x - m));
-      return static_cast<T>(static_cast<C>(static_cast<T>(centered * s)) + b);
+      const T y = static_cast<T>(static_cast<C>(static_cast<T>(centered * s)) + b);
+      return relu && static_cast<C>(y) < C(0) ? T(0) : y;
     };
     for_each_strided<5>({&out, &args.in[0], &args.in[1], &args.in[2], &args.in[3]},
                         [&](std::array<char*, 5> p, const std::array<int64_t, 5>& st, int64_t n) {

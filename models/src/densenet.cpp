@@ -49,7 +49,7 @@ class DenseLayer : public nn::Cloneable<DenseLayer> {
 
  private:
   Tensor features_of(const std::vector<Tensor>& prev_features) const {
-    Tensor normed = child("relu1")(child("norm1")(cat(prev_features, 1)));
+    Tensor normed = nn::concat_norm_activation(child("norm1"), &child("relu1"), prev_features);
     return child("conv2")(nn::conv_norm_activation(child("conv1"), child("norm2"), &child("relu2"), normed));
   }
 };

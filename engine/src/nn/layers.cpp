@@ -6,6 +6,7 @@
 #include <optional>
 #include <typeinfo>
 
+#include "../internal.h"
 #include "tvc/autograd.h"
 #include "tvc/internal/autograd.h"
 #include "tvc/internal/kernel.h"
@@ -275,6 +276,48 @@ Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, cons
                                    residual.defined() ? residual.reshape({1, N * O, H, W}) : Tensor(), *act, {1, 1},
                                    {0, 0}, {1, 1}, N);
   return y.reshape({N, O, H, W});
+}
+
+Tensor concat_norm_activation(Module& norm, Module* activation, const std::vector<Tensor>& inputs) {
+  auto* bn = typeid(norm) == typeid(BatchNorm2d) ? static_cast<BatchNorm*>(&norm) : nullptr;
+  const bool relu = activation && typeid(*activation) == typeid(ReLU);
+  bool fuse = bn && !bn->is_training() && bn->running_mean().defined() && (!activation || relu) && !inputs.empty() &&
+              !norm.has_call_hooks() && !(activation && activation->has_call_hooks()) &&
+              !autograd::any_requires_grad({bn->weight(), bn->bias()}) &&
+              kernel_registry().supports(Op::channel_affine, inputs[0].device());
+  int64_t channels = 0;
+  for (const Tensor& x : inputs) {
+    fuse = fuse && x.dim() == 4 && x.is_contiguous() && x.dtype() == inputs[0].dtype() &&
+           (x.dtype() == DType::Float32 || x.dtype() == DType::Float64) && x.device() == inputs[0].device() &&
+           x.size(0) == inputs[0].size(0) && x.size(2) == inputs[0].size(2) && x.size(3) == inputs[0].size(3) &&
+           !x.requires_grad();
+    if (fuse) channels += x.size(1);
+  }
+  if (!fuse || channels != bn->num_features) {
+    Tensor y = norm(cat(inputs, 1));
+    return activation ? (*activation)(y) : y;
+  }
+  // batch_norm's evaluation-mode scale and shift, by the same ops (so the same values), then
+  // each input's channels through channel_affine straight into its channels of the result.
+  NoGradGuard no_grad;
+  const DType dtype = inputs[0].dtype();
+  Tensor scale = rsqrt(bn->running_var().to(dtype) + bn->eps.to_double());
+  if (bn->weight().defined()) scale = mul(scale, bn->weight());
+  const Tensor shift =
+      bn->bias().defined() ? bn->bias() : zeros({channels}, {.dtype = dtype, .device = inputs[0].device()});
+  const Tensor mean = bn->running_mean().to(dtype);
+  const Tensor out = detail::empty_with_format({inputs[0].size(0), channels, inputs[0].size(2), inputs[0].size(3)},
+                                               dtype, MemoryFormat::Contiguous);
+  const ChannelAffineParams params{.relu = relu};
+  int64_t first = 0;
+  for (const Tensor& x : inputs) {
+    const int64_t c = x.size(1);
+    auto per_channel = [&](const Tensor& t) { return t.narrow(0, first, c).reshape({1, c, 1, 1}).expand(x.shape()); };
+    detail::run(Op::channel_affine, {x, per_channel(mean), per_channel(scale), per_channel(shift)},
+                {out.narrow(1, first, c)}, &params);
+    first += c;
+  }
+  return out;
 }
 
 Tensor linear_activation(Module& linear, Module& activation, const Tensor& x) {

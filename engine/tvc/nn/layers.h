@@ -252,6 +252,16 @@ Tensor linear_activation(Module& linear, Module& activation, const Tensor& x);
 Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, const Tensor& x,
                             const Tensor& residual = Tensor(), const Tensor& input_scale = Tensor());
 
+// activation(norm(cat(inputs, 1))) (DenseNet's pre-activation of its concatenated features),
+// activation optional (null): the concatenation and the modules' forwards one after the other,
+// with their hooks; or, when norm is a BatchNorm2d in evaluation mode with running statistics,
+// activation null or a ReLU (those exact classes), neither has hooks, the inputs are dense NCHW
+// float32 or float64 (N, C_i, H, W) of one device with the kernel (the CPU) and nothing requires
+// grad: each input's channels normalised (and rectified) in one pass straight into their place in
+// the result, with the values of the separate ops (bit for bit). Inputs (N, C_i, H, W) ->
+// (N, sum of C_i, H, W).
+Tensor concat_norm_activation(Module& norm, Module* activation, const std::vector<Tensor>& inputs);
+
 // ---------------------------------------------------------------- bfloat16 inference
 
 // Prepares model for bfloat16 inference: the weight of every Conv2d, Linear (subclasses too) and

@@ -166,8 +166,12 @@ struct Pool2dParams {
 };
 
 // channel_affine: in = (x, mean, scale, bias), all of out's shape (the last three broadcast
-// views) -> out = (x - mean) * scale + bias, each step rounded to the dtype as the separate
-// sub, mul and add ops round it (eval-mode batch norm in one pass).
+// views; out any strides) -> out = (x - mean) * scale + bias, each step rounded to the dtype as
+// the separate sub, mul and add ops round it (eval-mode batch norm in one pass); with
+// params.relu (params optional), then max(out, 0) with NaN kept, as the relu kernel computes it.
+struct ChannelAffineParams {
+  bool relu = false;
+};
 
 // batch_norm_stats: in = (x (N, C, *), dense: contiguous or channels-last) -> out = (mean (C),
 // var (C)), each channel's statistics over N and *, var biased, summed in double.
