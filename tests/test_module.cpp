@@ -870,6 +870,17 @@ TEST(Layers, ConcatNormActivationFusesOnlyWhereNothingChanges) {
     EXPECT_TRUE(ran(ops, "batch_norm_stats"));
     bn->eval();
   }
+  // A float32 norm over float64 inputs: not fused (the kernel takes its operands in one dtype),
+  // the modules' own result.
+  {
+    NoGradGuard no_grad;
+    auto bn32 = make_shared<BatchNorm2d>(5);
+    bn32->eval();
+    const std::vector<Tensor> wide = {randn_of({1, 2, 3, 3}, 9, DType::Float64),
+                                      randn_of({1, 3, 3, 3}, 10, DType::Float64)};
+    std::vector<std::string> ops = kernels_of([&] { concat_norm_activation(*bn32, nullptr, wide); });
+    EXPECT_TRUE(ran(ops, "cat") || ran(ops, "copy"));
+  }
   // An input requiring grad: the separate ops, with gradients.
   auto bn = make_shared<BatchNorm2d>(5);
   bn->eval();
