@@ -819,6 +819,14 @@ TEST(Layers, ConvNormActivationFusesOnlyWhereNothingChanges) {
 // separate cat, batch norm and relu values bit for bit (float32 and float64, NaNs included);
 // the modules one by one with a hook, in training mode, or with an input requiring grad.
 TEST(Layers, ConcatNormActivationFusesOnlyWhereNothingChanges) {
+  auto same_bits = [](const Tensor& a, const Tensor& b) {
+    const std::vector<double> u = a.to_vector(), v = b.to_vector();
+    if (a.shape() != b.shape()) return false;
+    for (size_t i = 0; i < u.size(); ++i)
+      if (!(u[i] == v[i] && std::signbit(u[i]) == std::signbit(v[i])) && !(std::isnan(u[i]) && std::isnan(v[i])))
+        return false;
+    return true;
+  };
   for (DType dt : {DType::Float32, DType::Float64}) {
     auto bn = make_shared<BatchNorm2d>(9, BatchNormOptions{.eps = 1e-3});
     {
@@ -837,14 +845,6 @@ TEST(Layers, ConcatNormActivationFusesOnlyWhereNothingChanges) {
       NoGradGuard no_grad;
       inputs[1].select(0, 1).select(0, 2).select(0, 4).fill_(std::nan(""));
     }
-    auto same_bits = [](const Tensor& a, const Tensor& b) {
-      const std::vector<double> u = a.to_vector(), v = b.to_vector();
-      if (a.shape() != b.shape()) return false;
-      for (size_t i = 0; i < u.size(); ++i)
-        if (!(u[i] == v[i] && std::signbit(u[i]) == std::signbit(v[i])) && !(std::isnan(u[i]) && std::isnan(v[i])))
-          return false;
-      return true;
-    };
     NoGradGuard no_grad;
     const Tensor want = relu((*bn)(cat(inputs, 1))), want_plain = (*bn)(cat(inputs, 1));
     Tensor y;
@@ -871,15 +871,30 @@ TEST(Layers, ConcatNormActivationFusesOnlyWhereNothingChanges) {
     bn->eval();
   }
   // A float32 norm over float64 inputs: not fused (the kernel takes its operands in one dtype),
-  // the modules' own result.
+  // the modules' own result, which takes the norm's parameters in float64: that of the same norm
+  // converted to float64.
   {
     NoGradGuard no_grad;
     auto bn32 = make_shared<BatchNorm2d>(5);
+    bn32->weight().copy_(randn_of({5}, 11));
+    bn32->bias().copy_(randn_of({5}, 12));
+    bn32->running_mean().copy_(randn_of({5}, 13));
+    bn32->running_var().copy_(randn_of({5}, 14).abs() + 0.5);
     bn32->eval();
     const std::vector<Tensor> wide = {randn_of({1, 2, 3, 3}, 9, DType::Float64),
                                       randn_of({1, 3, 3, 3}, 10, DType::Float64)};
-    std::vector<std::string> ops = kernels_of([&] { concat_norm_activation(*bn32, nullptr, wide); });
+    Tensor y;
+    std::vector<std::string> ops = kernels_of([&] { y = concat_norm_activation(*bn32, nullptr, wide); });
     EXPECT_TRUE(ran(ops, "cat") || ran(ops, "copy"));
+    auto bn64 = make_shared<BatchNorm2d>(5);
+    bn64->load_state_dict(bn32->state_dict());
+    bn64->to(DType::Float64);
+    bn64->eval();
+    EXPECT_EQ(y.dtype(), DType::Float64);
+    EXPECT_TRUE(same_bits(y, (*bn64)(cat(wide, 1))));
+    bn32->train();
+    bn64->train();
+    EXPECT_TRUE(same_bits((*bn32)(cat(wide, 1)), (*bn64)(cat(wide, 1))));
   }
   // An input requiring grad: the separate ops, with gradients.
   auto bn = make_shared<BatchNorm2d>(5);

@@ -425,9 +425,11 @@ Tensor normalize(const Tensor& x, const Shape& dims, double eps) {
 namespace {
 
 // (x - mean) * scale + bias in one pass, mean, scale and bias per channel (of shape cshape),
-// rounded as the three separate ops would round it: eval-mode batch norm's normalisation. On a
-// device without the kernel, the three ops.
-Tensor channel_affine(const Tensor& x, const Tensor& mean, const Tensor& scale, const Tensor& bias) {
+// rounded as the three separate ops would round it: eval-mode batch norm's normalisation. The
+// per-channel tensors are taken in x's dtype (the kernel reads all operands in one dtype), so the
+// result is of x's dtype. On a device without the kernel, the three ops.
+Tensor channel_affine(const Tensor& x, const Tensor& mean_in, const Tensor& scale_in, const Tensor& bias_in) {
+  const Tensor mean = mean_in.to(x.dtype()), scale = scale_in.to(x.dtype()), bias = bias_in.to(x.dtype());
   if (!kernel_registry().supports(Op::channel_affine, x.device())) return add(mul(sub(x, mean), scale), bias);
   Tensor out;
   {

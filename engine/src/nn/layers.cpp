@@ -286,8 +286,8 @@ Tensor concat_norm_activation(Module& norm, Module* activation, const std::vecto
               !autograd::any_requires_grad({bn->weight(), bn->bias()}) &&
               kernel_registry().supports(Op::channel_affine, inputs[0].device());
   // The per-channel tensors go to the kernel as they are: they must be of the inputs' dtype.
-  for (const Tensor& t : {bn->weight(), bn->bias()})
-    fuse = fuse && !inputs.empty() && (!t.defined() || t.dtype() == inputs[0].dtype());
+  if (fuse)
+    for (const Tensor& t : {bn->weight(), bn->bias()}) fuse = fuse && (!t.defined() || t.dtype() == inputs[0].dtype());
   int64_t channels = 0;
   for (const Tensor& x : inputs) {
     fuse = fuse && x.dim() == 4 && x.is_contiguous() && x.dtype() == inputs[0].dtype() &&
