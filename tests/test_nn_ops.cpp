@@ -75,6 +75,9 @@ TEST(NnOps, Conv2dForwardAndGradientsMatchTorch) {
       {{2, 5, 4, 6}, {3, 5, 1, 1}, true, {1, 1}, {0, 0}, {1, 1}, 1},     // pointwise
       {{8, 3, 7, 7}, {4, 3, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},     // 8 small maps as two GEMMs of 4 samples
       {{12, 2, 10, 10}, {3, 2, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},  // weight gradient: GEMMs of 10 + 2 samples
+      // weight gradients of large maps in bands of output rows: 22 + 22 + 6, grouped 34 + 34 + 2
+      {{2, 3, 50, 45}, {4, 3, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
+      {{1, 4, 70, 30}, {4, 2, 3, 3}, false, {1, 1}, {1, 1}, {1, 1}, 2},
       // depthwise in blocks of 16 channels: small maps, 5x5, stride 2 and 3, multiplier 2, a
       // partial block, channels-last
       {{2, 20, 7, 7}, {20, 1, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 20},
