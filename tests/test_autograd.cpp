@@ -7,6 +7,7 @@
 #include "tvc/autograd.h"
 #include "tvc/internal/autograd.h"
 #include "tvc/ops.h"
+#include "tvc/profiler.h"
 
 using namespace tvc;
 using tvc::test::relative_error;
@@ -124,8 +125,14 @@ TEST(Autograd, InPlaceRules) {
   // In-place on a non-view intermediate rebases its history correctly.
   Tensor x = randn({5}, {.dtype = DType::Float64}).requires_grad_();
   Tensor h = mul(x, scalar_like(3, DType::Float64));
-  h.relu_();
   h.mul_(2.0);
+  {
+    // ReLU in place under autograd writes into h and saves its result: no copy of h.
+    KernelProfiler profiler;
+    h.relu_();
+    ASSERT_EQ(profiler.records().size(), 1u);
+    EXPECT_EQ(profiler.records()[0].op, "relu");
+  }
   sum(h).backward();
   Tensor xs = x.detach();
   Tensor expect = mul(gt(xs, scalar_like(0, DType::Float64)).to(DType::Float64), scalar_like(6, DType::Float64));
@@ -134,6 +141,13 @@ TEST(Autograd, InPlaceRules) {
   Tensor h2 = mul(x, scalar_like(3, DType::Float64));
   h2.mul_(h2.detach());
   EXPECT_THROW(sum(h2).backward(), Error);
+  // Its result changed in place after an in-place ReLU: PyTorch's error too (the gradient needs
+  // that result).
+  Tensor h3 = mul(x.detach(), scalar_like(3, DType::Float64)).requires_grad_();
+  Tensor h4 = mul(h3, scalar_like(1, DType::Float64));
+  h4.relu_();
+  h4.mul_(2.0);
+  EXPECT_THROW(sum(h4).backward(), Error);
   EXPECT_LE(relative_error(x.grad(), expect), 1e-14);
 }
 

@@ -342,15 +342,22 @@ Tensor clamp(const Tensor& t, std::optional<double> min, std::optional<double> m
 
 // ---------------------------------------------------------------- activations
 
+namespace {
+
+// ReLU's gradient from its result y: grad where y > 0, that is y >= the smallest positive value
+// of y's compute type (float for the 16-bit types).
+Tensor relu_backward(const Tensor& grad, const Tensor& y) {
+  const double smallest = y.dtype() == DType::Float64 ? std::numeric_limits<double>::denorm_min()
+                                                      : std::numeric_limits<float>::denorm_min();
+  return clamp_backward(grad, y, {.a = smallest, .has_b = false});
+}
+
+}  // namespace
+
 Tensor relu(const Tensor& t) {
   Tensor out = unary_forward(Op::relu, t, t.dtype());
-  return record_unary("ReluBackward0", t, out, [](const Tensor& g, const Tensor&, const Tensor& y) {
-    // grad where y > 0: y >= the smallest positive value of y's compute type (float for the
-    // 16-bit types).
-    const double smallest = y.dtype() == DType::Float64 ? std::numeric_limits<double>::denorm_min()
-                                                        : std::numeric_limits<float>::denorm_min();
-    return clamp_backward(g, y, {.a = smallest, .has_b = false});
-  });
+  return record_unary("ReluBackward0", t, out,
+                      [](const Tensor& g, const Tensor&, const Tensor& y) { return relu_backward(g, y); });
 }
 
 Tensor relu6(const Tensor& t) { return clamp(t, 0.0, 6.0); }
@@ -571,7 +578,23 @@ Tensor& Tensor::clamp_(std::optional<double> min, std::optional<double> max) {
                        [&](const Tensor& t) { return tvc::clamp(t, min, max); });
 }
 Tensor& Tensor::relu_() {
-  return unary_inplace(*this, "relu_", Op::relu, dtype(), nullptr, [](const Tensor& t) { return tvc::relu(t); });
+  if (!autograd::any_requires_grad({*this}) || !is_floating(dtype()))
+    return unary_inplace(*this, "relu_", Op::relu, dtype(), nullptr, [](const Tensor& t) { return tvc::relu(t); });
+  // Recorded, still in place (PyTorch's in-place ReLU): the gradient needs only the result, so
+  // self is overwritten and saved as it, with no copy of its old values (two passes over every
+  // activation of a training step's inplace ReLUs).
+  autograd::check_inplace(*this, "relu_");
+  check_writable(*this, "relu_");
+  {
+    NoGradGuard no_grad;
+    detail::run(Op::relu, {*this}, {*this});
+  }
+  auto result = std::make_shared<SavedTensor>();
+  autograd::record_inplace("ReluBackward0", *this, {}, [result](const GradList& g) -> GradList {
+    return {relu_backward(g[0], result->unpack("ReluBackward0"))};
+  });
+  *result = SavedTensor(*this);  // at the version record_inplace left
+  return *this;
 }
 Tensor& Tensor::sigmoid_() { return float_unary_inplace(*this, "sigmoid_", Op::sigmoid, tvc::sigmoid); }
 Tensor& Tensor::silu_() { return float_unary_inplace(*this, "silu_", Op::silu, tvc::silu); }
