@@ -78,6 +78,9 @@ TEST(NnOps, Conv2dForwardAndGradientsMatchTorch) {
       // weight gradients of large maps in bands of output rows: 22 + 22 + 6, grouped 34 + 34 + 2
       {{2, 3, 50, 45}, {4, 3, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
       {{1, 4, 70, 30}, {4, 2, 3, 3}, false, {1, 1}, {1, 1}, {1, 1}, 2},
+      // "same" rows lowered as one run per tap: dilated, and 3x5 with only the width kept
+      {{2, 3, 9, 8}, {4, 3, 3, 3}, true, {1, 1}, {2, 2}, {2, 2}, 1},
+      {{2, 3, 6, 9}, {5, 3, 3, 5}, false, {1, 1}, {0, 2}, {1, 1}, 1},
       // depthwise in blocks of 16 channels: small maps, 5x5, stride 2 and 3, multiplier 2, a
       // partial block, channels-last
       {{2, 20, 7, 7}, {20, 1, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 20},

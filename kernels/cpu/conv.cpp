@@ -303,15 +303,45 @@ void epilogue_into(const void* ctx, T* c, int64_t c_rs, int64_t /*c_cs: 1, C is 
 // c0; xs its strides), zero where the window reads padding; ld is col's row stride (>= P). With
 // an output row range [oh0, oh1), only those rows' positions: col (K, (oh1 - oh0) * Wo).
 // Channels are split over threads unless the caller already runs on them.
+//
+// A "same" convolution's rows (stride 1, Wo == W, dense rows of x) take one copy per
+// kernel tap: col position oh * Wo + ow reads x's plane at a fixed offset from oh * W + ow, so
+// the tap's valid output rows are one contiguous run of the plane, after which the columns that
+// read padding (they picked up the neighbouring row's edge) are zeroed; the general path copies
+// Ho runs of Wo values (14 or 7 for the small maps of ResNet's and DenseNet's last stages).
 template <typename T>
 void im2col(const T* x, const int64_t* xs, const ConvGeom& g, T* col, int64_t ld, int64_t oh0 = 0, int64_t oh1 = -1) {
   if (oh1 < 0) oh1 = g.Ho;
+  const bool same_rows = g.sh == 1 && g.sw == 1 && g.Wo == g.W && xs[3] == 1 && xs[2] == g.W;
   parallel_for(g.Cg, g.kh * g.kw * (oh1 - oh0) * g.Wo, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c)
       for (int64_t i = 0; i < g.kh; ++i)
         for (int64_t j = 0; j < g.kw; ++j) {
           T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
           Range rw = valid_range(j * g.dw, g.sw, g.pw, g.W, g.Wo);
+          if (same_rows) {
+            // Output rows [lo, hi) read input rows oh * sh - ph + i * dh inside the map.
+            const Range rh = valid_range(i * g.dh, g.sh, g.ph, g.H, g.Ho);
+            const int64_t lo = std::clamp(rh.lo, oh0, oh1), hi = std::clamp(rh.hi, lo, oh1);
+            std::fill(row, row + (lo - oh0) * g.Wo, T(0));
+            std::fill(row + (hi - oh0) * g.Wo, row + (oh1 - oh0) * g.Wo, T(0));
+            if (lo == hi) continue;
+            if (rw.lo == rw.hi) {
+              std::fill(row + (lo - oh0) * g.Wo, row + (hi - oh0) * g.Wo, T(0));
+              continue;
+            }
+            // Positions [first, last) of the run: row lo's first valid column to row hi - 1's
+            // last; every read is inside the plane (rows of lo and hi - 1, valid columns).
+            const int64_t first = (lo - oh0) * g.Wo + rw.lo, last = (hi - 1 - oh0) * g.Wo + rw.hi;
+            const T* src = x + c * xs[1] + (lo * g.sh - g.ph + i * g.dh) * xs[2] + rw.lo + j * g.dw - g.pw;
+            std::copy(src, src + (last - first), row + first);
+            for (int64_t oh = lo; oh < hi; ++oh) {
+              T* r = row + (oh - oh0) * g.Wo;
+              std::fill(r, r + rw.lo, T(0));
+              std::fill(r + rw.hi, r + g.Wo, T(0));
+            }
+            continue;
+          }
           for (int64_t oh = oh0; oh < oh1; ++oh) {
             T* r = row + (oh - oh0) * g.Wo;
             int64_t ih = oh * g.sh - g.ph + i * g.dh;
