@@ -299,6 +299,16 @@ void epilogue_into(const void* ctx, T* c, int64_t c_rs, int64_t /*c_cs: 1, C is 
   }
 }
 
+// p[0, n) = 0.
+template <typename T>
+void zero_fill(T* p, int64_t n) {
+  // Most of im2col's runs of padding are one value: a store, where a call to memset costs more.
+  if (n == 1)
+    *p = T(0);
+  else if (n > 1)
+    std::fill(p, p + n, T(0));
+}
+
 // col (K, P) <- the receptive fields of channels [0, Cg) of x (x points at sample n, channel
 // c0; xs its strides), zero where the window reads padding; ld is col's row stride (>= P). With
 // an output row range [oh0, oh1), only those rows' positions: col (K, (oh1 - oh0) * Wo).
@@ -337,8 +347,8 @@ void im2col(const T* x, const int64_t* xs, const ConvGeom& g, T* col, int64_t ld
             std::copy(src, src + (last - first), row + first);
             for (int64_t oh = lo; oh < hi; ++oh) {
               T* r = row + (oh - oh0) * g.Wo;
-              std::fill(r, r + rw.lo, T(0));
-              std::fill(r + rw.hi, r + g.Wo, T(0));
+              zero_fill(r, rw.lo);
+              zero_fill(r + rw.hi, g.Wo - rw.hi);
             }
             continue;
           }
@@ -350,13 +360,13 @@ void im2col(const T* x, const int64_t* xs, const ConvGeom& g, T* col, int64_t ld
               continue;
             }
             const T* xr = x + c * xs[1] + ih * xs[2] + (j * g.dw - g.pw) * xs[3];
-            std::fill(r, r + rw.lo, T(0));
+            zero_fill(r, rw.lo);
             int64_t step = g.sw * xs[3];
             if (step == 1)
               std::copy(xr + rw.lo, xr + rw.hi, r + rw.lo);
             else
               for (int64_t ow = rw.lo; ow < rw.hi; ++ow) r[ow] = xr[ow * step];
-            std::fill(r + rw.hi, r + g.Wo, T(0));
+            zero_fill(r + rw.hi, g.Wo - rw.hi);
           }
         }
   });
