@@ -169,7 +169,8 @@ std::vector<Case> small_cases() {
 std::vector<Case> large_cases() {
   const int64_t shapes[][3] = {{257, 129, 300}, {19, 801, 400},  {1601, 19, 45},
                                {13, 33, 2049},  {1, 1000, 1280}, {8, 77, 517},  // few rows: the dot-product path
-                               {300, 1, 700}};  // one column: the dot products too, rows split over threads
+                               {300, 1, 700},    // one column: the dot products too, rows split over threads
+                               {40, 49, 2048}};  // row-major A's rows 4 KiB apart (or more): packed, not in place
   std::vector<Case> cases;
   int i = 0;
   for (const auto& s : shapes)
