@@ -352,6 +352,30 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
 // set) and float64, for shapes with one or several GEMM blocks, a strided x and a transposed
 // weight; with autograd it is the separate ops with their gradients; a Sequential's Linear then
 // GELU takes it without grad, and the plain forwards with a hook on either module.
+// A Linear's result is a tensor of its own, not a view of the kernel's output: an in-place ReLU
+// on it under autograd (VGG's classifier, Linear then ReLU(inplace=True)) runs, with the
+// gradients of the out-of-place ReLU, for 2-d and 3-d inputs, float32 and float64.
+TEST(NnOps, LinearResultTakesInPlaceOpsUnderAutograd) {
+  for (DType dtype : {DType::Float32, DType::Float64})
+    for (const Shape& x_shape : {Shape{3, 8}, Shape{2, 3, 8}}) {
+      const Tensor x0 = randn(x_shape, {.dtype = dtype}), w0 = randn({5, 8}, {.dtype = dtype}),
+                   b0 = randn({5}, {.dtype = dtype});
+      Tensor grads[2][3];
+      for (int inplace = 0; inplace < 2; ++inplace) {
+        Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+        Tensor y = linear(x, w, b);
+        if (inplace)
+          y.relu_();
+        else
+          y = relu(y);
+        (y * y).sum().backward();
+        grads[inplace][0] = x.grad(), grads[inplace][1] = w.grad(), grads[inplace][2] = b.grad();
+      }
+      for (int k = 0; k < 3; ++k)
+        EXPECT_EQ(grads[1][k].to_vector(), grads[0][k].to_vector()) << dtype_name(dtype) << " " << x_shape << " " << k;
+    }
+}
+
 TEST(NnOps, LinearGeluEqualsTheSeparateOps) {
   auto identical = [](const Tensor& a, const Tensor& b) {
     return a.shape() == b.shape() && a.to_vector() == b.to_vector();

@@ -79,16 +79,18 @@ bool linear_kernel_fits(const Tensor& x, const Tensor& weight, const Tensor& bia
 }
 
 // The linear kernel on x (*, K), given as its rows (M, K): x @ weight^T + bias, then the GELU
-// where gelu is set, in x's shape but for the last dim; no autograd.
+// where gelu is set, in x's shape but for the last dim; no autograd. The result is a tensor of its
+// own (the kernel writes it through a (M, N) view), not a view: in-place ops on it (an inplace
+// ReLU after a Linear) are then allowed under autograd.
 Tensor run_linear(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& bias, bool gelu) {
   NoGradGuard no_grad;
   const int64_t N = weight.shape()[0];
-  Tensor out = empty({rows.shape()[0], N}, {.dtype = x.dtype(), .device = x.device()});
-  const LinearParams p{gelu};
-  detail::run(Op::linear, {rows.detach(), weight.detach(), bias.detach()}, {out}, &p);
   Shape shape = x.shape();
   shape.back() = N;
-  return out.view(shape);
+  Tensor out = empty(shape, {.dtype = x.dtype(), .device = x.device()});
+  const LinearParams p{gelu};
+  detail::run(Op::linear, {rows.detach(), weight.detach(), bias.detach()}, {out.view({rows.shape()[0], N})}, &p);
+  return out;
 }
 
 // linear with a bias as one linear kernel (the bias added to the product's blocks while in
@@ -129,11 +131,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       NoGradGuard no_grad;
       const int64_t K = weight.shape()[1], N = weight.shape()[0];
       const Tensor a = x.to(DType::BFloat16).reshape({1, -1, K});
-      Tensor out = empty({1, a.shape()[1], N});
-      if (out.numel() > 0) detail::run(Op::bmm, {a, weight.t().unsqueeze(0)}, {out});
       Shape shape = x.shape();
       shape.back() = N;
-      y = out.view(shape);
+      y = empty(shape);  // a tensor of its own, as run_linear's
+      if (y.numel() > 0) detail::run(Op::bmm, {a, weight.t().unsqueeze(0)}, {y.view({1, a.shape()[1], N})});
     } else {
       y = matmul(x, weight.to(DType::Float32).t());
     }
