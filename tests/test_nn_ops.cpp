@@ -347,11 +347,6 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
           }
 }
 
-// linear_gelu in inference (one kernel: the bias and the GELU applied to the product's blocks)
-// gives the separate linear and gelu ops' values bit for bit, in float32 (on every instruction
-// set) and float64, for shapes with one or several GEMM blocks, a strided x and a transposed
-// weight; with autograd it is the separate ops with their gradients; a Sequential's Linear then
-// GELU takes it without grad, and the plain forwards with a hook on either module.
 // A Linear's result is a tensor of its own, not a view of the kernel's output: an in-place ReLU
 // on it under autograd (VGG's classifier, Linear then ReLU(inplace=True)) runs, with the
 // gradients of the out-of-place ReLU, for 2-d and 3-d inputs, float32 and float64.
@@ -376,6 +371,11 @@ TEST(NnOps, LinearResultTakesInPlaceOpsUnderAutograd) {
     }
 }
 
+// linear_gelu in inference (one kernel: the bias and the GELU applied to the product's blocks)
+// gives the separate linear and gelu ops' values bit for bit, in float32 (on every instruction
+// set) and float64, for shapes with one or several GEMM blocks, a strided x and a transposed
+// weight; with autograd it is the separate ops with their gradients; a Sequential's Linear then
+// GELU takes it without grad, and the plain forwards with a hook on either module.
 TEST(NnOps, LinearGeluEqualsTheSeparateOps) {
   auto identical = [](const Tensor& a, const Tensor& b) {
     return a.shape() == b.shape() && a.to_vector() == b.to_vector();
