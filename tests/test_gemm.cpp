@@ -226,6 +226,52 @@ TEST(Gemm, BitIdenticalForAnyThreadCount) {
   set_num_threads(threads);
 }
 
+// gemm_rows_of_7 (a convolution's positions as 7-row tiles, B packed whole beforehand, the last
+// columns in narrower tiles) gives the bits of gemm on the same operands, on every path of this
+// machine that has the kernel (AVX-512), with 1 and 2 threads: M whole sevens and not, N with each
+// narrow tail (1 to 3 vectors) and past a panel, K across KC blocks, A read in place as a
+// convolution's (K, positions) columns and as a strided matrix, beta 0 and 1 (shapes large enough
+// for gemm's blocked path). Paths without it say so (the convolutions then take gemm).
+TEST(Gemm, RowsOf7KernelGivesTheBitsOfGemm) {
+  const int64_t shapes[][3] = {{49, 512, 4608}, {196, 40, 300}, {14, 100, 33},
+                               {50, 17, 800},   {7, 64, 11},    {147, 177, 9}};
+  const int threads = get_num_threads();
+  int checked = 0;
+  for_each_isa([&] {
+    if (!cpu::has_rows_of_7_kernel()) {
+      EXPECT_TRUE(active_isa() == Isa::generic || active_isa() == Isa::avx2);
+      return;
+    }
+    for (const auto& s : shapes) {
+      const int64_t M = s[0], N = s[1], K = s[2];
+      for (Layout la : {Layout::ColMajor, Layout::Strided})
+        for (Layout lb : {Layout::ColMajor, Layout::RowMajor})
+          for (float beta : {0.f, 1.f})
+            for (int t : {1, 2}) {
+              set_num_threads(t);
+              apply_num_threads();  // the kernel is called directly, not through an op that applies it
+              std::mt19937 gen(static_cast<uint32_t>(M * N + K));
+              Matrix<float> a(M, K, la, gen), b(K, N, lb, gen), c(M, N, Layout::RowMajor, gen);
+              std::vector<float> panels(static_cast<size_t>(cpu::rows_of_7_packed_floats(K, N)), NAN);
+              cpu::pack_rows_of_7_b(K, N, b.buf.data(), b.rs, b.cs, panels.data());
+              Matrix<float> want = c, got = c;
+              cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, want.buf.data(), want.rs,
+                               want.cs, beta);
+              cpu::gemm_rows_of_7(M, N, K, a.buf.data(), a.rs, a.cs, panels.data(), got.buf.data(), got.rs, got.cs,
+                                  beta);
+              ASSERT_EQ(got.values(), want.values())
+                  << "M=" << M << " N=" << N << " K=" << K << " A " << layout_name(la) << " B " << layout_name(lb)
+                  << " beta " << beta << " threads " << t;
+              ++checked;
+            }
+    }
+  });
+  set_num_threads(threads);
+  if (cpu::has_rows_of_7_kernel()) {
+    EXPECT_GT(checked, 0);
+  }
+}
+
 namespace {
 
 std::string shape_str(const Shape& s) {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <sstream>
 
+#include "../kernels/cpu/gemm.h"
 #include "compare.h"
 #include "torch_golden.h"
 #include "tvc/autograd.h"
@@ -204,19 +205,22 @@ TEST(NnOps, Conv1dAndUnbatchedConv2dMatchTorch) {
 TEST(NnOps, Conv2dDoesNotDependOnThreadCount) {
   int threads = get_num_threads();
   // Batch 9 splits samples over threads; batch 1 leaves the threads to the GEMM.
-  auto run = [](int n, int64_t batch) {
+  // 7x7 maps of 64 channels take the positions as rows where the CPU has that kernel.
+  auto run = [](int n, int64_t batch, int64_t channels, int64_t h, int64_t w_) {
     set_num_threads(n);
-    Tensor x = randn_of({batch, 8, 10, 9}, DType::Float32, 7).requires_grad_();
-    Tensor w = randn_of({16, 8, 3, 3}, DType::Float32, 8).requires_grad_();
-    Tensor b = randn_of({16}, DType::Float32, 9).requires_grad_();
+    Tensor x = randn_of({batch, channels, h, w_}, DType::Float32, 7).requires_grad_();
+    Tensor w = randn_of({2 * channels, channels, 3, 3}, DType::Float32, 8).requires_grad_();
+    Tensor b = randn_of({2 * channels}, DType::Float32, 9).requires_grad_();
     Tensor y = conv2d(x, w, b, {1, 1}, {1, 1});
     sum(mul(y, y)).backward();
     return std::vector<std::vector<double>>{y.to_vector(), x.grad().to_vector(), w.grad().to_vector()};
   };
-  for (int64_t batch : {9, 1}) {
-    auto one = run(1, batch), three = run(3, batch);
-    for (size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], three[i]) << "batch " << batch << ", tensor " << i;
-  }
+  for (int64_t batch : {9, 1})
+    for (const auto& [channels, h, w] : {std::array<int64_t, 3>{8, 10, 9}, std::array<int64_t, 3>{64, 7, 7}}) {
+      auto one = run(1, batch, channels, h, w), three = run(3, batch, channels, h, w);
+      for (size_t i = 0; i < one.size(); ++i)
+        EXPECT_EQ(one[i], three[i]) << "batch " << batch << ", map " << h << "x" << w << ", tensor " << i;
+    }
   set_num_threads(threads);
 }
 
@@ -531,6 +535,97 @@ TEST(NnOps, Conv2dWinogradOnEveryInstructionSet) {
     EXPECT_LE(relative_error(leaf.grad().to(DType::Float64), leaf64.grad()), 2e-6) << isa_name(isa);
   }
   set_isa(available_isas().back());
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) { return a.shape() == b.shape() && a.to_vector() == b.to_vector(); }
+
+// Convolutions whose GEMM has few columns of positions (7x7 and 14x14 maps) take the transposed
+// path with the positions as 7-row tiles where the instruction set has that kernel (AVX-512; the
+// standard path elsewhere): against float64, forward (plain and with the whole epilogue) and
+// gradients, output channels past and short of a 64-column panel (narrow tiles), 3x3 and 1x1,
+// samples side by side, channels-last. The weight packed for the call (grad mode with a weight
+// that requires grad) and the one kept with the weight's storage (no grad) give the same bits.
+TEST(NnOps, Conv2dPositionRowsMatchFloat64) {
+  struct Case {
+    Shape x;
+    int64_t O, k;
+  };
+  const bool rows_kernel = cpu::has_rows_of_7_kernel();
+  for (const Case& c : {Case{{1, 64, 7, 7}, 40, 3}, Case{{1, 512, 7, 7}, 100, 1}, Case{{3, 96, 7, 7}, 70, 3},
+                        Case{{1, 256, 14, 14}, 64, 1}, Case{{2, 40, 14, 14}, 17, 3}})
+    for (bool channels_last : {false, true}) {
+      const std::string where = cat_str(c.x, " O ", c.O, " k ", c.k, channels_last ? " channels-last" : "");
+      const Tensor x = randn_of(c.x, DType::Float32, 1)
+                           .contiguous(channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous);
+      const Tensor w = randn_of({c.O, c.x[1], c.k, c.k}, DType::Float32, 2), b = randn_of({c.O}, DType::Float32, 3);
+      const std::array<int64_t, 2> pad{c.k / 2, c.k / 2};
+      const Tensor x64 = x.to(DType::Float64), w64 = w.to(DType::Float64), b64 = b.to(DType::Float64);
+      Tensor kept;
+      {
+        NoGradGuard no_grad;
+        KernelProfiler profiler;
+        kept = conv2d(x, w, b, {1, 1}, pad);
+        ASSERT_EQ(profiler.records().size(), 1u) << where;
+        EXPECT_EQ(profiler.records()[0].path.rfind("position rows gemm", 0) == 0, rows_kernel) << where;
+      }
+      EXPECT_LE(relative_error(kept.to(DType::Float64), conv2d(x64, w64, b64, {1, 1}, pad)), 2e-6) << where;
+      EXPECT_EQ(kept.suggest_memory_format(), x.suggest_memory_format()) << where;
+      // Recorded: the weight packed for the call, then the gradients through it.
+      const Tensor leaf = x.detach().requires_grad_(), wleaf = w.detach().requires_grad_();
+      const Tensor y = conv2d(leaf, wleaf, b, {1, 1}, pad);
+      EXPECT_TRUE(same_bits(y, kept)) << where;
+      const Tensor dy = randn_of(y.shape(), DType::Float32, 4);
+      y.backward(dy);
+      const Tensor leaf64 = x64.detach().requires_grad_(), wleaf64 = w64.detach().requires_grad_();
+      conv2d(leaf64, wleaf64, b64, {1, 1}, pad).backward(dy.to(DType::Float64));
+      EXPECT_LE(relative_error(leaf.grad().to(DType::Float64), leaf64.grad()), 2e-6) << where;
+      EXPECT_LE(relative_error(wleaf.grad().to(DType::Float64), wleaf64.grad()), 2e-6) << where;
+      // The whole epilogue: scale, shift, a residual of other strides, an activation.
+      const Tensor scale = randn_of({c.O}, DType::Float32, 5), shift = randn_of({c.O}, DType::Float32, 6);
+      const Tensor residual = randn_of(y.shape(), DType::Float32, 7).transpose(2, 3).contiguous().transpose(2, 3);
+      Tensor fused;
+      {
+        NoGradGuard no_grad;
+        fused = conv2d_epilogue(x, w, scale, shift, residual, EpilogueActivation::ReLU6, {1, 1}, pad);
+      }
+      const Tensor want_fused =
+          clamp(conv2d(x64, w64, Tensor(), {1, 1}, pad) * scale.to(DType::Float64).view({1, c.O, 1, 1}) +
+                    shift.to(DType::Float64).view({1, c.O, 1, 1}) + residual.to(DType::Float64),
+                0.0, 6.0);
+      EXPECT_LE(relative_error(fused.to(DType::Float64), want_fused), 2e-6) << where;
+    }
+}
+
+// The weight kept with its storage follows every change of the weight: an in-place op, a copy
+// into it, a write through its pointer followed by bump_version, and memory wrapped with
+// from_blob written behind tvc's back (never kept): each result equals the convolution by a fresh
+// copy of the weight's new values, bit for bit.
+TEST(NnOps, Conv2dKeptWeightFollowsChangesOfTheWeight) {
+  NoGradGuard no_grad;
+  const Tensor x = randn_of({1, 96, 7, 7}, DType::Float32, 1);
+  Tensor w = randn_of({64, 96, 3, 3}, DType::Float32, 2);
+  auto conv_by_copy = [&](const Tensor& weight) { return conv2d(x, weight.clone(), Tensor(), {1, 1}, {1, 1}); };
+  const Tensor first = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  EXPECT_TRUE(same_bits(first, conv_by_copy(w)));
+  EXPECT_TRUE(same_bits(conv2d(x, w, Tensor(), {1, 1}, {1, 1}), first));  // the kept weight
+  w.mul_(-0.5);
+  EXPECT_TRUE(same_bits(conv2d(x, w, Tensor(), {1, 1}, {1, 1}), conv_by_copy(w)));
+  w.copy_(randn_of(w.shape(), DType::Float32, 3));
+  EXPECT_TRUE(same_bits(conv2d(x, w, Tensor(), {1, 1}, {1, 1}), conv_by_copy(w)));
+  w.data_ptr<float>()[5] = 7.f;
+  w.storage()->bump_version();
+  EXPECT_TRUE(same_bits(conv2d(x, w, Tensor(), {1, 1}, {1, 1}), conv_by_copy(w)));
+  // A view of a larger storage: the kept weight is that view's, beside another view's.
+  const Tensor both = randn_of({2, 64, 96, 3, 3}, DType::Float32, 4);
+  EXPECT_TRUE(same_bits(conv2d(x, both[1], Tensor(), {1, 1}, {1, 1}), conv_by_copy(both[1])));
+  EXPECT_TRUE(same_bits(conv2d(x, both[0], Tensor(), {1, 1}, {1, 1}), conv_by_copy(both[0])));
+  EXPECT_TRUE(same_bits(conv2d(x, both[1], Tensor(), {1, 1}, {1, 1}), conv_by_copy(both[1])));
+  std::vector<float> outside(static_cast<size_t>(w.numel()));
+  std::copy(w.data_ptr<float>(), w.data_ptr<float>() + w.numel(), outside.begin());
+  const Tensor wrapped = from_blob(outside.data(), w.shape(), DType::Float32);
+  EXPECT_TRUE(same_bits(conv2d(x, wrapped, Tensor(), {1, 1}, {1, 1}), conv_by_copy(wrapped)));
+  outside[9] = -3.f;
+  EXPECT_TRUE(same_bits(conv2d(x, wrapped, Tensor(), {1, 1}, {1, 1}), conv_by_copy(wrapped)));
 }
 
 // A float32 input with a bfloat16 weight (nn::convert_weights_to_bfloat16): without autograd the

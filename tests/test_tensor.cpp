@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -355,6 +356,48 @@ TEST(Tensor, MemoryMappedStorage) {
   EXPECT_EQ(static_cast<const float*>(again->data())[0], 1.5f);
   EXPECT_THROW(Storage::map_file(path + ".missing"), Error);
   std::remove(path.c_str());
+}
+
+// Data derived from a storage (Storage::derived): found under its key at the version it was made
+// for, gone after any in-place write (which bumps the version), replaced under the same key,
+// dropped (freed) when a newer version's entry is stored, never kept for wrapped memory, freed
+// with the storage.
+TEST(Storage, DerivedDataLivesWhileTheContentsAreUnchanged) {
+  Tensor t = randn({64});
+  const std::shared_ptr<Storage>& s = t.storage();
+  const Storage::DerivedKey a{1, 0, 8, 8}, b{1, 0, 8, 9};
+  auto da = std::make_shared<int>(1), db = std::make_shared<int>(2);
+  std::weak_ptr<int> watch_a = da, watch_b = db;
+  EXPECT_EQ(s->derived(a), nullptr);
+  s->set_derived(a, std::move(da));
+  s->set_derived(b, std::move(db));
+  ASSERT_NE(s->derived(a), nullptr);
+  EXPECT_EQ(*std::static_pointer_cast<const int>(s->derived(a)), 1);
+  EXPECT_EQ(*std::static_pointer_cast<const int>(s->derived(b)), 2);
+  s->set_derived(a, std::make_shared<int>(3));  // same key, same version: replaced
+  EXPECT_EQ(*std::static_pointer_cast<const int>(s->derived(a)), 3);
+  EXPECT_TRUE(watch_a.expired());
+  t.mul_(2.0);  // an in-place op: a new version
+  EXPECT_EQ(s->derived(a), nullptr);
+  EXPECT_EQ(s->derived(b), nullptr);
+  EXPECT_FALSE(watch_b.expired());  // still held until the next entry is stored
+  s->set_derived(a, std::make_shared<int>(4));
+  EXPECT_TRUE(watch_b.expired());
+  EXPECT_EQ(*std::static_pointer_cast<const int>(s->derived(a)), 4);
+  s->bump_version();  // what a write through a raw pointer must do
+  EXPECT_EQ(s->derived(a), nullptr);
+  std::weak_ptr<int> watch_c;
+  {
+    Tensor u = randn({8});
+    auto dc = std::make_shared<int>(5);
+    watch_c = dc;
+    u.storage()->set_derived(a, std::move(dc));
+  }
+  EXPECT_TRUE(watch_c.expired());  // freed with its storage
+  std::vector<float> outside(8, 1.f);
+  Tensor wrapped = from_blob(outside.data(), {8}, DType::Float32);
+  wrapped.storage()->set_derived(a, std::make_shared<int>(6));
+  EXPECT_EQ(wrapped.storage()->derived(a), nullptr);
 }
 
 // Large CPU blocks go back to a cache when their tensor dies and serve the next request of their

@@ -108,6 +108,7 @@ class MpiWorld final : public Communicator {
       return MPI_Ibcast(t.raw_data(), static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD, r);
     });
     complete(op);
+    t.storage()->bump_version();  // written in place (Storage::derived)
   }
 
   void barrier() override {
@@ -132,6 +133,7 @@ class MpiWorld final : public Communicator {
         default:
           sum_in_rank_order(t.data_ptr<int64_t>(), reinterpret_cast<const int64_t*>(gathered.data()), n, world.size_);
       }
+      t.storage()->bump_version();  // written in place (Storage::derived)
     }
     MpiWorld& world;
     Tensor t;

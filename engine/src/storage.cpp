@@ -134,7 +134,7 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
     // Device memory comes from the backend that registered it (kernels/<device>).
     const DeviceMemory& memory = device_memory(device, "Storage::allocate");
     void* data = nbytes ? memory.allocate(nbytes) : nullptr;
-    return std::shared_ptr<Storage>(new Storage(data, nbytes, memory.release, device));
+    return std::shared_ptr<Storage>(new Storage(data, nbytes, memory.release, device, true));
   }
   size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
   if (rounded >= BlockCache::kMinBlock) {
@@ -145,16 +145,16 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
       TVC_CHECK(block.data != nullptr, "Storage::allocate: out of memory allocating ", nbytes, " bytes");
     }
     return std::shared_ptr<Storage>(new Storage(
-        block.data, nbytes, [&cache, size = block.size](void* p) { cache.give(p, size); }, device));
+        block.data, nbytes, [&cache, size = block.size](void* p) { cache.give(p, size); }, device, true));
   }
   void* data = rounded ? std::aligned_alloc(kAlign, rounded) : nullptr;
   TVC_CHECK(data != nullptr || rounded == 0, "Storage::allocate: out of memory allocating ", nbytes, " bytes");
   return std::shared_ptr<Storage>(new Storage(
-      data, nbytes, [](void* p) { std::free(p); }, device));
+      data, nbytes, [](void* p) { std::free(p); }, device, true));
 }
 
 std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, Deleter deleter, Device device) {
-  return std::shared_ptr<Storage>(new Storage(data, nbytes, std::move(deleter), device));
+  return std::shared_ptr<Storage>(new Storage(data, nbytes, std::move(deleter), device, false));
 }
 
 std::shared_ptr<Storage> Storage::map_file(const std::string& path) {
@@ -177,11 +177,44 @@ std::shared_ptr<Storage> Storage::map_file(const std::string& path) {
     }
   }
   ::close(fd);  // the mapping stays valid
-  return wrap(data, size, [size](void* p) { ::munmap(p, size); });
+  return std::shared_ptr<Storage>(new Storage(
+      data, size, [size](void* p) { ::munmap(p, size); }, Device::CPU, true));
 }
 
 Storage::~Storage() {
   if (deleter_ && data_) deleter_(data_);
+}
+
+namespace {
+std::mutex& derived_mutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
+std::shared_ptr<const void> Storage::derived(const DerivedKey& key) const {
+  if (!owned_) return nullptr;
+  const uint64_t now = version();
+  std::lock_guard<std::mutex> lock(derived_mutex());
+  for (const Derived& d : derived_)
+    if (d.key == key && d.version == now) return d.data;
+  return nullptr;
+}
+
+void Storage::set_derived(const DerivedKey& key, std::shared_ptr<const void> data) {
+  if (!owned_) return;
+  const uint64_t now = version();
+  std::vector<Derived> dropped;  // freed after the lock is released
+  std::lock_guard<std::mutex> lock(derived_mutex());
+  for (auto it = derived_.begin(); it != derived_.end();) {
+    if (it->version != now || it->key == key) {
+      dropped.push_back(std::move(*it));
+      it = derived_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  derived_.push_back({key, now, std::move(data)});
 }
 
 }  // namespace tvc

@@ -5,12 +5,14 @@
 // in-place write bumps it, and autograd compares it with the version saved for backward.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tvc/dtype.h"
 
@@ -41,14 +43,34 @@ class Storage {
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
+  // Data a kernel derives from this storage's contents and keeps with it: a convolution's weight
+  // in the layout its fastest kernel reads, made on the first call and reused by the next ones.
+  // The key names what was derived and from which part (the kernel's choice of four numbers).
+  // derived(key) is the data stored under key at the storage's present version, or null;
+  // set_derived(key, data) stores data for the present version, dropping every entry of an older
+  // one. Tensor ops that write in place bump the version; a write through a raw pointer
+  // (data_ptr) must be followed by bump_version(), as for autograd's saved tensors. Memory that a
+  // caller wrapped (wrap, from_blob) can change behind tvc's back: nothing is kept for it (derived
+  // is always null). Thread-safe; the data dies with the storage.
+  using DerivedKey = std::array<int64_t, 4>;
+  std::shared_ptr<const void> derived(const DerivedKey& key) const;
+  void set_derived(const DerivedKey& key, std::shared_ptr<const void> data);
+
  private:
-  Storage(void* data, size_t nbytes, Deleter deleter, Device device)
-      : data_(data), nbytes_(nbytes), deleter_(std::move(deleter)), device_(device) {}
+  Storage(void* data, size_t nbytes, Deleter deleter, Device device, bool owned)
+      : data_(data), nbytes_(nbytes), deleter_(std::move(deleter)), device_(device), owned_(owned) {}
+  struct Derived {
+    DerivedKey key;
+    uint64_t version;
+    std::shared_ptr<const void> data;
+  };
   void* data_;
   size_t nbytes_;
   Deleter deleter_;
   Device device_;
+  bool owned_;  // allocated or mapped by tvc (not wrapped): kernels may keep derived data
   std::atomic<uint64_t> version_{0};
+  std::vector<Derived> derived_;  // under a mutex of storage.cpp
 };
 
 // Large CPU blocks (1 MiB and up) that tensors free are kept for reuse, so that a model's

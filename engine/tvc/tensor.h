@@ -84,6 +84,9 @@ class Tensor {
   uint64_t version() const { return storage()->version(); }
 
   // ---- data ----
+  // Writes through these pointers are not seen by the storage's version counter: follow them
+  // with storage()->bump_version() when the tensor was used before (autograd's saved tensors and
+  // the kernels' derived data, Storage::derived, check the version).
   void* raw_data() const;  // address of element [0, ..., 0]
   template <typename T>
   T* data_ptr() const {

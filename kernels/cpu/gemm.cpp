@@ -203,6 +203,17 @@ constexpr int64_t kARowsInPlaceColumns = 512;
 // to a set) measured slower packed.
 constexpr int64_t kAliasingRowBytes = 4096;
 
+// The micro-kernel for the last n columns of a tile: a narrow form of kn's column-read kernel when
+// kn has one that covers n (GemmRowsKernelF32), else micro itself.
+template <typename Kernel, typename Micro>
+Micro narrow_kernel(const Kernel& kn, Micro micro, int64_t n) {
+  if constexpr (std::is_same_v<Kernel, GemmRowsKernelF32>) {
+    const int64_t vectors = (n + kn.lanes - 1) / kn.lanes;
+    if (micro == kn.micro && vectors < kn.nr / kn.lanes) return kn.narrow[vectors - 1];
+  }
+  return micro;
+}
+
 // One thread's share: the blocked algorithm of the file comment on C[0:M, 0:N], which is the
 // block at (i_off, j_off) of the whole C; each MR-row panel of a C block goes to sink once its
 // last K block is done (still in L1).
@@ -225,8 +236,10 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
   // The same for A with few columns: its full MR-row panels in place, read down its columns when
   // they are contiguous, else along its rows when those are (for bfloat16, when each pair of k is
   // a 32-bit word of the row: K and the row stride even, A 4-byte aligned).
+  // The 7-row kernel's B comes packed whole (gemm_rows_of_7), and its A is read in place.
+  constexpr bool rows_kernel = std::is_same_v<Kernel, GemmRowsKernelF32>;
   const bool b_in_place = std::is_same_v<T, P> && b_cs == 1 && M <= kBInPlaceRows;
-  const bool a_in_place = std::is_same_v<T, P> && a_rs == 1 && N <= kAInPlaceColumns;
+  const bool a_in_place = std::is_same_v<T, P> && a_rs == 1 && (N <= kAInPlaceColumns || rows_kernel);
   const bool pairs_are_words =
       per == 1 || (K % per == 0 && a_rs % per == 0 && reinterpret_cast<uintptr_t>(A) % alignof(P) == 0);
   const bool a_rows_in_place = !a_in_place && a_cs == 1 && N <= kARowsInPlaceColumns && pairs_are_words &&
@@ -243,7 +256,7 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
         int64_t nc = std::min(NC, N - jc);
         const T* b_block = B + pc * b_rs + jc * b_cs;
         int64_t in_place = b_in_place ? nc / nr * nr : 0;  // columns read from B itself
-        if (in_place < nc) pack_b(kc, nc - in_place, nr, b_block + in_place, b_rs, b_cs, bp);
+        if (!rows_kernel && in_place < nc) pack_b(kc, nc - in_place, nr, b_block + in_place, b_rs, b_cs, bp);
         for (int64_t ir = 0; ir < mc; ir += mr) {
           auto micro = kn.micro;
           const P* a_panel = ap + (ir - a_direct) * kp;
@@ -260,8 +273,11 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
           int64_t m = std::min(mr, mc - ir);
           for (int64_t jr = 0; jr < nc; jr += nr) {
             bool direct = jr < in_place;
-            micro(kp, a_panel, a_ks, direct ? reinterpret_cast<const P*>(b_block) + jr : bp + (jr - in_place) * kp,
-                  direct ? b_rs : nr, b, c_row + jr * c_cs, c_rs, c_cs, m, std::min(nr, nc - jr));
+            const int64_t n = std::min(nr, nc - jr);
+            const P* b_panel = direct ? reinterpret_cast<const P*>(b_block) + jr : bp + (jr - in_place) * kp;
+            if constexpr (rows_kernel) b_panel = B + (jc + jr) / nr * K * nr + pc * nr;
+            narrow_kernel(kn, micro, n)(kp, a_panel, a_ks, b_panel, direct && !rows_kernel ? b_rs : nr, b,
+                                        c_row + jr * c_cs, c_rs, c_cs, m, n);
           }
           if (pc + kc == K) sink(c_row, c_rs, c_cs, i_off + ic + ir, m, j_off + jc, nc);
         }
@@ -294,6 +310,9 @@ void gemm_small(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64
     }
   sink(C, c_rs, c_cs, 0, M, 0, N);
 }
+
+// Which micro-kernel family a product runs on (gemm_rows_of_7).
+enum class GemmTile { standard, rows_of_7 };
 
 // Up to this many multiply-adds the small path is used (it wins for these sizes).
 constexpr int64_t kSmallGemm = 8 * 8 * 8;
@@ -349,10 +368,9 @@ void gemm_dots(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, co
   });
 }
 
-template <typename T, typename Acc>
-void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
-                 int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink) {
-  const auto& kn = KernelFor<T>::get(active_kernels());
+template <typename T, typename Acc, typename Kernel>
+void gemm_packed(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
+                 int64_t b_rs, int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink) {
   int64_t mtiles = (M + kn.mr - 1) / kn.mr, ntiles = (N + kn.nr - 1) / kn.nr;
   int64_t threads = 1;
 #ifdef _OPENMP
@@ -368,7 +386,8 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
     int64_t n0 = std::min(N, ntiles * tj / g.tn * kn.nr);
     int64_t n1 = std::min(N, ntiles * (tj + 1) / g.tn * kn.nr);
     if (m0 < m1 && n0 < n1)
-      gemm_blocked(kn, m1 - m0, n1 - n0, K, A + m0 * a_rs, a_rs, a_cs, B + n0 * b_cs, b_rs, b_cs,
+      gemm_blocked(kn, m1 - m0, n1 - n0, K, A + m0 * a_rs, a_rs, a_cs,
+                   std::is_same_v<Kernel, GemmRowsKernelF32> ? B + n0 / kn.nr * K * kn.nr : B + n0 * b_cs, b_rs, b_cs,
                    C + m0 * c_rs + n0 * c_cs, c_rs, c_cs, beta, sink, m0, n0);
   };
   if (threads == 1) return run(0, 1);
@@ -382,9 +401,15 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
 
 template <typename T, typename Acc>
 void gemm_any(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
-              int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink) {
+              int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink,
+              GemmTile tile = GemmTile::standard) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) return scale_c(M, N, C, c_rs, c_cs, beta, sink);
+  if constexpr (std::is_same_v<T, float>) {
+    const GemmRowsKernelF32& rows7 = active_kernels().f32_rows7;
+    if (tile == GemmTile::rows_of_7 && rows7.mr != 0)
+      return gemm_packed(rows7, M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, sink);
+  }
   // A column-major C is computed as C^T = B^T @ A^T, so the micro-kernel writes along rows.
   if (c_rs == 1 && c_cs != 1)
     return gemm_any(N, M, K, B, b_cs, b_rs, A, a_cs, a_rs, C, c_cs, c_rs, beta,
@@ -393,7 +418,7 @@ void gemm_any(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t
   if constexpr (std::is_same_v<T, float>)
     if ((M <= kDotRows || N == 1) && a_cs == 1 && b_rs == 1)
       return gemm_dots(M, N, K, A, a_rs, B, b_cs, C, c_rs, c_cs, beta, sink);
-  gemm_packed(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, sink);
+  gemm_packed(KernelFor<T>::get(active_kernels()), M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, sink);
 }
 
 }  // namespace
@@ -402,6 +427,24 @@ template <typename T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
           int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const GemmEpilogue<T>* epilogue) {
   gemm_any(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, BlockSink<T>{epilogue, false});
+}
+bool has_rows_of_7_kernel() { return active_kernels().f32_rows7.mr != 0; }
+int64_t gemm_tile_columns() { return active_kernels().f32.nr; }
+int64_t rows_of_7_packed_floats(int64_t K, int64_t N) {
+  const int64_t nr = active_kernels().f32_rows7.nr;
+  return (N + nr - 1) / nr * nr * K;
+}
+void pack_rows_of_7_b(int64_t K, int64_t N, const float* B, int64_t b_rs, int64_t b_cs, float* panels) {
+  const int64_t nr = active_kernels().f32_rows7.nr;
+  parallel_for((N + nr - 1) / nr, K * nr, [&](int64_t q0, int64_t q1) {
+    const int64_t j0 = q0 * nr, j1 = std::min(N, q1 * nr);
+    pack_b(K, j1 - j0, nr, B + j0 * b_cs, b_rs, b_cs, panels + j0 * K);
+  });
+}
+void gemm_rows_of_7(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* b_panels,
+                    float* C, int64_t c_rs, int64_t c_cs, float beta, const GemmEpilogue<float>* epilogue) {
+  gemm_any(M, N, K, A, a_rs, a_cs, b_panels, 0, 0, C, c_rs, c_cs, beta, BlockSink<float>{epilogue, false},
+           GemmTile::rows_of_7);
 }
 void gemm(int64_t M, int64_t N, int64_t K, const BFloat16* A, int64_t a_rs, int64_t a_cs, const BFloat16* B,
           int64_t b_rs, int64_t b_cs, float* C, int64_t c_rs, int64_t c_cs, float beta,

@@ -26,6 +26,20 @@ template <typename T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
           int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const GemmEpilogue<T>* epilogue = nullptr);
 
+// The float32 form on the instruction set's 7-row micro-kernel (GemmRowsKernelF32: C's rows in
+// sevens, its last columns in narrower tiles), for a C whose rows are a convolution's output
+// positions and its columns output channels, with B packed beforehand (a weight, packed once):
+// b_panels from pack_rows_of_7_b, rows_of_7_packed_floats(K, N) floats. A is read in place. Every
+// element gets the same sums in the same order as from gemm's blocked path (each over k in order,
+// in blocks of the same KC: products of more than 8 * 8 * 8 multiply-adds with more than 8 rows),
+// so the two agree bit for bit. Only where has_rows_of_7_kernel() (AVX-512).
+bool has_rows_of_7_kernel();
+int64_t gemm_tile_columns();  // the columns of gemm's float32 tiles (NR) on the active instruction set
+int64_t rows_of_7_packed_floats(int64_t K, int64_t N);
+void pack_rows_of_7_b(int64_t K, int64_t N, const float* B, int64_t b_rs, int64_t b_cs, float* b_panels);
+void gemm_rows_of_7(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* b_panels,
+                    float* C, int64_t c_rs, int64_t c_cs, float beta, const GemmEpilogue<float>* epilogue = nullptr);
+
 // The same for bfloat16 A and B with float32 sums into a float32 C (bfloat16 products are exact
 // in float32; the micro-kernel adds them in pairs of k, see gemm_kernels.h GemmMicroKernelBF16).
 void gemm(int64_t M, int64_t N, int64_t K, const BFloat16* A, int64_t a_rs, int64_t a_cs, const BFloat16* B,

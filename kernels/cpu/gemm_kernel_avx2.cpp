@@ -6,6 +6,7 @@ namespace tvc::cpu {
 
 extern const GemmKernels gemm_kernels_avx2 = {
     {6, 16, 384, 1536, 384, gemm_micro_kernel<float, 8, 6, 2>, gemm_micro_kernel<float, 8, 6, 2, true>},
+    {},
     {6, 8, 192, 1536, 384, gemm_micro_kernel<double, 4, 6, 2>, gemm_micro_kernel<double, 4, 6, 2, true>},
     {6, 16, 768, 1536, 384, gemm_micro_kernel_bf16<8, 6, 2, PairDotEmulated<8>>,
      gemm_micro_kernel_bf16<8, 6, 2, PairDotEmulated<8>, true>},

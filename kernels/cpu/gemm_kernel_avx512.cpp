@@ -6,6 +6,9 @@ namespace tvc::cpu {
 
 extern const GemmKernels gemm_kernels_avx512 = {
     {12, 32, 384, 1536, 384, gemm_micro_kernel<float, 16, 12, 2>, gemm_micro_kernel<float, 16, 12, 2, true>},
+    {{7, 64, 384, 1536, 384, gemm_micro_kernel<float, 16, 7, 4>, gemm_micro_kernel<float, 16, 7, 4, true>},
+     16,
+     {gemm_micro_kernel<float, 16, 7, 1>, gemm_micro_kernel<float, 16, 7, 2>, gemm_micro_kernel<float, 16, 7, 3>}},
     {12, 16, 192, 1536, 384, gemm_micro_kernel<double, 8, 12, 2>, gemm_micro_kernel<double, 8, 12, 2, true>},
     {12, 32, 768, 1536, 384, gemm_micro_kernel_bf16<16, 12, 2, PairDotEmulated<16>>,
      gemm_micro_kernel_bf16<16, 12, 2, PairDotEmulated<16>, true>},

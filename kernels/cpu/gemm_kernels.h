@@ -40,6 +40,15 @@ struct GemmKernelF32 {
   int64_t mr, nr, kc, mc, nc;
   GemmMicroKernelF32 micro, micro_a_rows;
 };
+// A float32 micro-kernel whose tiles have MR = 7 rows, for a C whose rows are a convolution's
+// output positions (7x7, 14x14, 28x28 and 56x56 maps are whole multiples of 7) and whose columns
+// are its output channels; the last columns of C go to narrow[v - 1], the same kernel over the
+// tile's first v vectors of `lanes` columns (v < nr / lanes), when they fit in v vectors. Every
+// element gets the same arithmetic from either. All null (mr 0) where the instruction set has none.
+struct GemmRowsKernelF32 : GemmKernelF32 {
+  int64_t lanes;
+  GemmMicroKernelF32 narrow[3];
+};
 struct GemmKernelF64 {
   int64_t mr, nr, kc, mc, nc;
   GemmMicroKernelF64 micro, micro_a_rows;
@@ -133,6 +142,7 @@ using LayerNormBackwardRowF32 = void (*)(int64_t n, const float* dy, const float
                                          const float* w, float* dx, float* sum_dy_xhat, float* sum_dy);
 struct GemmKernels {
   GemmKernelF32 f32;
+  GemmRowsKernelF32 f32_rows7;
   GemmKernelF64 f64;
   GemmKernelBF16 bf16;
   FmaPeakLoop peak, bf16_peak;
