@@ -596,36 +596,47 @@ TEST(NnOps, Conv2dPositionRowsMatchFloat64) {
     }
 }
 
-// The weight kept with its storage follows every change of the weight: an in-place op, a copy
-// into it, a write through its pointer followed by bump_version, and memory wrapped with
-// from_blob written behind tvc's back (never kept): each result equals the convolution by a fresh
-// copy of the weight's new values, bit for bit.
+// The weight forms kept with the weight's storage (7x7 maps: the packed W^T of the position rows
+// where the CPU has them; 24x24: Winograd's transformed weights) follow every change of the
+// weight: an in-place op, a copy into it, a write through its pointer followed by bump_version,
+// and memory wrapped with from_blob written behind tvc's back (never kept): each result equals
+// the convolution by a fresh copy of the weight's new values, bit for bit.
 TEST(NnOps, Conv2dKeptWeightFollowsChangesOfTheWeight) {
   NoGradGuard no_grad;
-  const Tensor x = randn_of({1, 96, 7, 7}, DType::Float32, 1);
-  Tensor w = randn_of({64, 96, 3, 3}, DType::Float32, 2);
-  auto conv_by_copy = [&](const Tensor& weight) { return conv2d(x, weight.clone(), Tensor(), {1, 1}, {1, 1}); };
-  const Tensor first = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
-  EXPECT_TRUE(same_bits(first, conv_by_copy(w)));
-  EXPECT_TRUE(same_bits(conv2d(x, w, Tensor(), {1, 1}, {1, 1}), first));  // the kept weight
-  w.mul_(-0.5);
-  EXPECT_TRUE(same_bits(conv2d(x, w, Tensor(), {1, 1}, {1, 1}), conv_by_copy(w)));
-  w.copy_(randn_of(w.shape(), DType::Float32, 3));
-  EXPECT_TRUE(same_bits(conv2d(x, w, Tensor(), {1, 1}, {1, 1}), conv_by_copy(w)));
-  w.data_ptr<float>()[5] = 7.f;
-  w.storage()->bump_version();
-  EXPECT_TRUE(same_bits(conv2d(x, w, Tensor(), {1, 1}, {1, 1}), conv_by_copy(w)));
-  // A view of a larger storage: the kept weight is that view's, beside another view's.
-  const Tensor both = randn_of({2, 64, 96, 3, 3}, DType::Float32, 4);
-  EXPECT_TRUE(same_bits(conv2d(x, both[1], Tensor(), {1, 1}, {1, 1}), conv_by_copy(both[1])));
-  EXPECT_TRUE(same_bits(conv2d(x, both[0], Tensor(), {1, 1}, {1, 1}), conv_by_copy(both[0])));
-  EXPECT_TRUE(same_bits(conv2d(x, both[1], Tensor(), {1, 1}, {1, 1}), conv_by_copy(both[1])));
-  std::vector<float> outside(static_cast<size_t>(w.numel()));
-  std::copy(w.data_ptr<float>(), w.data_ptr<float>() + w.numel(), outside.begin());
-  const Tensor wrapped = from_blob(outside.data(), w.shape(), DType::Float32);
-  EXPECT_TRUE(same_bits(conv2d(x, wrapped, Tensor(), {1, 1}, {1, 1}), conv_by_copy(wrapped)));
-  outside[9] = -3.f;
-  EXPECT_TRUE(same_bits(conv2d(x, wrapped, Tensor(), {1, 1}, {1, 1}), conv_by_copy(wrapped)));
+  for (const auto& [map, path] :
+       {std::pair<int64_t, std::string>{7, cpu::has_rows_of_7_kernel() ? "position rows" : "im2col+gemm"},
+        std::pair<int64_t, std::string>{24, "winograd"}}) {
+    const Tensor x = randn_of({1, 96, map, map}, DType::Float32, 1);
+    Tensor w = randn_of({64, 96, 3, 3}, DType::Float32, 2);
+    auto conv = [&](const Tensor& weight) { return conv2d(x, weight, Tensor(), {1, 1}, {1, 1}); };
+    auto conv_by_copy = [&](const Tensor& weight) { return conv(weight.clone()); };
+    Tensor first;
+    {
+      KernelProfiler profiler;
+      first = conv(w);
+      EXPECT_EQ(profiler.records().at(0).path.rfind(path, 0), 0u) << map;
+    }
+    EXPECT_TRUE(same_bits(first, conv_by_copy(w))) << map;
+    EXPECT_TRUE(same_bits(conv(w), first)) << map;  // the kept form
+    w.mul_(-0.5);
+    EXPECT_TRUE(same_bits(conv(w), conv_by_copy(w))) << map;
+    w.copy_(randn_of(w.shape(), DType::Float32, 3));
+    EXPECT_TRUE(same_bits(conv(w), conv_by_copy(w))) << map;
+    w.data_ptr<float>()[5] = 7.f;
+    w.storage()->bump_version();
+    EXPECT_TRUE(same_bits(conv(w), conv_by_copy(w))) << map;
+    // Views of one storage: each keeps its own form.
+    const Tensor both = randn_of({2, 64, 96, 3, 3}, DType::Float32, 4);
+    EXPECT_TRUE(same_bits(conv(both[1]), conv_by_copy(both[1]))) << map;
+    EXPECT_TRUE(same_bits(conv(both[0]), conv_by_copy(both[0]))) << map;
+    EXPECT_TRUE(same_bits(conv(both[1]), conv_by_copy(both[1]))) << map;
+    std::vector<float> outside(static_cast<size_t>(w.numel()));
+    std::copy(w.data_ptr<float>(), w.data_ptr<float>() + w.numel(), outside.begin());
+    const Tensor wrapped = from_blob(outside.data(), w.shape(), DType::Float32);
+    EXPECT_TRUE(same_bits(conv(wrapped), conv_by_copy(wrapped))) << map;
+    outside[9] = -3.f;
+    EXPECT_TRUE(same_bits(conv(wrapped), conv_by_copy(wrapped))) << map;
+  }
 }
 
 // A float32 input with a bfloat16 weight (nn::convert_weights_to_bfloat16): without autograd the

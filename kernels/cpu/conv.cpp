@@ -499,8 +499,10 @@ DepthwiseStart<T> depthwise_start(const Epilogue<T>& e) {
 // their own dropped lanes: they are taken when a cost of taps per computed output plus about
 // kDepthwiseTransposeTaps per output for the transposes is the lower, or when the flat rows do
 // not apply. Measured on Zen 4: 7x7 and 14x14 maps with 5x5 windows and stride-2 layers 1.4-2.1x
-// faster in blocks; 3x3 stride-1 windows on 28x28 to 56x56 maps faster in flat rows.
-constexpr double kDepthwiseTransposeTaps = 3;
+// faster in blocks; 3x3 stride-1 windows on 28x28 to 56x56 maps faster in flat rows (0.74-0.87x
+// the blocks' time), the same at 14x14, 0.85-0.87x the rows' time in blocks at 7x7 (MobileNet's
+// and EfficientNet's last stages, 576 to 1152 channels; 2 threads, alternating in one process).
+constexpr double kDepthwiseTransposeTaps = 2;
 bool use_depthwise_channel_blocks(const ConvGeom& g) {
   if (!flat_depthwise(g)) return true;
   const double taps = static_cast<double>(g.kh * g.kw), outputs = static_cast<double>(g.P);
@@ -828,8 +830,10 @@ int64_t winograd_samples(const ConvGeom& g) {
 // group, enough channels for its 36 GEMMs (K = C, M = O) and enough 4x4 output tiles for their
 // columns (winograd_samples' samples together). Measured on ResNet's, VGG's and DenseNet's shapes
 // (docs/benchmarks.md): 1.6-2.1x faster than im2col + GEMM with 49 tiles and more, slower with
-// 16 or 4 (14x14 and 7x7 maps of one sample), where transforming the weights on each call and the
-// GEMMs' few columns cost more than the 4x fewer multiplications save.
+// 16 or 4 (14x14 and 7x7 maps of one sample), where the transformed weights (4x the weights, kept
+// between calls by weight_form) and the GEMMs' few columns cost more than the 4x fewer
+// multiplications save (2026-12-04, transformed weights kept: 1.4x the time of the position rows at
+// 14x14 and 4.8x at 7x7 with 256 and 512 channels).
 constexpr int64_t kWinogradMinTiles = 36;
 bool use_winograd(const ConvGeom& g) {
   const int64_t tiles = (g.Ho + 3) / 4 * ((g.Wo + 3) / 4);
@@ -843,29 +847,37 @@ bool use_winograd(const ConvGeom& g) {
 // U[xi] (O, C) @ V[xi] with U (36, O, C) the transformed weights; each output plane's tiles come
 // back from M by the output transform, row by row, get the epilogue and are stored through y's
 // strides. Every element is computed by one thread in a fixed order.
-void winograd_forward(const Operand<const float>& x, const float* w, const Epilogue<float>& e, const Operand<float>& y,
+// The transformed weights U (36, O, C) of winograd_forward from w (O, C, 3, 3), at
+// u[xi * winograd_u_stride(g) + c * O + o]: each U[xi] (O, C) column-major, so that the GEMMs read
+// it in place (they have few columns); the kernels in (C, O) order, transformed.
+int64_t winograd_u_stride(const ConvGeom& g) {
+  return g.O * g.C + 16;  // not a multiple of 4 KiB: the weight transform's 36 output streams
+}
+void winograd_weights(const float* w, const ConvGeom& g, float* u) {
+  const int64_t pairs = g.O * g.C, u_stride = winograd_u_stride(g);
+  float* const wt = thread_scratch<float, 6>(9 * pairs);
+  for (int64_t c = 0; c < g.C; ++c)
+    for (int64_t o = 0; o < g.O; ++o)
+      std::copy(w + (o * g.C + c) * 9, w + (o * g.C + c) * 9 + 9, wt + (c * g.O + o) * 9);
+  parallel_for(pairs, 36 * 9,
+               [&](int64_t b, int64_t end) { winograd_f43().weight(end - b, wt + b * 9, u + b, u_stride); });
+}
+
+// y = the convolution by the weights transformed by winograd_weights.
+void winograd_forward(const Operand<const float>& x, const float* u, const Epilogue<float>& e, const Operand<float>& y,
                       const ConvGeom& g) {
   const WinogradF43& kn = winograd_f43();
   const int64_t th = (g.Ho + 3) / 4, tw = (g.Wo + 3) / 4, T = th * tw;
   const int64_t nb = winograd_samples(g), cols = nb * T;  // GEMM columns: the tiles of nb samples
   const int64_t row_len = 4 * ((tw + 15) / 16 * 16) + 8;  // readable and writable lengths the kernels need
   const int64_t Hp = 4 * th + 2;                          // padded plane: Hp rows of row_len
-  const int64_t pairs = g.O * g.C;
-  const int64_t u_stride = pairs + 16;  // not a multiple of 4 KiB: the weight transform's 36 output streams
+  const int64_t u_stride = winograd_u_stride(g);
   note_kernel_path(nb > 1 ? "winograd F(4x4,3x3), samples side by side" : "winograd F(4x4,3x3)");
   // The calling thread's scratch (kept between calls: no fresh pages), shared with the others
   // while it waits for them; every element is written before it is read (m's 16 extra floats are
   // read past its end by the output transform's last vector, and dropped).
-  float* const wt = thread_scratch<float, 6>(9 * pairs);
-  float* const u = thread_scratch<float, 7>(36 * u_stride);
   float* const v = thread_scratch<float, 8>(36 * g.C * cols);
   float* const m = thread_scratch<float, 9>(36 * g.O * cols + 16);
-  // U[xi] is (O, C) column-major, so that the GEMMs read it in place (they have few columns):
-  // the kernels in (C, O) order, transformed.
-  for (int64_t c = 0; c < g.C; ++c)
-    for (int64_t o = 0; o < g.O; ++o)
-      std::copy(w + (o * g.C + c) * 9, w + (o * g.C + c) * 9 + 9, wt + (c * g.O + o) * 9);
-  parallel_for(pairs, 36 * 9, [&](int64_t b, int64_t end) { kn.weight(end - b, wt + b * 9, u + b, u_stride); });
   for (int64_t n0 = 0; n0 < g.N; n0 += nb) {
     const int64_t ns = std::min(nb, g.N - n0), used = ns * T;  // samples and columns of this round
     // V[xi] (C, cols): sample s's tiles at columns s * T + t.
@@ -932,7 +944,9 @@ bool winograd_backward_input(const Operand<const float>& dy, const float* w, con
   for (int64_t o = 0; o < g.O; ++o)
     for (int64_t c = 0; c < g.C; ++c)
       for (int64_t i = 0; i < 9; ++i) turned[(c * g.O + o) * 9 + i] = w[(o * g.C + c) * 9 + 8 - i];
-  winograd_forward(dy, turned, Epilogue<float>{}, dx, t);
+  float* u = thread_scratch<float, 7>(36 * winograd_u_stride(t));
+  winograd_weights(turned, t, u);
+  winograd_forward(dy, u, Epilogue<float>{}, dx, t);
   return true;
 }
 
@@ -962,19 +976,24 @@ bool use_position_rows(const ConvGeom& g) {
   return cols % 7 == 0 && (padded - cols) * g.K >= kPositionRowsWaste * padded;
 }
 
-// W^T (K, O) of the float32 weight w (O, K), contiguous, packed for gemm_rows_of_7: kept with w's
-// storage when `keep` (held by `hold`), else in the thread's scratch.
-constexpr int64_t kPackedWeightKey = 1;  // Storage::DerivedKey's first number
-const float* packed_weight(const Tensor& w, const ConvGeom& g, bool keep, std::shared_ptr<const void>& hold) {
-  const Storage::DerivedKey key{kPackedWeightKey, w.storage_offset(), g.O, g.K};
+// The forms of a float32 weight w (O, Cg, kh, kw), contiguous, that a path reads instead of w
+// itself, made by make(w's values, destination) into `floats` floats: kept with w's storage when
+// the weight cannot change while the result is used (grad mode off, or a weight that does not
+// require grad; Storage::derived), held by `hold` for the call, else made into the thread's
+// scratch slot Slot for this call.
+enum class WeightForm : int64_t { rows_of_7_panels = 1, winograd = 2 };  // Storage::DerivedKey's first number
+template <int Slot, typename Make>
+const float* weight_form(const Tensor& w, WeightForm form, const ConvGeom& g, int64_t floats, Make&& make,
+                         std::shared_ptr<const void>& hold) {
+  const bool keep = !(is_grad_enabled() && w.requires_grad());
+  const Storage::DerivedKey key{static_cast<int64_t>(form), w.storage_offset(), g.O, g.K};
   if (keep && (hold = w.storage()->derived(key))) return static_cast<const float*>(hold.get());
-  const int64_t floats = rows_of_7_packed_floats(g.K, g.O);
-  float* panels = keep ? new float[floats] : thread_scratch<float, 12>(floats);
-  pack_rows_of_7_b(g.K, g.O, w.data_ptr<float>(), 1, g.K, panels);
-  if (!keep) return panels;
-  hold = std::shared_ptr<const float[]>(panels);
+  float* dst = keep ? new float[floats] : thread_scratch<float, Slot>(floats);
+  make(w.data_ptr<float>(), dst);
+  if (!keep) return dst;
+  hold = std::shared_ptr<const float[]>(dst);
   w.storage()->set_derived(key, hold);
-  return panels;
+  return dst;
 }
 
 // Channels per block of the transposing store.
@@ -1013,11 +1032,18 @@ void conv_forward(const Operand<const T>& x, const Tensor& weight, const Epilogu
   const T* w = weight.data_ptr<T>();
   if (g.Cg == 1 && g.G > 1) return depthwise_forward(x, w, e, y, g);
   if constexpr (std::is_same_v<T, float>) {
-    if (use_winograd(g)) return winograd_forward(x, w, e, y, g);
+    std::shared_ptr<const void> hold;
+    if (use_winograd(g)) {
+      const float* u = weight_form<7>(
+          weight, WeightForm::winograd, g, 36 * winograd_u_stride(g),
+          [&](const float* w32, float* dst) { winograd_weights(w32, g, dst); }, hold);
+      return winograd_forward(x, u, e, y, g);
+    }
     if (use_position_rows(g)) {
-      std::shared_ptr<const void> hold;
-      const bool keep = !(is_grad_enabled() && weight.requires_grad());
-      return position_rows_forward(x, packed_weight(weight, g, keep, hold), e, y, g);
+      const float* panels = weight_form<12>(
+          weight, WeightForm::rows_of_7_panels, g, rows_of_7_packed_floats(g.K, g.O),
+          [&](const float* w32, float* dst) { pack_rows_of_7_b(g.K, g.O, w32, 1, g.K, dst); }, hold);
+      return position_rows_forward(x, panels, e, y, g);
     }
   }
   for_gemm_items(g, false, [&](int64_t n0, int64_t m, int64_t gi) {

@@ -150,13 +150,24 @@ float lane_total(typename FloatVector<W>::type v) {
   return s;
 }
 
-// Stores the first n lanes of x at p.
+// Stores the first n lanes of x at p. A partial store is one masked store on AVX-512; a loop over
+// n became a call of memcpy (GCC's loop idioms), which cost the Winograd input transform of a
+// 14-tile row (36 partial stores per row) a fifth of its convolution's time.
 template <int W>
 void store_lanes(typename FloatVector<W>::type x, int64_t n, float* p) {
-  if (n >= W)
+  if (n >= W) {
     __builtin_memcpy(p, &x, sizeof(x));
-  else
-    for (int64_t i = 0; i < n; ++i) p[i] = x[i];
+    return;
+  }
+#ifdef __AVX512F__
+  if constexpr (W == 16) {
+    __builtin_ia32_storeups512_mask(p, x, static_cast<unsigned short>((1u << n) - 1));
+    return;
+  }
+#endif
+#pragma GCC unroll 16
+  for (int i = 0; i < W; ++i)
+    if (i < n) p[i] = x[i];
 }
 
 // The even lanes of the 2W floats lo, hi.
