@@ -559,6 +559,24 @@ TEST(ElementwiseThreads, LongRowsCutIntoPiecesGiveEveryElementItsValue) {
   set_num_threads(threads);
 }
 
+// even_copy on every instruction set: dst[i] = src[2i] for every n up to past four vectors, src
+// allocated to exactly 2n - 1 floats (a read past it is an AddressSanitizer error), dst's floats
+// past n untouched.
+TEST(EvenCopy, CopiesEveryOtherFloatOnEveryInstructionSet) {
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for_each_isa([&] {
+    for (int64_t n = 0; n <= 70; ++n) {
+      std::vector<float> src(static_cast<size_t>(std::max<int64_t>(2 * n - 1, 0)));
+      for (float& v : src) v = dist(gen);
+      std::vector<float> dst(static_cast<size_t>(n + 1), -7.f);
+      cpu::even_copy(n, src.data(), dst.data());
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(dst[i], src[2 * i]) << "n " << n << " i " << i;
+      EXPECT_EQ(dst[n], -7.f) << "n " << n;
+    }
+  });
+}
+
 // The depthwise row kernel of each instruction set against float64: lengths around its blocks of
 // 8 vectors and its last, partial block (1 to 8 vectors, the last one partial), 9 and 25 taps,
 // strides 1 and 2; the sums in tap order from the bias, within their float32 roundings (2^-21

@@ -310,6 +310,19 @@ void zero_fill(T* p, int64_t n) {
     std::fill(p, p + n, T(0));
 }
 
+// dst[k] = src[k * step] for k < n: a copy, for float32 at step 2 (stride-2 convolutions of dense
+// rows) the instruction set's kernel, else one by one.
+template <typename T>
+void strided_copy(int64_t n, const T* src, int64_t step, T* dst) {
+  if (step == 1) {
+    std::copy(src, src + n, dst);
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>)
+    if (step == 2) return even_copy(n, src, dst);
+  for (int64_t k = 0; k < n; ++k) dst[k] = src[k * step];
+}
+
 // col (K, P) <- the receptive fields of channels [0, Cg) of x (x points at sample n, channel
 // c0; xs its strides), zero where the window reads padding; ld is col's row stride (>= P). With
 // an output row range [oh0, oh1), only those rows' positions: col (K, (oh1 - oh0) * Wo).
@@ -362,11 +375,7 @@ void im2col(const T* x, const int64_t* xs, const ConvGeom& g, T* col, int64_t ld
             }
             const T* xr = x + c * xs[1] + ih * xs[2] + (j * g.dw - g.pw) * xs[3];
             zero_fill(r, rw.lo);
-            int64_t step = g.sw * xs[3];
-            if (step == 1)
-              std::copy(xr + rw.lo, xr + rw.hi, r + rw.lo);
-            else
-              for (int64_t ow = rw.lo; ow < rw.hi; ++ow) r[ow] = xr[ow * step];
+            strided_copy(rw.hi - rw.lo, xr + rw.lo * g.sw * xs[3], g.sw * xs[3], r + rw.lo);
             zero_fill(r + rw.hi, g.Wo - rw.hi);
           }
         }

@@ -465,6 +465,8 @@ void transpose_copy(int64_t k_n, int64_t cols, const float* src, int64_t src_ld,
   active_kernels().pack_transposed(k_n, cols, src, src_ld, dst, dst_ld);
 }
 
+void even_copy(int64_t n, const float* src, float* dst) { active_kernels().even_copy(n, src, dst); }
+
 float dot(int64_t n, const float* a, const float* b) { return active_kernels().dot(n, a, b); }
 
 void epilogue_row(int64_t n, const float* x, float* y, const float* scale, const float* shift, const float* residual,

@@ -63,6 +63,10 @@ void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* 
 // there).
 void transpose_copy(int64_t k_n, int64_t cols, const float* src, int64_t src_ld, float* dst, int64_t dst_ld);
 
+// dst[i] = src[2 * i] for i < n, reading src[0 .. 2n - 2] only, with the active instruction set's
+// kernel (gemm_kernels.h, EvenCopyF32).
+void even_copy(int64_t n, const float* src, float* dst);
+
 // The active instruction set's Winograd F(4x4, 3x3) transforms (gemm_kernels.h, WinogradF43).
 const WinogradF43& winograd_f43();
 

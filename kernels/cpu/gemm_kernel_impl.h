@@ -216,6 +216,17 @@ void transpose_rows(typename FloatVector<W>::type* r) {
 // See PackTransposedF32: W x W blocks through registers; a block cut by the edges (fewer than W
 // columns, as a GEMM panel of MR < W rows, or fewer than W values of k) is loaded zero-padded and
 // only its part stored.
+// See EvenCopyF32: whole vectors while their 2W reads stay below src[2n - 1], then one by one.
+template <int W>
+void even_copy(int64_t n, const float* src, float* dst) {
+  int64_t i = 0;
+  for (; i + W < n; i += W) {
+    const typename FloatVector<W>::type e = even_lanes<W>(load_lanes<W>(src + 2 * i), load_lanes<W>(src + 2 * i + W));
+    __builtin_memcpy(dst + i, &e, sizeof(e));
+  }
+  for (; i < n; ++i) dst[i] = src[2 * i];
+}
+
 template <int W>
 void pack_transposed(int64_t k_n, int64_t cols, const float* src, int64_t src_ld, float* dst, int64_t dst_ld) {
   typedef typename FloatVector<W>::type V;

@@ -93,6 +93,10 @@ using DotF32 = float (*)(int64_t n, const float* a, const float* b);
 // the width, into the row's padding or the next row's start (before that row is written).
 using PackTransposedF32 = void (*)(int64_t k_n, int64_t cols, const float* src, int64_t src_ld, float* dst,
                                    int64_t dst_ld);
+// Every other float, as a stride-2 convolution's im2col reads its input rows:
+//   dst[i] = src[2 * i] for i < n,
+// reading src[0 .. 2n - 2] only.
+using EvenCopyF32 = void (*)(int64_t n, const float* src, float* dst);
 // Winograd F(4x4, 3x3) (Lavin and Gray's transforms): a 3x3 correlation computed per 4x4 output
 // tile as A^T [(G g G^T) . (B^T d B)] A from its 6x6 input tile d, element (k, l) of the 6x6
 // products being xi = 6k + l (k along rows).
@@ -155,6 +159,7 @@ struct GemmKernels {
   LayerNormRowF32 layer_norm;
   LayerNormBackwardRowF32 layer_norm_backward;
   PackTransposedF32 pack_transposed;
+  EvenCopyF32 even_copy;
   WinogradF43 winograd;
 };
 
