@@ -351,6 +351,8 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
           }
 }
 
+bool same_bits(const Tensor& a, const Tensor& b) { return a.shape() == b.shape() && a.to_vector() == b.to_vector(); }
+
 // A Linear's result is a tensor of its own, not a view of the kernel's output: an in-place ReLU
 // on it under autograd (VGG's classifier, Linear then ReLU(inplace=True)) runs, with the
 // gradients of the out-of-place ReLU, for 2-d and 3-d inputs, float32 and float64.
@@ -372,6 +374,40 @@ TEST(NnOps, LinearResultTakesInPlaceOpsUnderAutograd) {
       }
       for (int k = 0; k < 3; ++k)
         EXPECT_EQ(grads[1][k].to_vector(), grads[0][k].to_vector()) << dtype_name(dtype) << " " << x_shape << " " << k;
+    }
+}
+
+// A float32 linear without autograd reads its weight packed once and kept with the weight's
+// storage where the CPU has the 7-row kernel: its results (linear and linear_gelu; 9 to 1024 rows,
+// the last past the kept path, a strided x, outputs past and short of a 64-column panel) are those
+// of the recorded path (a weight that requires grad, packed by gemm on each call) bit for bit,
+// follow in-place changes of the weight, and equal them with keeping switched off.
+TEST(NnOps, LinearKeptWeightGivesTheBitsOfTheRecordedPath) {
+  for (const auto& [rows, in, out] : {std::array<int64_t, 3>{9, 40, 70}, std::array<int64_t, 3>{49, 768, 100},
+                                      std::array<int64_t, 3>{197, 130, 64}, std::array<int64_t, 3>{1024, 33, 17}})
+    for (bool strided : {false, true}) {
+      const std::string where = cat_str(rows, " x ", in, " -> ", out, strided ? " strided" : "");
+      Tensor x = randn_of({rows, strided ? 2 * in : in}, DType::Float32, 1);
+      if (strided) x = x.narrow(1, 0, in);
+      Tensor w = randn_of({out, in}, DType::Float32, 2);
+      const Tensor b = randn_of({out}, DType::Float32, 3);
+      auto recorded = [&](bool with_gelu) {
+        const Tensor leaf = w.detach().requires_grad_();
+        return (with_gelu ? linear_gelu(x, leaf, b) : linear(x, leaf, b)).detach();
+      };
+      NoGradGuard no_grad;
+      EXPECT_TRUE(same_bits(linear(x, w, b), recorded(false))) << where;
+      EXPECT_TRUE(same_bits(linear_gelu(x, w, b), recorded(true))) << where;
+      EXPECT_TRUE(same_bits(linear(x, w, b), recorded(false))) << where;  // the kept weight
+      w.mul_(-0.5);
+      EXPECT_TRUE(same_bits(linear(x, w, b), recorded(false))) << where;
+      set_keep_derived_data(false);  // nothing kept: gemm's own packing
+      EXPECT_TRUE(same_bits(linear(x, w, b), recorded(false))) << where;
+      set_keep_derived_data(true);
+      EXPECT_LE(relative_error(linear(x, w, b).to(DType::Float64),
+                               linear(x.to(DType::Float64), w.to(DType::Float64), b.to(DType::Float64))),
+                2e-6)
+          << where;
     }
 }
 
@@ -537,8 +573,6 @@ TEST(NnOps, Conv2dWinogradOnEveryInstructionSet) {
   set_isa(available_isas().back());
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) { return a.shape() == b.shape() && a.to_vector() == b.to_vector(); }
-
 // Convolutions whose GEMM has few columns of positions (7x7 and 14x14 maps) take the transposed
 // path with the positions as 7-row tiles where the instruction set has that kernel (AVX-512; the
 // standard path elsewhere): against float64, forward (plain and with the whole epilogue) and
@@ -636,6 +670,10 @@ TEST(NnOps, Conv2dKeptWeightFollowsChangesOfTheWeight) {
     EXPECT_TRUE(same_bits(conv(wrapped), conv_by_copy(wrapped))) << map;
     outside[9] = -3.f;
     EXPECT_TRUE(same_bits(conv(wrapped), conv_by_copy(wrapped))) << map;
+    const Tensor kept = conv(w);
+    set_keep_derived_data(false);  // the forms made for each call
+    EXPECT_TRUE(same_bits(conv(w), kept)) << map;
+    set_keep_derived_data(true);
   }
 }
 

@@ -361,7 +361,7 @@ TEST(Tensor, MemoryMappedStorage) {
 // Data derived from a storage (Storage::derived): found under its key at the version it was made
 // for, gone after any in-place write (which bumps the version), replaced under the same key,
 // dropped (freed) when a newer version's entry is stored, never kept for wrapped memory, freed
-// with the storage.
+// with the storage, neither stored nor found while set_keep_derived_data(false).
 TEST(Storage, DerivedDataLivesWhileTheContentsAreUnchanged) {
   Tensor t = randn({64});
   const std::shared_ptr<Storage>& s = t.storage();
@@ -398,6 +398,17 @@ TEST(Storage, DerivedDataLivesWhileTheContentsAreUnchanged) {
   Tensor wrapped = from_blob(outside.data(), {8}, DType::Float32);
   wrapped.storage()->set_derived(a, std::make_shared<int>(6));
   EXPECT_EQ(wrapped.storage()->derived(a), nullptr);
+  // Keeping switched off: nothing is stored or found; on again, what was kept before is found.
+  ASSERT_TRUE(keep_derived_data());
+  s->set_derived(a, std::make_shared<int>(8));
+  set_keep_derived_data(false);
+  s->set_derived(b, std::make_shared<int>(7));
+  EXPECT_EQ(s->derived(b), nullptr);
+  EXPECT_EQ(s->derived(a), nullptr);
+  set_keep_derived_data(true);
+  EXPECT_EQ(s->derived(b), nullptr);
+  ASSERT_NE(s->derived(a), nullptr);
+  EXPECT_EQ(*std::static_pointer_cast<const int>(s->derived(a)), 8);
 }
 
 // Large CPU blocks go back to a cache when their tensor dies and serve the next request of their

@@ -190,10 +190,14 @@ std::mutex& derived_mutex() {
   static std::mutex m;
   return m;
 }
+std::atomic<bool> g_keep_derived{true};
 }  // namespace
 
+void set_keep_derived_data(bool keep) { g_keep_derived.store(keep, std::memory_order_relaxed); }
+bool keep_derived_data() { return g_keep_derived.load(std::memory_order_relaxed); }
+
 std::shared_ptr<const void> Storage::derived(const DerivedKey& key) const {
-  if (!owned_) return nullptr;
+  if (!owned_ || !keep_derived_data()) return nullptr;
   const uint64_t now = version();
   std::lock_guard<std::mutex> lock(derived_mutex());
   for (const Derived& d : derived_)
@@ -202,7 +206,7 @@ std::shared_ptr<const void> Storage::derived(const DerivedKey& key) const {
 }
 
 void Storage::set_derived(const DerivedKey& key, std::shared_ptr<const void> data) {
-  if (!owned_) return;
+  if (!owned_ || !keep_derived_data()) return;
   const uint64_t now = version();
   std::vector<Derived> dropped;  // freed after the lock is released
   std::lock_guard<std::mutex> lock(derived_mutex());

@@ -51,7 +51,8 @@ class Storage {
   // one. Tensor ops that write in place bump the version; a write through a raw pointer
   // (data_ptr) must be followed by bump_version(), as for autograd's saved tensors. Memory that a
   // caller wrapped (wrap, from_blob) can change behind tvc's back: nothing is kept for it (derived
-  // is always null). Thread-safe; the data dies with the storage.
+  // is always null). Thread-safe; the data dies with the storage. set_keep_derived_data(false)
+  // keeps nothing more (see below).
   using DerivedKey = std::array<int64_t, 4>;
   std::shared_ptr<const void> derived(const DerivedKey& key) const;
   void set_derived(const DerivedKey& key, std::shared_ptr<const void> data);
@@ -72,6 +73,14 @@ class Storage {
   std::atomic<uint64_t> version_{0};
   std::vector<Derived> derived_;  // under a mutex of storage.cpp
 };
+
+// Whether kernels keep data derived from storages (Storage::derived): on by default. A model run
+// without autograd then holds a second copy of the weights of its convolutions and linear layers
+// in their kernels' layouts (packed once instead of on every call). Off, nothing more is kept:
+// every call derives what it reads (less memory, slower small-batch inference); what is kept
+// already goes when its storage dies or is written.
+void set_keep_derived_data(bool keep);
+bool keep_derived_data();
 
 // Large CPU blocks (1 MiB and up) that tensors free are kept for reuse, so that a model's
 // activations do not fault their pages in afresh on every call: a block is reused for a request

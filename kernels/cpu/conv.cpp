@@ -38,7 +38,7 @@
 #include "cpu_kernels.h"
 #include "gemm.h"
 #include "loops.h"
-#include "tvc/autograd.h"
+#include "weight_form.h"
 
 namespace tvc::cpu {
 namespace {
@@ -967,42 +967,20 @@ bool winograd_backward_input(const Operand<const float>& dy, const float* w, con
 // network from 56x56 down is a whole number of sevens) and the output channels as its columns:
 //   C (cols, O) = columns^T (cols, K) @ W^T (K, O),
 // W^T packed once and kept with the weight's storage when the weight cannot change while the
-// result is used (grad mode off, or a weight that does not require grad; Storage::derived), else
-// packed for the call. C then goes back to (channels, positions) in blocks of channels through
-// epilogue_into: a pass over the output that the standard path does not make, so the path is
-// taken where the multiply-adds the standard tiles waste on padding columns, (padded - cols) * K
-// per output channel, are at least kPositionRowsWaste per padded column. The sums are those of
-// the standard path bit for bit (gemm_rows_of_7). Measured on Zen 4, 2 threads, batch 1, against
-// the standard path: 0.59-0.91x the time at 7x7 and 14x14 with K of 160 to 4608 (ResNet's and
-// DenseNet's last stages, MobileNet's and EfficientNet's 1x1 convolutions there), 0.96x with
-// K = 256 at 14x14; slower where it is not taken: 1.24x with K = 64 at 14x14, 1.15-2.5x on 28x28
-// and 56x56 maps, whose tiles waste little.
+// result is used (weight_form.h), else packed for the call. C then goes back to (channels, positions) in blocks of
+// channels through epilogue_into: a pass over the output that the standard path does not make, so the path is taken
+// where the multiply-adds the standard tiles waste on padding columns, (padded - cols) * K per output channel, are at
+// least kPositionRowsWaste per padded column. The sums are those of the standard path bit for bit (gemm_rows_of_7).
+// Measured on Zen 4, 2 threads, batch 1, against the standard path: 0.59-0.91x the time at 7x7 and 14x14 with K of 160
+// to 4608 (ResNet's and DenseNet's last stages, MobileNet's and EfficientNet's 1x1 convolutions there), 0.96x with K =
+// 256 at 14x14; slower where it is not taken: 1.24x with K = 64 at 14x14, 1.15-2.5x on 28x28 and 56x56 maps, whose
+// tiles waste little.
 constexpr int64_t kPositionRowsWaste = 32;
 bool use_position_rows(const ConvGeom& g) {
   if (g.G != 1 || g.O < 16 || !has_rows_of_7_kernel()) return false;
   const int64_t cols = samples_per_gemm(g, g.N) * g.P, nr = gemm_tile_columns();
   const int64_t padded = (cols + nr - 1) / nr * nr;
   return cols % 7 == 0 && (padded - cols) * g.K >= kPositionRowsWaste * padded;
-}
-
-// The forms of a float32 weight w (O, Cg, kh, kw), contiguous, that a path reads instead of w
-// itself, made by make(w's values, destination) into `floats` floats: kept with w's storage when
-// the weight cannot change while the result is used (grad mode off, or a weight that does not
-// require grad; Storage::derived), held by `hold` for the call, else made into the thread's
-// scratch slot Slot for this call.
-enum class WeightForm : int64_t { rows_of_7_panels = 1, winograd = 2 };  // Storage::DerivedKey's first number
-template <int Slot, typename Make>
-const float* weight_form(const Tensor& w, WeightForm form, const ConvGeom& g, int64_t floats, Make&& make,
-                         std::shared_ptr<const void>& hold) {
-  const bool keep = !(is_grad_enabled() && w.requires_grad());
-  const Storage::DerivedKey key{static_cast<int64_t>(form), w.storage_offset(), g.O, g.K};
-  if (keep && (hold = w.storage()->derived(key))) return static_cast<const float*>(hold.get());
-  float* dst = keep ? new float[floats] : thread_scratch<float, Slot>(floats);
-  make(w.data_ptr<float>(), dst);
-  if (!keep) return dst;
-  hold = std::shared_ptr<const float[]>(dst);
-  w.storage()->set_derived(key, hold);
-  return dst;
 }
 
 // Channels per block of the transposing store.
@@ -1044,13 +1022,13 @@ void conv_forward(const Operand<const T>& x, const Tensor& weight, const Epilogu
     std::shared_ptr<const void> hold;
     if (use_winograd(g)) {
       const float* u = weight_form<7>(
-          weight, WeightForm::winograd, g, 36 * winograd_u_stride(g),
+          weight, WeightForm::winograd, g.O, g.K, 36 * winograd_u_stride(g),
           [&](const float* w32, float* dst) { winograd_weights(w32, g, dst); }, hold);
       return winograd_forward(x, u, e, y, g);
     }
     if (use_position_rows(g)) {
       const float* panels = weight_form<12>(
-          weight, WeightForm::rows_of_7_panels, g, rows_of_7_packed_floats(g.K, g.O),
+          weight, WeightForm::rows_of_7_panels, g.O, g.K, rows_of_7_packed_floats(g.K, g.O),
           [&](const float* w32, float* dst) { pack_rows_of_7_b(g.K, g.O, w32, 1, g.K, dst); }, hold);
       return position_rows_forward(x, panels, e, y, g);
     }

@@ -1,0 +1,47 @@
+// Forms of a weight that a kernel reads instead of the weight itself (packed for a micro-kernel,
+// transformed for Winograd), kept with the weight's storage between calls (not installed).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "loops.h"
+#include "tvc/autograd.h"
+#include "tvc/storage.h"
+#include "tvc/tensor.h"
+
+namespace tvc::cpu {
+
+// Which form (Storage::DerivedKey's first number). The key's other numbers are the weight's
+// storage offset and two of its sizes, so views of one storage keep forms of their own.
+enum class WeightForm : int64_t {
+  rows_of_7_panels = 1,  // W^T (K, N) of a contiguous (N, K) weight packed for gemm_rows_of_7
+  winograd = 2,          // a 3x3 convolution's weights transformed for Winograd F(4x4, 3x3)
+};
+
+// Whether a kernel may keep a form of w: keeping is on (set_keep_derived_data) and w's values
+// cannot change while the result is used, that is grad mode is off or w does not require grad (an
+// optimizer's step runs between a training forward and the next, and changes the weight anyway).
+inline bool may_keep_weight_form(const Tensor& w) {
+  return keep_derived_data() && !(is_grad_enabled() && w.requires_grad());
+}
+
+// The form of the float32 weight w (contiguous, sizes a and b in the key) made by
+// make(w's values, destination) into `floats` floats: kept with w's storage when
+// may_keep_weight_form(w) (Storage::derived; held by `hold` for the call), else made into the
+// calling thread's scratch slot Slot for this call.
+template <int Slot, typename Make>
+const float* weight_form(const Tensor& w, WeightForm form, int64_t a, int64_t b, int64_t floats, Make&& make,
+                         std::shared_ptr<const void>& hold) {
+  const bool keep = may_keep_weight_form(w);
+  const Storage::DerivedKey key{static_cast<int64_t>(form), w.storage_offset(), a, b};
+  if (keep && (hold = w.storage()->derived(key))) return static_cast<const float*>(hold.get());
+  float* dst = keep ? new float[floats] : thread_scratch<float, Slot>(floats);
+  make(w.data_ptr<float>(), dst);
+  if (!keep) return dst;
+  hold = std::shared_ptr<const float[]>(dst);
+  w.storage()->set_derived(key, hold);
+  return dst;
+}
+
+}  // namespace tvc::cpu
