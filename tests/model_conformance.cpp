@@ -183,12 +183,6 @@ void measure_gradients(const ModelCheck& check, const std::string& weights, cons
   errors.grad32_pinned = pins.flipped();
 }
 
-// The full suite (tools/conformance.sh sets TVC_DROP_GOLDENS) deletes each model's goldens once
-// checked: the big models' float64 gradients take GBs.
-void drop_goldens(const std::string& dir) {
-  if (std::getenv("TVC_DROP_GOLDENS") != nullptr) std::filesystem::remove_all(dir);
-}
-
 }  // namespace
 
 std::string golden_folder(const ModelCheck& check) {
@@ -289,7 +283,6 @@ ModelErrors check_model(const ModelCheck& check) {
       shown(errors.grad64, grads).c_str(), shown(errors.grad32, grads).c_str(),
       shown(errors.grad32_torch, grads).c_str(), grads ? std::to_string(errors.grad32_pinned).c_str() : "-",
       errors.seconds);
-  drop_goldens(dir);
   return errors;
 }
 
@@ -323,7 +316,6 @@ double check_stages(const std::string& model, const std::vector<std::string>& no
     worst = std::max(worst, err);
   }
   std::printf("stages %s: %zu nodes, err %.2e\n", model.c_str(), nodes.size(), worst);
-  drop_goldens(dir);
   return worst;
 }
 

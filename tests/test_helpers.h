@@ -1,5 +1,6 @@
-// Helpers of the tests: a temporary folder removed at the end, whole-file reads and writes,
-// the message of an expected tvc::Error, the bytes of a tensor.
+// Helpers of the tests: an environment variable set for a scope, a temporary folder removed at
+// the end, whole-file reads and writes, the message of an expected tvc::Error, the bytes of a
+// tensor.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,20 @@
 #include "tvc/tensor.h"
 
 namespace tvc::test {
+
+// Sets an environment variable for the scope of a test.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { old_ ? (void)::setenv(name_, old_->c_str(), 1) : (void)::unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 // A fresh folder under the system temp dir, removed with everything in it when destroyed.
 class TempDir {

@@ -32,13 +32,10 @@ using tvc::test::relative_error;
 
 namespace {
 
-const std::string& goldens() {
-  static const std::string dir = [] {
-    std::string references = test::read_file(TVC_SOURCE_ROOT "/tools/hybrid_blocks.py");
-    std::string key = std::to_string(std::hash<std::string>{}(references));
-    return test::python_golden_folder(TVC_SOURCE_ROOT "/tools/hybrid_block_goldens.py", {"--key", key});
-  }();
-  return dir;
+std::string goldens() {
+  static const std::string key =
+      std::to_string(std::hash<std::string>{}(test::read_file(TVC_SOURCE_ROOT "/tools/hybrid_blocks.py")));
+  return test::python_golden_folder(TVC_SOURCE_ROOT "/tools/hybrid_block_goldens.py", {"--key", key});
 }
 
 struct Case {

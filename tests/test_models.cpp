@@ -42,19 +42,7 @@ TEST(ModelRegistry, OptionsAreChecked) {
   EXPECT_THAT(test::error_of([] { models::create("resnet18", {.num_classes = 0}); }), HasSubstr("num_classes"));
 }
 
-// Sets an environment variable for the scope of a test.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { old_ ? (void)::setenv(name_, old_->c_str(), 1) : (void)::unsetenv(name_); }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using test::ScopedEnv;
 
 bool same_state(const nn::Module& a, const nn::Module& b) {
   nn::StateDict sa = a.state_dict(), sb = b.state_dict();

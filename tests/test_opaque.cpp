@@ -27,10 +27,7 @@ using ::testing::HasSubstr;
 using json = nlohmann::json;
 using namespace std::string_literals;
 
-const fs::path& fixtures() {
-  static const fs::path dir = test::python_golden_folder(TVC_SOURCE_ROOT "/tools/checkpoint_fixtures.py", {});
-  return dir;
-}
+fs::path fixtures() { return test::python_golden_folder(TVC_SOURCE_ROOT "/tools/checkpoint_fixtures.py", {}); }
 std::string fixture(const std::string& name) { return (fixtures() / name).string(); }
 
 // The marker files the hostile pickle's commands would create.

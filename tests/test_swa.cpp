@@ -38,10 +38,7 @@ namespace {
 
 constexpr int kStates = 10;
 
-const std::string& goldens() {
-  static const std::string dir = test::python_golden_folder(TVC_SOURCE_ROOT "/tools/swa_goldens.py", {});
-  return dir;
-}
+std::string goldens() { return test::python_golden_folder(TVC_SOURCE_ROOT "/tools/swa_goldens.py", {}); }
 
 std::string state_path(int k, const char* ext = "pth") {
   return goldens() + "/states/state_" + std::to_string(k) + "." + ext;

@@ -1,15 +1,21 @@
 #include "torch_golden.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <sstream>
 
 #include "tvc/ops.h"
@@ -112,6 +118,127 @@ std::string torch_run_uncached(const std::string& code) {
   return result;
 }
 
+namespace {
+
+namespace fs = std::filesystem;
+
+// Golden folders are kept within a budget of disk (TVC_GOLDEN_CACHE_GIB, default 2): the model
+// goldens alone would take 11 GB in one run of the tests. A folder in use is held by a shared
+// flock on its `complete` file until the calling test ends; an eviction takes that lock
+// exclusively without waiting, so no folder a test is reading goes away.
+double golden_budget_gib() {
+  const char* env = std::getenv("TVC_GOLDEN_CACHE_GIB");
+  if (env == nullptr || *env == '\0') return 2.0;
+  char* end = nullptr;
+  const double gib = std::strtod(env, &end);
+  if (*end != '\0' || !(gib >= 0)) {
+    ADD_FAILURE() << "TVC_GOLDEN_CACHE_GIB='" << env << "' is not a size in GiB (a number >= 0); using 2";
+    return 2.0;
+  }
+  return gib;
+}
+
+std::mutex held_mutex;
+std::vector<int> held_locks;  // this process's shared locks, released when the current test ends
+
+class ReleaseGoldenFolders : public testing::EmptyTestEventListener {
+  void OnTestEnd(const testing::TestInfo&) override { release_golden_folders(); }
+};
+[[maybe_unused]] const bool release_listener_added = [] {
+  testing::UnitTest::GetInstance()->listeners().Append(new ReleaseGoldenFolders);
+  return true;
+}();
+
+// Whether fd is the file at path now (not one renamed away and replaced since it was opened).
+bool same_file(int fd, const fs::path& path) {
+  struct stat opened {
+  }, named{};
+  return ::fstat(fd, &opened) == 0 && ::stat(path.c_str(), &named) == 0 && opened.st_dev == named.st_dev &&
+         opened.st_ino == named.st_ino;
+}
+
+// Holds a complete golden folder for the current test and marks it used now; false when the
+// folder is not (or no longer) there.
+bool hold_folder(const fs::path& dir) {
+  const fs::path complete = dir / "complete";
+  const int fd = ::open(complete.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  if (::flock(fd, LOCK_SH) != 0 || !same_file(fd, complete)) {  // waits out an eviction, then looks again
+    ::close(fd);
+    return false;
+  }
+  std::error_code ignored;  // the time only orders evictions
+  fs::last_write_time(complete, fs::file_time_type::clock::now(), ignored);
+  std::lock_guard<std::mutex> lock(held_mutex);
+  held_locks.push_back(fd);
+  return true;
+}
+
+// Whether the process that named a folder "<name>.<tag>-PID" is gone (its folder is left over).
+bool owner_is_gone(const std::string& name) {
+  const size_t dash = name.rfind('-');
+  char* end = nullptr;
+  const long pid = std::strtol(name.c_str() + dash + 1, &end, 10);
+  return *end == '\0' && pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
+uintmax_t folder_bytes(const fs::path& dir) {
+  uintmax_t bytes = 0;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec))
+    if (e.is_regular_file(ec)) bytes += e.file_size(ec);
+  return bytes;
+}
+
+// Removes the least recently used golden folders that no test holds until the complete ones left
+// take at most budget bytes, and the half-written or half-removed folders of processes that died.
+void evict_golden_folders(const fs::path& cache, uintmax_t budget) {
+  struct Folder {
+    fs::path dir;
+    fs::file_time_type used;
+    uintmax_t bytes;
+  };
+  std::vector<Folder> folders;
+  uintmax_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(cache, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with("files-") || !e.is_directory(ec)) continue;
+    if (name.find('.') != std::string::npos) {  // "files-H.tmp-PID" or "files-H.evict-PID"
+      if (owner_is_gone(name)) fs::remove_all(e.path(), ec);
+      continue;
+    }
+    const fs::file_time_type used = fs::last_write_time(e.path() / "complete", ec);
+    if (ec) continue;  // being replaced
+    folders.push_back({e.path(), used, folder_bytes(e.path())});
+    total += folders.back().bytes;
+  }
+  std::sort(folders.begin(), folders.end(), [](const Folder& a, const Folder& b) { return a.used < b.used; });
+  for (const Folder& f : folders) {
+    if (total <= budget) break;
+    const fs::path complete = f.dir / "complete";
+    const int fd = ::open(complete.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && same_file(fd, complete)) {  // no test holds it
+      const fs::path doomed = f.dir.string() + ".evict-" + std::to_string(::getpid());
+      fs::rename(f.dir, doomed, ec);  // gone from its name at once, however long the removal takes
+      if (!ec) {
+        fs::remove_all(doomed, ec);
+        total -= f.bytes;
+      }
+    }
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+void release_golden_folders() {
+  std::lock_guard<std::mutex> lock(held_mutex);
+  for (int fd : held_locks) ::close(fd);
+  held_locks.clear();
+}
+
 std::string python_golden_folder(const std::string& script, const std::vector<std::string>& args) {
   std::string key = read_file(script);
   if (key.empty()) {
@@ -122,37 +249,40 @@ std::string python_golden_folder(const std::string& script, const std::vector<st
   for (const auto& a : args) key += "\n" + a, command += " '" + a + "'";
   char name[40];
   std::snprintf(name, sizeof name, "files-%016llx", static_cast<unsigned long long>(fnv1a(key)));
-  std::filesystem::path dir = cache_dir() / name;
-  if (std::filesystem::exists(dir / "complete")) return dir.string();
+  const fs::path dir = cache_dir() / name;
+  if (hold_folder(dir)) return dir.string();
+  evict_golden_folders(cache_dir(), static_cast<uintmax_t>(golden_budget_gib() * double(1ull << 30)));
   // The script writes into a folder of this process's own, renamed into place when complete:
   // test programs running at once may need the same goldens, and none reads a half-written one.
-  const std::filesystem::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
-  const std::filesystem::path log = tmp / "log";
+  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
+  const fs::path log = tmp / "log";
   // Goldens are deterministic, so a run that failed for a passing reason of the machine (memory,
   // disk, a killed process) is run once more; the first failure is printed either way.
   std::string failure;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    std::filesystem::remove_all(tmp);
-    std::filesystem::create_directories(tmp);
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
     int rc = std::system((command + " '" + tmp.string() + "' > " + log.string() + " 2>&1").c_str());
-    if (rc == 0 && std::filesystem::exists(tmp / "complete")) {
+    if (rc == 0 && fs::exists(tmp / "complete")) {
       std::error_code taken;
-      std::filesystem::rename(tmp, dir, taken);
+      fs::rename(tmp, dir, taken);
       if (taken) {  // another process renamed its copy first, or an old run left an incomplete folder
-        if (!std::filesystem::exists(dir / "complete")) {
-          std::filesystem::remove_all(dir);
-          std::filesystem::rename(tmp, dir);
+        if (!fs::exists(dir / "complete")) {
+          fs::remove_all(dir);
+          fs::rename(tmp, dir);
         }
-        std::filesystem::remove_all(tmp);
+        fs::remove_all(tmp);
       }
-      return dir.string();
+      if (hold_folder(dir)) return dir.string();
+      failure = "wrote its folder, which another test process removed before this one could hold it";
+    } else {
+      const std::string output = read_file(log);
+      failure = failure_summary(rc, output) + "\n" + output;
     }
-    const std::string output = read_file(log);
-    failure = failure_summary(rc, output) + "\n" + output;
-    std::cerr << "golden script " << script << " " << failure_summary(rc, output)
+    std::cerr << "golden script " << script << " " << failure.substr(0, failure.find('\n'))
               << (attempt == 0 ? " (running it once more)" : "") << "\n";
   }
-  std::filesystem::remove_all(tmp);  // no partial goldens left behind
+  fs::remove_all(tmp);  // no partial goldens left behind
   ADD_FAILURE() << "golden script " << script << " " << failure
                 << "\ncommand (needs python3-torch python3-torchvision and the safetensors package): " << command;
   return "";

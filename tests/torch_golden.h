@@ -21,8 +21,13 @@ std::string torch_run_uncached(const std::string& code);
 // script writes a file named `complete` last, into a folder of the calling process's own that
 // is renamed into place once complete (programs running at once may need the same goldens). A
 // failed run is run once more; a second failure is a test failure whose message starts with how
-// the script ended and its last line. Returns the folder ("" after a recorded test failure).
+// the script ended and its last line. Returns the folder ("" after a recorded test failure),
+// which stays there until the calling test ends; call again in a later test rather than keep the
+// path. The golden folders kept for later runs take at most TVC_GOLDEN_CACHE_GIB GiB (default 2):
+// before a script runs, the least recently used ones no running test holds are removed.
 std::string python_golden_folder(const std::string& script, const std::vector<std::string>& args);
+// Lets go of the golden folders this process holds (done when each test ends).
+void release_golden_folders();
 // stdout parsed as JSON.
 nlohmann::json torch_json(const std::string& code);
 

@@ -3,8 +3,9 @@
 # torchvision on random weights (tests/model_conformance.h), the larger hybrids against PyTorch
 # (tests/test_hybrid.cpp), then docs/conformance.md rewritten with the measured errors.
 #   bash tools/conformance.sh [--build DIR] [--only PATTERN]
-# Hours on 2 cores for everything (each model's goldens are deleted once checked). CI runs a
-# subset (the `models` and `hybrid` tests); this runs everything, including the tests named
+# Hours on 2 cores for everything (the golden cache keeps at most TVC_GOLDEN_CACHE_GIB GiB of
+# goldens, tests/torch_golden.h). CI runs a subset (the `models` and `hybrid` tests); this runs
+# everything, including the tests named
 # ModelConformanceFull.*, ModelStagesFull.*, ModelTreeFull.*, HybridConformanceFull.* and the
 # disabled ones. --only reruns the tests whose full name matches PATTERN (shell wildcards,
 # e.g. 'ModelConformanceFull.Vgg'). Each run's log is kept in DIR/conformance-logs/ and the table
@@ -45,7 +46,7 @@ for suite in "${suites[@]}"; do
   # Each check prints "conformance MODEL (num_classes N[, image_size S]): eval E, ..., T s"
   # (tests/model_conformance.cpp), "stages MODEL: N nodes, err E" and "hybrid BACKBONE PATCHES:
   # eval32 E, ..." (tests/test_hybrid.cpp).
-  TVC_DROP_GOLDENS=1 TVC_EXE=$build/tools/tvc "$build/tests/$binary" --gtest_also_run_disabled_tests \
+  TVC_EXE=$build/tools/tvc "$build/tests/$binary" --gtest_also_run_disabled_tests \
     --gtest_filter="$selected" 2>&1 | tee -a "$log" || status=$?
 done
 
