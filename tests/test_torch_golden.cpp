@@ -1,7 +1,6 @@
 // The golden cache (tests/torch_golden.h): golden folders are kept within TVC_GOLDEN_CACHE_GIB,
 // the least recently used first to go, never one a test holds.
-#include "torch_golden.h"
-
+#include <fcntl.h>
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
@@ -9,9 +8,9 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fcntl.h>
 
 #include "test_helpers.h"
+#include "torch_golden.h"
 
 namespace tvc {
 namespace {
