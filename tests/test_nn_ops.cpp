@@ -88,6 +88,8 @@ TEST(NnOps, Conv2dForwardAndGradientsMatchTorch) {
       {{1, 24, 12, 11}, {24, 1, 3, 3}, true, {2, 2}, {1, 1}, {1, 1}, 24},
       {{1, 16, 10, 9}, {16, 1, 3, 3}, false, {3, 3}, {1, 1}, {1, 1}, 16},
       {{1, 10, 6, 6}, {20, 1, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 10},
+      // a wide dilated one
+      {{1, 16, 14, 90}, {16, 1, 3, 3}, true, {1, 1}, {2, 2}, {2, 2}, 16},
       {{2, 18, 7, 7}, {18, 1, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 18, true},
       {{2, 5, 4, 6}, {3, 5, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1, true},
       {{2, 4, 6, 6}, {4, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 4, true},
@@ -310,7 +312,10 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
       {"depthwise wide stride 2", {2, 3, 9, 36}, {3, 1, 5, 5}, {2, 2}, {2, 2}, 3},
       // blocks of 16 channels (a partial one)
       {"depthwise channel blocks", {2, 20, 7, 7}, {20, 1, 5, 5}, {1, 1}, {2, 2}, 20},
-      {"depthwise channel blocks stride 2", {1, 18, 9, 8}, {18, 1, 3, 3}, {2, 2}, {1, 1}, 18}};
+      {"depthwise channel blocks stride 2", {1, 18, 9, 8}, {18, 1, 3, 3}, {2, 2}, {1, 1}, 18},
+      // wide maps
+      {"depthwise channel blocks wide", {1, 32, 20, 90}, {32, 1, 3, 3}, {1, 1}, {1, 1}, 32},
+      {"depthwise channel blocks wide stride 2", {1, 16, 21, 80}, {16, 1, 5, 5}, {2, 2}, {2, 2}, 16}};
   const EpilogueActivation acts[] = {EpilogueActivation::None, EpilogueActivation::ReLU, EpilogueActivation::ReLU6,
                                      EpilogueActivation::SiLU, EpilogueActivation::Hardswish};
   for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16})

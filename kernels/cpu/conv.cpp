@@ -498,26 +498,23 @@ DepthwiseStart<T> depthwise_start(const Epilogue<T>& e) {
 
 // Float32 depthwise convolutions in blocks of kDepthwiseBlock channels held position-major (the
 // block's channels side by side in the vectors): each block's input planes are copied into a
-// zero-padded (Hp, Wp, block) buffer (transposed row by row), every output row of the block is
-// one call of the instruction set's kernel (depthwise_channels), and the block's planes come back
-// transposed for the epilogue and the store. Output channels past O in the last block are
+// zero-padded (Hp, Wp, block) buffer (transposed in 16 x 16 tiles), every output row of the block
+// is one call of the instruction set's kernel (depthwise_channels), and the block's planes come
+// back transposed for the epilogue and the store. Output channels past O in the last block are
 // computed from zero weights and dropped. Taps over the padding add exact zeros, so every output
 // is the sum over the taps inside the input in tap order from its start, as in the flat rows.
 // The flat rows (depthwise_plane_flat) compute and drop the padding columns between output rows
-// (and at stride 2 every other column); the blocks compute none, but pay the two transposes and
-// their own dropped lanes: they are taken when a cost of taps per computed output plus about
-// kDepthwiseTransposeTaps per output for the transposes is the lower, or when the flat rows do
-// not apply. Measured on Zen 4: 7x7 and 14x14 maps with 5x5 windows and stride-2 layers 1.4-2.1x
-// faster in blocks; 3x3 stride-1 windows on 28x28 to 56x56 maps faster in flat rows (0.74-0.87x
-// the blocks' time), the same at 14x14, 0.85-0.87x the rows' time in blocks at 7x7 (MobileNet's
-// and EfficientNet's last stages, 576 to 1152 channels; 2 threads, alternating in one process).
-constexpr double kDepthwiseTransposeTaps = 2;
+// (and at stride 2 every other column); the blocks compute none but their last block's unused
+// lanes: they are taken when their share of dropped work is the lower (the transposes, whole
+// tiles through registers, cost about what the flat rows' copy into the padded plane does), or
+// when the flat rows do not apply. Measured on Zen 4 (1 thread, batch 8): every 3x3 and 5x5
+// layer of MobileNet v2/v3 and EfficientNet-B0 with a multiple of 16 channels faster in blocks
+// (14x14 and 28x28 3x3 stride 1: 0.55-0.6x the rows' time; 56x56: 0.8x); 72 channels at 56x56
+// (80 lanes) 0.91x the blocks' time in rows.
 bool use_depthwise_channel_blocks(const ConvGeom& g) {
   if (!flat_depthwise(g)) return true;
-  const double taps = static_cast<double>(g.kh * g.kw), outputs = static_cast<double>(g.P);
-  const double flat = taps * static_cast<double>(depthwise_flat_outputs(g)) / outputs;
   const double lanes = static_cast<double>((g.O + kDepthwiseBlock - 1) / kDepthwiseBlock * kDepthwiseBlock);
-  return (taps + kDepthwiseTransposeTaps) * lanes / static_cast<double>(g.O) < flat;
+  return lanes / static_cast<double>(g.O) < static_cast<double>(depthwise_flat_outputs(g)) / static_cast<double>(g.P);
 }
 
 void depthwise_channel_blocks(const Operand<const float>& x, const float* w, const Epilogue<float>& rest,
@@ -528,43 +525,57 @@ void depthwise_channel_blocks(const Operand<const float>& x, const float* w, con
   std::vector<int64_t> offsets(taps);
   for (int64_t i = 0, t = 0; i < g.kh; ++i)
     for (int64_t j = 0; j < g.kw; ++j, ++t) offsets[t] = tap_offset(g, Wp, i, j) * L;
+  // Dense input planes are transposed in whole 16 x 16 tiles into the space of the output planes,
+  // then copied row by row into the padded buffer; channels-last ones need no transpose. Dense
+  // output planes of at least 16 positions take the sums transposed in place, then the epilogue
+  // there (transpose_copy's whole-vector stores stay inside each plane).
+  const bool dense_x = g.Og == 1 && x.s[3] == 1 && x.s[2] == g.W;
+  const bool dense_y = y.s[3] == 1 && y.s[2] == g.Wo && g.P >= 16;
   parallel_for(g.N * blocks, L * g.P * taps, [&](int64_t b, int64_t end) {
     float* xb = thread_scratch<float, 0>(Hp * Wp * L);
-    float* yb = thread_scratch<float, 1>(2 * g.P * L);  // the block's outputs, then its channels' planes
+    // The block's sums, then its input position-major or its output planes.
+    float* yb = thread_scratch<float, 1>((g.P + std::max(g.P, g.H * g.W)) * L);
     float* planes = yb + g.P * L;
     std::vector<float> wb(taps * L), start(L);
+    // The padding stays zero: only the interior is written. Lanes past count hold whatever they
+    // held; their sums (each lane its own channel's) are dropped.
+    std::fill(xb, xb + Hp * Wp * L, 0.f);
     for (int64_t it = b; it < end; ++it) {
       const int64_t n = it / blocks, o0 = it % blocks * L, count = std::min(L, g.O - o0);
-      std::fill(xb, xb + Hp * Wp * L, 0.f);
       std::fill(wb.begin(), wb.end(), 0.f);
       std::fill(start.begin(), start.end(), 0.f);
-      const float* xn = x.p + n * x.s[0];
-      if (g.Og == 1 && x.s[3] == 1) {  // each input row of the block's planes, transposed in one call
-        for (int64_t h = 0; h < g.H; ++h)
-          transpose_copy(g.W, count, xn + o0 * x.s[1] + h * x.s[2], x.s[1], xb + ((h + g.ph) * Wp + g.pw) * L, L);
-      } else {
-        for (int64_t k = 0; k < count; ++k)
-          for (int64_t h = 0; h < g.H; ++h)
-            for (int64_t v = 0; v < g.W; ++v)
-              xb[((h + g.ph) * Wp + v + g.pw) * L + k] = xn[(o0 + k) / g.Og * x.s[1] + h * x.s[2] + v * x.s[3]];
-      }
       for (int64_t k = 0; k < count; ++k) {
         for (int64_t t = 0; t < taps; ++t) wb[t * L + k] = w[(o0 + k) * taps + t];
         if (first) start[k] = first[o0 + k];
       }
+      const float* xn = x.p + n * x.s[0];
+      auto at = [&](int64_t h, int64_t v) { return xb + ((h + g.ph) * Wp + v + g.pw) * L; };
+      if (dense_x) {
+        transpose_copy(g.H * g.W, count, xn + o0 * x.s[1], x.s[1], planes, L);
+        for (int64_t h = 0; h < g.H; ++h) std::copy_n(planes + h * g.W * L, g.W * L, at(h, 0));
+      } else if (g.Og == 1 && x.s[1] == 1) {  // channels-last: the block's channels are contiguous already
+        for (int64_t h = 0; h < g.H; ++h)
+          for (int64_t v = 0; v < g.W; ++v) std::copy_n(xn + o0 + h * x.s[2] + v * x.s[3], count, at(h, v));
+      } else {
+        for (int64_t k = 0; k < count; ++k)
+          for (int64_t h = 0; h < g.H; ++h)
+            for (int64_t v = 0; v < g.W; ++v) at(h, v)[k] = xn[(o0 + k) / g.Og * x.s[1] + h * x.s[2] + v * x.s[3]];
+      }
       for (int64_t oh = 0; oh < g.Ho; ++oh)
         depthwise_channels(g.Wo, taps, xb + oh * g.sh * Wp * L, offsets.data(), g.sw * L, wb.data(), start.data(),
                            yb + oh * g.Wo * L);
-      transpose_copy(count, g.P, yb, L, planes, g.P);
-      for (int64_t k = 0; k < count; ++k) {
-        const int64_t o = o0 + k;
-        float* plane = planes + k * g.P;
-        float* yp = y.p + n * y.s[0] + o * y.s[1];
-        if (y.s[3] == 1 && y.s[2] == g.Wo) {
-          epilogue_positions(rest, n, o, 0, g.Wo, plane, yp, g.P);
-        } else {
-          for (int64_t oh = 0; oh < g.Ho; ++oh) store_output_row(rest, n, o, oh, g.Wo, plane + oh * g.Wo, yp, y.s);
+      float* yn = y.p + n * y.s[0];
+      if (dense_y) {
+        transpose_copy(count, g.P, yb, L, yn + o0 * y.s[1], y.s[1]);
+        for (int64_t k = 0; k < count; ++k) {
+          float* yp = yn + (o0 + k) * y.s[1];
+          epilogue_positions(rest, n, o0 + k, 0, g.Wo, yp, yp, g.P);
         }
+      } else {
+        transpose_copy(count, g.P, yb, L, planes, g.P);
+        for (int64_t k = 0; k < count; ++k)
+          for (int64_t oh = 0; oh < g.Ho; ++oh)
+            store_output_row(rest, n, o0 + k, oh, g.Wo, planes + k * g.P + oh * g.Wo, yn + (o0 + k) * y.s[1], y.s);
       }
     }
   });
