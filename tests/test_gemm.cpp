@@ -272,6 +272,34 @@ TEST(Gemm, RowsOf7KernelGivesTheBitsOfGemm) {
   }
 }
 
+// The last columns of C in a narrow tile (one vector wide) get the bits of the full-width tile:
+// C's first N columns from a GEMM of N columns (its last tile narrow) equal those of a GEMM of a
+// whole number of tiles, A packed or read in place, B packed or in place, on every instruction set.
+TEST(Gemm, NarrowLastTilesGiveTheBitsOfFullTiles) {
+  for_each_isa([&] {
+    const int64_t nr = cpu::gemm_tile_columns(), wide = 4 * nr;
+    for (const int64_t M : {50, 300})
+      for (const int64_t K : {40, 700})
+        for (Layout la : {Layout::RowMajor, Layout::ColMajor})
+          for (Layout lb : {Layout::RowMajor, Layout::ColMajor}) {
+            std::mt19937 gen(static_cast<uint32_t>(M + K));
+            Matrix<float> a(M, K, la, gen), b(K, wide, lb, gen), full(M, wide, Layout::RowMajor, gen);
+            cpu::gemm<float>(M, wide, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, full.buf.data(), full.rs,
+                             full.cs, 0.f);
+            for (const int64_t N : {3 * nr + 1, 3 * nr + nr / 2, 3 * nr + nr / 2 + 1}) {
+              Matrix<float> part(M, N, Layout::RowMajor, gen);
+              cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, part.buf.data(), part.rs,
+                               part.cs, 0.f);
+              for (int64_t i = 0; i < M; ++i)
+                for (int64_t j = 0; j < N; ++j)
+                  ASSERT_EQ(part.buf[i * part.rs + j], full.buf[i * full.rs + j])
+                      << "M=" << M << " N=" << N << " K=" << K << " A " << layout_name(la) << " B " << layout_name(lb)
+                      << " at (" << i << ", " << j << ")";
+            }
+          }
+  });
+}
+
 namespace {
 
 std::string shape_str(const Shape& s) {

@@ -204,13 +204,18 @@ constexpr int64_t kARowsInPlaceColumns = 512;
 // to a set) measured slower packed.
 constexpr int64_t kAliasingRowBytes = 4096;
 
-// The micro-kernel for the last n columns of a tile: a narrow form of kn's column-read kernel when
-// kn has one that covers n (GemmRowsKernelF32), else micro itself.
+// The micro-kernel for the last n columns of a tile: a narrow form of micro when kn has one that
+// covers n (GemmKernelF32::narrow), else micro itself.
 template <typename Kernel, typename Micro>
 Micro narrow_kernel(const Kernel& kn, Micro micro, int64_t n) {
-  if constexpr (std::is_same_v<Kernel, GemmRowsKernelF32>) {
+  if constexpr (std::is_base_of_v<GemmKernelF32, Kernel>) {
     const int64_t vectors = (n + kn.lanes - 1) / kn.lanes;
-    if (micro == kn.micro && vectors < kn.nr / kn.lanes) return kn.narrow[vectors - 1];
+    if (vectors < kn.nr / kn.lanes) {
+      const Micro narrow = micro == kn.micro          ? kn.narrow[vectors - 1]
+                           : micro == kn.micro_a_rows ? kn.narrow_a_rows[vectors - 1]
+                                                      : nullptr;
+      if (narrow) return narrow;
+    }
   }
   return micro;
 }

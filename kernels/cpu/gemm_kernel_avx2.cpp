@@ -5,7 +5,16 @@
 namespace tvc::cpu {
 
 extern const GemmKernels gemm_kernels_avx2 = {
-    {6, 16, 384, 1536, 384, gemm_micro_kernel<float, 8, 6, 2>, gemm_micro_kernel<float, 8, 6, 2, true>},
+    {6,
+     16,
+     384,
+     1536,
+     384,
+     gemm_micro_kernel<float, 8, 6, 2>,
+     gemm_micro_kernel<float, 8, 6, 2, true>,
+     8,
+     {gemm_micro_kernel<float, 8, 6, 1>},
+     {gemm_micro_kernel<float, 8, 6, 1, true>}},
     {},
     {6, 8, 192, 1536, 384, gemm_micro_kernel<double, 4, 6, 2>, gemm_micro_kernel<double, 4, 6, 2, true>},
     {6, 16, 768, 1536, 384, gemm_micro_kernel_bf16<8, 6, 2, PairDotEmulated<8>>,

@@ -5,7 +5,16 @@
 namespace tvc::cpu {
 
 extern const GemmKernels gemm_kernels_generic = {
-    {4, 8, 256, 1536, 256, gemm_micro_kernel<float, 4, 4, 2>, gemm_micro_kernel<float, 4, 4, 2, true>},
+    {4,
+     8,
+     256,
+     1536,
+     256,
+     gemm_micro_kernel<float, 4, 4, 2>,
+     gemm_micro_kernel<float, 4, 4, 2, true>,
+     4,
+     {gemm_micro_kernel<float, 4, 4, 1>},
+     {gemm_micro_kernel<float, 4, 4, 1, true>}},
     {},
     {4, 4, 256, 1536, 256, gemm_micro_kernel<double, 2, 4, 2>, gemm_micro_kernel<double, 2, 4, 2, true>},
     {4, 8, 512, 1536, 256, gemm_micro_kernel_bf16<4, 4, 2, PairDotEmulated<4>>,

@@ -36,19 +36,20 @@ using GemmMicroKernelBF16 = void (*)(int64_t kp, const uint32_t* a, int64_t a_ks
 
 // A micro-kernel and the cache blocking that suits it: the A micro-panel (kc x mr) stays in L1,
 // the packed B block (kc x nc) in L2, the packed A block (mc x kc) in L3.
+// The last columns of C go to narrow[v - 1] (narrow_a_rows[v - 1] for micro_a_rows), the same
+// kernel over the tile's first v vectors of `lanes` columns (v < nr / lanes), when they fit in v
+// vectors and that form is there (a 14x14 map's 196 columns are 6 tiles of 32 and one of 4: 12
+// columns computed and dropped instead of 28). Every element gets the same arithmetic from either.
 struct GemmKernelF32 {
   int64_t mr, nr, kc, mc, nc;
   GemmMicroKernelF32 micro, micro_a_rows;
+  int64_t lanes;
+  GemmMicroKernelF32 narrow[3], narrow_a_rows[3];
 };
 // A float32 micro-kernel whose tiles have MR = 7 rows, for a C whose rows are a convolution's
 // output positions (7x7, 14x14, 28x28 and 56x56 maps are whole multiples of 7) and whose columns
-// are its output channels; the last columns of C go to narrow[v - 1], the same kernel over the
-// tile's first v vectors of `lanes` columns (v < nr / lanes), when they fit in v vectors. Every
-// element gets the same arithmetic from either. All null (mr 0) where the instruction set has none.
-struct GemmRowsKernelF32 : GemmKernelF32 {
-  int64_t lanes;
-  GemmMicroKernelF32 narrow[3];
-};
+// are its output channels. All null (mr 0) where the instruction set has none.
+struct GemmRowsKernelF32 : GemmKernelF32 {};
 struct GemmKernelF64 {
   int64_t mr, nr, kc, mc, nc;
   GemmMicroKernelF64 micro, micro_a_rows;
