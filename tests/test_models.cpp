@@ -542,6 +542,35 @@ TEST(EfficientNet, SqueezeExcitationFoldsIntoTheProjectionInInference) {
   }
 }
 
+// An inverted residual block's identity is added inside its projection's fused kernel in
+// inference: no map-sized add, the output of the recorded path (separate ops); a hook on one
+// block's body or stochastic depth brings that block's add back.
+TEST(InvertedResidual, TheIdentityIsAddedInTheProjectionInInference) {
+  const std::pair<const char*, const char*> cases[] = {{"mobilenet_v2", "features.3.conv"},
+                                                       {"mobilenet_v3_large", "features.1.block"},
+                                                       {"efficientnet_b0", "features.2.1.stochastic_depth"}};
+  for (const auto& [name, hooked] : cases) {
+    models::BackbonePtr model = models::create(name, {.num_classes = 10});
+    model->eval();
+    Generator gen(9);
+    const Tensor x = randn({2, 3, 96, 96}, {}, &gen);
+    const Tensor separate = model->forward(x.detach().requires_grad_()).detach();
+    auto adds = [&](int expected) {
+      NoGradGuard no_grad;
+      KernelProfiler profiler;
+      EXPECT_LE(test::relative_error(model->forward(x), separate), 1e-5) << name;
+      int count = 0;
+      for (const KernelRecord& r : profiler.records()) count += r.op == "add" && r.shape.size() == 4;
+      EXPECT_EQ(count, expected) << name;
+    };
+    adds(0);
+    auto handle = model->get_submodule(hooked)->register_forward_hook(
+        [](nn::Module&, const nn::TensorList&, const nn::TensorList&) { return std::optional<nn::TensorList>(); });
+    adds(1);
+    handle.remove();
+  }
+}
+
 TEST(ModelConformanceFull, EfficientNet) {
   for (const char* name :
        {"efficientnet_b1", "efficientnet_b2", "efficientnet_b3", "efficientnet_b4", "efficientnet_b5",

@@ -82,8 +82,13 @@ class MBConv : public nn::Cloneable<MBConv> {
   }
 
   Tensor forward(const Tensor& x) override {
+    // In evaluation mode (or with p = 0) stochastic depth is the identity, and the residual goes
+    // into the block's last convolution.
+    auto& depth = static_cast<detail::StochasticDepth&>(child("stochastic_depth"));
+    if (use_res_connect_ && (!depth.is_training() || depth.p == 0) && !depth.has_call_hooks())
+      return detail::run_inverted_residual_body(child("block"), x, x);
     Tensor result = detail::run_inverted_residual_body(child("block"), x);
-    if (use_res_connect_) result = child("stochastic_depth")(result) + x;
+    if (use_res_connect_) result = depth(result) + x;
     return result;
   }
 

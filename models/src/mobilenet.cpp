@@ -48,8 +48,7 @@ class InvertedResidual : public nn::Cloneable<InvertedResidual> {
     register_module(body_name_, std::move(body));
   }
   Tensor forward(const Tensor& x) override {
-    Tensor out = detail::run_inverted_residual_body(child(body_name_), x);
-    return use_res_connect_ ? out + x : out;
+    return detail::run_inverted_residual_body(child(body_name_), x, use_res_connect_ ? x : Tensor());
   }
 
  private:

@@ -52,34 +52,51 @@ Tensor SqueezeExcitation::scale(const Tensor& x) {
   return child("scale_activation")(child("fc2")(s));  // (N, C, 1, 1)
 }
 
-Tensor run_inverted_residual_body(nn::Module& module, const Tensor& x) {
-  if (typeid(module) != typeid(nn::Sequential)) return module(x);
+Tensor run_inverted_residual_body(nn::Module& module, const Tensor& x, const Tensor& residual) {
+  auto plus_residual = [&residual](const Tensor& y) { return residual.defined() ? y + residual : y; };
+  if (typeid(module) != typeid(nn::Sequential) || module.has_call_hooks()) return plus_residual(module(x));
   auto& body = static_cast<nn::Sequential&>(module);
-  // The child at i when it is a SqueezeExcitation without hooks followed by a
-  // Conv2dNormActivation without hooks, else null.
-  auto folding_pair = [&body](size_t i) -> SqueezeExcitation* {
-    if (i + 1 >= body.size()) return nullptr;
-    nn::Module &m = *body[i], &next = *body[i + 1];
-    if (typeid(m) != typeid(SqueezeExcitation) || typeid(next) != typeid(Conv2dNormActivation)) return nullptr;
-    if (m.has_call_hooks() || next.has_call_hooks() || static_cast<nn::Sequential&>(next).size() < 2) return nullptr;
-    return static_cast<SqueezeExcitation*>(&m);
+  const size_t n = body.size();
+  // The child at i when it is a Conv2dNormActivation without hooks, else null.
+  auto layer_at = [&body](size_t i) -> nn::Sequential* {
+    nn::Module& m = *body[i];
+    if (typeid(m) != typeid(Conv2dNormActivation) || m.has_call_hooks() || static_cast<nn::Sequential&>(m).size() < 2)
+      return nullptr;
+    return static_cast<nn::Sequential*>(&m);
   };
-  bool any = false;
-  for (size_t i = 0; i < body.size(); ++i) any |= folding_pair(i) != nullptr;
-  if (!any || body.has_call_hooks()) return body(x);
+  // The child at i when it is a SqueezeExcitation without hooks followed by such a layer, else null.
+  auto folding_pair = [&body, &layer_at, n](size_t i) -> SqueezeExcitation* {
+    if (i + 1 >= n || typeid(*body[i]) != typeid(SqueezeExcitation) || body[i]->has_call_hooks()) return nullptr;
+    return layer_at(i + 1) ? static_cast<SqueezeExcitation*>(body[i].get()) : nullptr;
+  };
+  // Whether the last child is a layer that can take the residual: a convolution and norm alone
+  // (the residual goes in before an activation).
+  const bool last_takes_residual = n > 0 && layer_at(n - 1) && layer_at(n - 1)->size() == 2;
+  bool any = residual.defined();
+  for (size_t i = 0; i < n; ++i) any |= folding_pair(i) != nullptr;
+  if (!any) return body(x);
   Tensor y = x;
-  for (size_t i = 0; i < body.size(); ++i) {
-    if (SqueezeExcitation* se = folding_pair(i)) {
-      const nn::ModulePtr layer_owner = body[i + 1];  // held while it runs
+  for (size_t i = 0; i < n; ++i) {
+    // v2's projection: a Conv2d and a BatchNorm2d end the body.
+    if (residual.defined() && i + 2 == n && typeid(*body[i]) == typeid(nn::Conv2d) &&
+        typeid(*body[i + 1]) == typeid(nn::BatchNorm2d))
+      return nn::conv_norm_activation(*body[i], *body[i + 1], nullptr, y, residual);
+    SqueezeExcitation* se = folding_pair(i);
+    const size_t at = se ? i + 1 : i;  // the layer that takes the scale or the residual
+    const bool takes_residual = residual.defined() && at + 1 == n && last_takes_residual;
+    if (se || takes_residual) {
+      const nn::ModulePtr layer_owner = body[at];  // held while it runs
       auto& layer = static_cast<nn::Sequential&>(*layer_owner);
       nn::Module* activation = layer.size() > 2 ? layer[2].get() : nullptr;
-      y = nn::conv_norm_activation(*layer[0], *layer[1], activation, y, Tensor(), se->scale(y));
-      ++i;
+      y = nn::conv_norm_activation(*layer[0], *layer[1], activation, y, takes_residual ? residual : Tensor(),
+                                   se ? se->scale(y) : Tensor());
+      if (takes_residual) return y;
+      i = at;
       continue;
     }
     y = (*body[i])(y);
   }
-  return y;
+  return plus_residual(y);
 }
 
 StochasticDepth::StochasticDepth(double p, std::string mode) : p(p), mode(std::move(mode)) {

@@ -49,12 +49,16 @@ class SqueezeExcitation : public nn::Cloneable<SqueezeExcitation> {
   Tensor scale(const Tensor& x);
 };
 
-// An inverted-residual body (MobileNet v3's "block", EfficientNet's MBConv "block"): when it is a
-// plain Sequential, its children in order, as its forward runs them, except that a SqueezeExcitation followed by a
-// Conv2dNormActivation hands its scale to that layer (nn::conv_norm_activation's input_scale,
-// which in inference folds it into a pointwise convolution's weights) instead of multiplying
-// the map by it. Any other module, or a body or squeeze-excitation with hooks, runs as it is.
-Tensor run_inverted_residual_body(nn::Module& body, const Tensor& x);
+// An inverted-residual body (MobileNet v2's "conv", v3's "block", EfficientNet's MBConv "block")
+// plus residual (undefined: nothing added): when it is a plain Sequential, its children in order,
+// as its forward runs them, except that a SqueezeExcitation followed by a Conv2dNormActivation
+// hands its scale to that layer (nn::conv_norm_activation's input_scale, which in inference folds
+// it into a pointwise convolution's weights) instead of multiplying the map by it, and that the
+// residual goes into the body's last convolution and norm (its last two children, a Conv2d and a
+// BatchNorm2d, or its last child, a Conv2dNormActivation of those two without hooks), added in
+// their fused kernel rather than in a pass of its own. Any other module, or a body or
+// squeeze-excitation with hooks, runs as it is, and the residual is added to its output.
+Tensor run_inverted_residual_body(nn::Module& body, const Tensor& x, const Tensor& residual = Tensor());
 
 // torchvision.ops.StochasticDepth: in training mode with p > 0, x times a Bernoulli(1 - p) mask
 // divided by 1 - p, one draw per sample (mode "row", shape (N, 1, ...)) or one for the batch
