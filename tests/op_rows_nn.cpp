@@ -75,11 +75,12 @@ std::vector<OpRow> conv_rows() {
   rows.push_back(conv2d_row({1, 1}, {2, 1}, {2, 2}, 3, false, ", padding=(2, 1), dilation=2, groups=3",
                             {randn_sample("depthwise dilated", {{2, 3, 6, 7}, {3, 1, 3, 3}})}));
   // Depthwise in float32 blocks of 16 channels (small maps, 5x5 windows, stride 2 and 3), a
-  // partial last block.
+  // partial last block; at least 16 blocks (two per thread up to 8 threads) where the flat rows
+  // could take them.
   rows.push_back(conv2d_row({1, 1}, {2, 2}, {1, 1}, 18, true, ", padding=2, groups=18",
-                            {randn_sample("channel blocks", {{2, 18, 7, 6}, {18, 1, 5, 5}, {18}})}));
+                            {randn_sample("channel blocks", {{8, 18, 7, 6}, {18, 1, 5, 5}, {18}})}));
   rows.push_back(conv2d_row({2, 2}, {1, 1}, {1, 1}, 17, true, ", stride=2, padding=1, groups=17",
-                            {randn_sample("channel blocks", {{1, 17, 9, 8}, {17, 1, 3, 3}, {17}})}));
+                            {randn_sample("channel blocks", {{8, 17, 9, 8}, {17, 1, 3, 3}, {17}})}));
   rows.push_back(conv2d_row({3, 3}, {1, 1}, {1, 1}, 16, false, ", stride=3, padding=1, groups=16",
                             {randn_sample("channel blocks", {{1, 16, 8, 7}, {32, 1, 3, 3}})}));
 

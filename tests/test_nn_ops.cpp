@@ -82,14 +82,13 @@ TEST(NnOps, Conv2dForwardAndGradientsMatchTorch) {
       // "same" rows lowered as one run per tap: dilated, and 3x5 with only the width kept
       {{2, 3, 9, 8}, {4, 3, 3, 3}, true, {1, 1}, {2, 2}, {2, 2}, 1},
       {{2, 3, 6, 9}, {5, 3, 3, 5}, false, {1, 1}, {0, 2}, {1, 1}, 1},
-      // depthwise in blocks of 16 channels: small maps, 5x5, stride 2 and 3, multiplier 2, a
-      // partial block, channels-last
-      {{2, 20, 7, 7}, {20, 1, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 20},
-      {{1, 24, 12, 11}, {24, 1, 3, 3}, true, {2, 2}, {1, 1}, {1, 1}, 24},
+      // depthwise in blocks of 16 channels (at least 16 blocks, two per thread up to 8 threads):
+      // small maps, 5x5, stride 2 and 3, multiplier 2, a partial block, dilated, channels-last
+      {{4, 68, 7, 7}, {68, 1, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 68},
+      {{2, 120, 12, 11}, {120, 1, 3, 3}, true, {2, 2}, {1, 1}, {1, 1}, 120},
       {{1, 16, 10, 9}, {16, 1, 3, 3}, false, {3, 3}, {1, 1}, {1, 1}, 16},
-      {{1, 10, 6, 6}, {20, 1, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 10},
-      // a wide dilated one
-      {{1, 16, 14, 90}, {16, 1, 3, 3}, true, {1, 1}, {2, 2}, {2, 2}, 16},
+      {{4, 40, 6, 6}, {80, 1, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 40},
+      {{2, 128, 9, 10}, {128, 1, 3, 3}, true, {1, 1}, {2, 2}, {2, 2}, 128},
       {{2, 18, 7, 7}, {18, 1, 5, 5}, true, {1, 1}, {2, 2}, {1, 1}, 18, true},
       {{2, 5, 4, 6}, {3, 5, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1, true},
       {{2, 4, 6, 6}, {4, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 4, true},
@@ -310,12 +309,9 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
       // rows of 16 and more: the epilogue row by row on the way out
       {"depthwise wide rows", {1, 3, 6, 40}, {3, 1, 3, 3}, {1, 1}, {1, 1}, 3},
       {"depthwise wide stride 2", {2, 3, 9, 36}, {3, 1, 5, 5}, {2, 2}, {2, 2}, 3},
-      // blocks of 16 channels (a partial one)
-      {"depthwise channel blocks", {2, 20, 7, 7}, {20, 1, 5, 5}, {1, 1}, {2, 2}, 20},
-      {"depthwise channel blocks stride 2", {1, 18, 9, 8}, {18, 1, 3, 3}, {2, 2}, {1, 1}, 18},
-      // wide maps
-      {"depthwise channel blocks wide", {1, 32, 20, 90}, {32, 1, 3, 3}, {1, 1}, {1, 1}, 32},
-      {"depthwise channel blocks wide stride 2", {1, 16, 21, 80}, {16, 1, 5, 5}, {2, 2}, {2, 2}, 16}};
+      // blocks of 16 channels (a partial one; at least 16 blocks, two per thread up to 8 threads)
+      {"depthwise channel blocks", {4, 68, 7, 7}, {68, 1, 5, 5}, {1, 1}, {2, 2}, 68},
+      {"depthwise channel blocks stride 2", {4, 72, 9, 8}, {72, 1, 3, 3}, {2, 2}, {1, 1}, 72}};
   const EpilogueActivation acts[] = {EpilogueActivation::None, EpilogueActivation::ReLU, EpilogueActivation::ReLU6,
                                      EpilogueActivation::SiLU, EpilogueActivation::Hardswish};
   for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16})

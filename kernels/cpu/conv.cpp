@@ -510,9 +510,14 @@ DepthwiseStart<T> depthwise_start(const Epilogue<T>& e) {
 // when the flat rows do not apply. Measured on Zen 4 (1 thread, batch 8): every 3x3 and 5x5
 // layer of MobileNet v2/v3 and EfficientNet-B0 with a multiple of 16 channels faster in blocks
 // (14x14 and 28x28 3x3 stride 1: 0.55-0.6x the rows' time; 56x56: 0.8x); 72 channels at 56x56
-// (80 lanes) 0.91x the blocks' time in rows.
+// (80 lanes) 0.91x the blocks' time in rows. With fewer than two blocks per thread the flat rows
+// (split by planes) are taken: one or two blocks of 112x112 planes at batch 1 took 1.5x and 1.1x
+// the rows' time on 2 threads.
 bool use_depthwise_channel_blocks(const ConvGeom& g) {
   if (!flat_depthwise(g)) return true;
+#ifdef _OPENMP
+  if (g.N * ((g.O + kDepthwiseBlock - 1) / kDepthwiseBlock) < 2 * omp_get_max_threads()) return false;
+#endif
   const double lanes = static_cast<double>((g.O + kDepthwiseBlock - 1) / kDepthwiseBlock * kDepthwiseBlock);
   return lanes / static_cast<double>(g.O) < static_cast<double>(depthwise_flat_outputs(g)) / static_cast<double>(g.P);
 }
