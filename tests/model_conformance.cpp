@@ -283,6 +283,7 @@ ModelErrors check_model(const ModelCheck& check) {
       shown(errors.grad64, grads).c_str(), shown(errors.grad32, grads).c_str(),
       shown(errors.grad32_torch, grads).c_str(), grads ? std::to_string(errors.grad32_pinned).c_str() : "-",
       errors.seconds);
+  release_golden_folder(dir);  // a test checking many models holds only the current one's goldens
   return errors;
 }
 
@@ -316,6 +317,7 @@ double check_stages(const std::string& model, const std::vector<std::string>& no
     worst = std::max(worst, err);
   }
   std::printf("stages %s: %zu nodes, err %.2e\n", model.c_str(), nodes.size(), worst);
+  release_golden_folder(dir);
   return worst;
 }
 

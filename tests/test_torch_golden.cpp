@@ -71,10 +71,18 @@ TEST(GoldenCache, KeepsItsBudgetByRemovingTheLeastRecentlyUsedFoldersNoTestHolds
   EXPECT_TRUE(fs::exists(b / "marker") && fs::exists(e / "complete"));
   EXPECT_FALSE(fs::exists(d));
 
+  // A folder the test lets go of before it ends can go; one it still holds stays.
+  test::release_golden_folders();
+  const fs::path f = folder("f"), g = folder("g");
+  test::release_golden_folder(f.string());
+  const fs::path h = folder("h");
+  EXPECT_FALSE(fs::exists(f));
+  EXPECT_TRUE(fs::exists(g / "complete") && fs::exists(h / "complete"));
+
   // A budget that is not a number is a failure that names the variable.
   test::release_golden_folders();
   test::ScopedEnv wrong("TVC_GOLDEN_CACHE_GIB", "2GB");
-  EXPECT_NONFATAL_FAILURE(folder("f"), "TVC_GOLDEN_CACHE_GIB='2GB' is not a size in GiB");
+  EXPECT_NONFATAL_FAILURE(folder("i"), "TVC_GOLDEN_CACHE_GIB='2GB' is not a size in GiB");
   test::release_golden_folders();
 }
 

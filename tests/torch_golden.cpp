@@ -139,7 +139,8 @@ double golden_budget_gib() {
 }
 
 std::mutex held_mutex;
-std::vector<int> held_locks;  // this process's shared locks, released when the current test ends
+// This process's shared locks (folder, descriptor), released when the current test ends.
+std::vector<std::pair<std::string, int>> held_locks;
 
 class ReleaseGoldenFolders : public testing::EmptyTestEventListener {
   void OnTestEnd(const testing::TestInfo&) override { release_golden_folders(); }
@@ -170,7 +171,7 @@ bool hold_folder(const fs::path& dir) {
   std::error_code ignored;  // the time only orders evictions
   fs::last_write_time(complete, fs::file_time_type::clock::now(), ignored);
   std::lock_guard<std::mutex> lock(held_mutex);
-  held_locks.push_back(fd);
+  held_locks.emplace_back(dir.string(), fd);
   return true;
 }
 
@@ -235,8 +236,17 @@ void evict_golden_folders(const fs::path& cache, uintmax_t budget) {
 
 void release_golden_folders() {
   std::lock_guard<std::mutex> lock(held_mutex);
-  for (int fd : held_locks) ::close(fd);
+  for (const auto& [dir, fd] : held_locks) ::close(fd);
   held_locks.clear();
+}
+
+void release_golden_folder(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(held_mutex);
+  std::erase_if(held_locks, [&dir](const std::pair<std::string, int>& held) {
+    if (held.first != dir) return false;
+    ::close(held.second);
+    return true;
+  });
 }
 
 std::string python_golden_folder(const std::string& script, const std::vector<std::string>& args) {

@@ -28,6 +28,9 @@ std::string torch_run_uncached(const std::string& code);
 std::string python_golden_folder(const std::string& script, const std::vector<std::string>& args);
 // Lets go of the golden folders this process holds (done when each test ends).
 void release_golden_folders();
+// Lets go of one folder before the test ends: a test that checks many models in turn, done with
+// one model's goldens, lets them be removed for the next model's.
+void release_golden_folder(const std::string& dir);
 // stdout parsed as JSON.
 nlohmann::json torch_json(const std::string& code);
 
