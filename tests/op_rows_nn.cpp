@@ -80,7 +80,9 @@ std::vector<OpRow> conv_rows() {
   rows.push_back(conv2d_row({1, 1}, {2, 2}, {1, 1}, 18, true, ", padding=2, groups=18",
                             {randn_sample("channel blocks", {{8, 18, 7, 6}, {18, 1, 5, 5}, {18}})}));
   rows.push_back(conv2d_row({2, 2}, {1, 1}, {1, 1}, 17, true, ", stride=2, padding=1, groups=17",
-                            {randn_sample("channel blocks", {{8, 17, 9, 8}, {17, 1, 3, 3}, {17}})}));
+                            {randn_sample("channel blocks", {{8, 17, 9, 8}, {17, 1, 3, 3}, {17}}),
+                             // input rows of a tile and more: transposed row by row
+                             randn_sample("channel blocks wide rows", {{8, 17, 9, 20}, {17, 1, 3, 3}, {17}})}));
   rows.push_back(conv2d_row({3, 3}, {1, 1}, {1, 1}, 16, false, ", stride=3, padding=1, groups=16",
                             {randn_sample("channel blocks", {{1, 16, 8, 7}, {32, 1, 3, 3}})}));
 

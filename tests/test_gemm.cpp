@@ -642,8 +642,9 @@ TEST(DepthwiseRow, MatchesFloat64OnEveryInstructionSet) {
 
 // The channel-block depthwise kernel of each instruction set against float64: row lengths over
 // its groups of positions and every smaller last group, 9 and 25 taps, steps of 1 and 2
-// positions; the sums in tap order from the bias, within their float32 roundings; nothing
-// written past the row.
+// positions; the sums in tap order from the bias, within their float32 roundings, stored as they
+// are, or through a scale, shift and ReLU6 into every other position of y (the positions of a
+// channels-last output); nothing written past the row or between its positions.
 TEST(DepthwiseChannels, MatchFloat64OnEveryInstructionSet) {
   constexpr int64_t L = cpu::kDepthwiseBlock;
   std::mt19937 gen(13);
@@ -651,27 +652,36 @@ TEST(DepthwiseChannels, MatchFloat64OnEveryInstructionSet) {
   for_each_isa([&] {
     for (int64_t taps : {9, 25})
       for (int64_t step : {L, 2 * L})
-        for (int64_t n = 1; n <= 20; ++n) {
-          std::vector<int64_t> offsets(taps);
-          for (int64_t t = 0; t < taps; ++t) offsets[t] = (t * 3 % 7) * L;  // any order of positions
-          std::vector<float> x((n - 1) * step + 7 * L), w(taps * L), bias(L);
-          for (float& v : x) v = dist(gen);
-          for (float& v : w) v = dist(gen);
-          for (float& v : bias) v = dist(gen);
-          const float canary = 1234.5f;
-          std::vector<float> y((n + 2) * L, canary);
-          cpu::depthwise_channels(n, taps, x.data(), offsets.data(), step, w.data(), bias.data(), y.data());
-          for (int64_t p = 0; p < n; ++p)
-            for (int64_t c = 0; c < L; ++c) {
-              double want = bias[c], terms = std::abs(bias[c]);
-              for (int64_t t = 0; t < taps; ++t) {
-                const double term = double(w[t * L + c]) * x[offsets[t] + p * step + c];
-                want += term, terms += std::abs(term);
+        for (bool epilogue : {false, true})
+          for (int64_t n = 1; n <= 20; ++n) {
+            std::vector<int64_t> offsets(taps);
+            for (int64_t t = 0; t < taps; ++t) offsets[t] = (t * 3 % 7) * L;  // any order of positions
+            std::vector<float> x((n - 1) * step + 7 * L), w(taps * L), bias(L), scale(L), shift(L);
+            for (auto* v : {&x, &w, &bias, &scale, &shift})
+              for (float& e : *v) e = dist(gen);
+            const float canary = 1234.5f;
+            const int64_t y_step = epilogue ? 2 * L : L;
+            std::vector<float> y((n + 2) * y_step, canary);
+            cpu::depthwise_channels(n, taps, x.data(), offsets.data(), step, w.data(), bias.data(),
+                                    epilogue ? scale.data() : nullptr, epilogue ? shift.data() : nullptr,
+                                    epilogue ? cpu::RowActivation::relu6 : cpu::RowActivation::none, y.data(), y_step);
+            for (int64_t p = 0; p < n; ++p)
+              for (int64_t c = 0; c < L; ++c) {
+                double want = bias[c], terms = std::abs(bias[c]);
+                for (int64_t t = 0; t < taps; ++t) {
+                  const double term = double(w[t * L + c]) * x[offsets[t] + p * step + c];
+                  want += term, terms += std::abs(term);
+                }
+                if (epilogue) {
+                  want = std::clamp(want * scale[c] + shift[c], 0.0, 6.0);
+                  terms = terms * std::abs(scale[c]) + std::abs(shift[c]);
+                }
+                EXPECT_LE(std::abs(y[p * y_step + c] - want), std::ldexp(terms, -21))
+                    << "taps " << taps << " step " << step << " n " << n << " at " << p << ", " << c;
+                if (epilogue) EXPECT_EQ(y[p * y_step + L + c], canary) << "n " << n << " wrote between positions";
               }
-              EXPECT_LE(std::abs(y[p * L + c] - want), std::ldexp(terms, -21))
-                  << "taps " << taps << " step " << step << " n " << n << " at " << p << ", " << c;
-            }
-          for (int64_t i = n * L; i < (n + 2) * L; ++i) EXPECT_EQ(y[i], canary) << "n " << n << " wrote past the row";
-        }
+            for (int64_t i = n * y_step; i < (n + 2) * y_step; ++i)
+              EXPECT_EQ(y[i], canary) << "n " << n << " wrote past the row";
+          }
   });
 }

@@ -311,7 +311,9 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
       {"depthwise wide stride 2", {2, 3, 9, 36}, {3, 1, 5, 5}, {2, 2}, {2, 2}, 3},
       // blocks of 16 channels (a partial one; at least 16 blocks, two per thread up to 8 threads)
       {"depthwise channel blocks", {4, 68, 7, 7}, {68, 1, 5, 5}, {1, 1}, {2, 2}, 68},
-      {"depthwise channel blocks stride 2", {4, 72, 9, 8}, {72, 1, 3, 3}, {2, 2}, {1, 1}, 72}};
+      {"depthwise channel blocks stride 2", {4, 72, 9, 8}, {72, 1, 3, 3}, {2, 2}, {1, 1}, 72},
+      // input rows of a whole tile and more: transposed row by row
+      {"depthwise channel blocks wide rows", {2, 136, 5, 20}, {136, 1, 3, 3}, {1, 1}, {1, 1}, 136}};
   const EpilogueActivation acts[] = {EpilogueActivation::None, EpilogueActivation::ReLU, EpilogueActivation::ReLU6,
                                      EpilogueActivation::SiLU, EpilogueActivation::Hardswish};
   for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16})
@@ -615,19 +617,24 @@ TEST(NnOps, Conv2dPositionRowsMatchFloat64) {
       conv2d(leaf64, wleaf64, b64, {1, 1}, pad).backward(dy.to(DType::Float64));
       EXPECT_LE(relative_error(leaf.grad().to(DType::Float64), leaf64.grad()), 2e-6) << where;
       EXPECT_LE(relative_error(wleaf.grad().to(DType::Float64), wleaf64.grad()), 2e-6) << where;
-      // The whole epilogue: scale, shift, a residual of other strides, an activation.
+      // The whole epilogue: scale, shift, a residual of other strides or channels-last (a
+      // channels-last output's own layout), an activation.
       const Tensor scale = randn_of({c.O}, DType::Float32, 5), shift = randn_of({c.O}, DType::Float32, 6);
-      const Tensor residual = randn_of(y.shape(), DType::Float32, 7).transpose(2, 3).contiguous().transpose(2, 3);
-      Tensor fused;
-      {
-        NoGradGuard no_grad;
-        fused = conv2d_epilogue(x, w, scale, shift, residual, EpilogueActivation::ReLU6, {1, 1}, pad);
+      const Tensor r = randn_of(y.shape(), DType::Float32, 7);
+      for (const Tensor& residual :
+           {r.transpose(2, 3).contiguous().transpose(2, 3), r.contiguous(MemoryFormat::ChannelsLast)}) {
+        Tensor fused;
+        {
+          NoGradGuard no_grad;
+          fused = conv2d_epilogue(x, w, scale, shift, residual, EpilogueActivation::ReLU6, {1, 1}, pad);
+        }
+        const Tensor want_fused =
+            clamp(conv2d(x64, w64, Tensor(), {1, 1}, pad) * scale.to(DType::Float64).view({1, c.O, 1, 1}) +
+                      shift.to(DType::Float64).view({1, c.O, 1, 1}) + residual.to(DType::Float64),
+                  0.0, 6.0);
+        EXPECT_LE(relative_error(fused.to(DType::Float64), want_fused), 2e-6)
+            << where << " residual strides " << residual.strides();
       }
-      const Tensor want_fused =
-          clamp(conv2d(x64, w64, Tensor(), {1, 1}, pad) * scale.to(DType::Float64).view({1, c.O, 1, 1}) +
-                    shift.to(DType::Float64).view({1, c.O, 1, 1}) + residual.to(DType::Float64),
-                0.0, 6.0);
-      EXPECT_LE(relative_error(fused.to(DType::Float64), want_fused), 2e-6) << where;
     }
 }
 

@@ -209,8 +209,8 @@ void epilogue_positions(const Epilogue<T, R>& e, int64_t n, int64_t o, int64_t p
 // v[c * step] = the epilogue of channel o0 + c (c < count) at position p of sample n, in place;
 // tmp holds count values.
 template <typename T>
-void epilogue_channels(const Epilogue<T>& e, int64_t n, int64_t p, int64_t Wo, int64_t o0, T* v, int64_t step,
-                       int64_t count, T* tmp) {
+void epilogue_position_channels(const Epilogue<T>& e, int64_t n, int64_t p, int64_t Wo, int64_t o0, T* v, int64_t step,
+                                int64_t count, T* tmp) {
   T* run = step == 1 ? v : tmp;
   const T* r = e.residual ? e.residual + n * e.rs[0] + o0 * e.rs[1] + p / Wo * e.rs[2] + p % Wo * e.rs[3] : nullptr;
   for (int64_t c = 0; c < count; ++c) {
@@ -234,27 +234,79 @@ void store_output_row(const Epilogue<float>& e, int64_t n, int64_t o, int64_t oh
   for (int64_t ow = 0; ow < Wo; ++ow) yo[oh * ys[2] + ow * ys[3]] = row[ow];
 }
 
-// The epilogue inside the GEMM of one sample's group (GemmEpilogue): C's rows are channels from
-// o0, its columns the sample's positions (y itself, (H, W) flattened to one stride).
+// Whether the epilogue's residual, if any, has its channels contiguous (channels-last).
+template <typename T, typename R>
+bool channels_last_residual(const Epilogue<T, R>& e) {
+  return !e.residual || e.rs[1] == 1;
+}
+
+// dst = the epilogue of src at positions p0 .. p0 + rows - 1 (row-major (Ho, Wo) order) of sample
+// n, channels o0 .. o0 + count - 1 contiguous in each position's row of src and dst (row strides
+// src_rs, dst_rs; dst may be src), in one pass of the instruction set's kernel wherever the
+// residual's positions are one stride apart (channels_last_residual holds).
+void epilogue_channels_last(const Epilogue<float>& e, int64_t n, int64_t p0, int64_t rows, int64_t Wo, int64_t o0,
+                            int64_t count, const float* src, int64_t src_rs, float* dst, int64_t dst_rs) {
+  const float* scale = e.scale ? e.scale + o0 : nullptr;
+  const float* shift = e.shift ? e.shift + o0 : nullptr;
+  const RowActivation act = row_activation(e.activation);
+  if (!e.residual || e.rs[2] == Wo * e.rs[3]) {
+    const float* r = e.residual ? e.residual + n * e.rs[0] + o0 + p0 * e.rs[3] : nullptr;
+    return epilogue_channels(rows, count, src, src_rs, dst, dst_rs, scale, shift, r, e.rs[3], act);
+  }
+  for (int64_t p = p0; p < p0 + rows;) {  // output row by output row
+    const int64_t len = std::min(p0 + rows - p, Wo - p % Wo);
+    const float* r = e.residual + n * e.rs[0] + o0 + p / Wo * e.rs[2] + p % Wo * e.rs[3];
+    epilogue_channels(len, count, src + (p - p0) * src_rs, src_rs, dst + (p - p0) * dst_rs, dst_rs, scale, shift, r,
+                      e.rs[3], act);
+    p += len;
+  }
+}
+
+// The epilogue inside the GEMM of one group of samples from n (GemmEpilogue): C's rows are
+// channels from o0, its columns positions (y itself, (H, W) flattened to one stride; several
+// samples side by side only where y is channels-last and its samples follow each other, P
+// positions each).
 template <typename T>
 struct GemmOutput {
   const Epilogue<T>* e;
-  int64_t n, o0, Wo;
+  int64_t n, o0, Wo, P;
 };
 template <typename T>
 void epilogue_gemm_block(const void* ctx, T* c, int64_t c_rs, int64_t c_cs, int64_t i0, int64_t m, int64_t j0,
                          int64_t cols) {
   const auto& out = *static_cast<const GemmOutput<T>*>(ctx);
+  const Epilogue<T>& e = *out.e;
   if (c_cs == 1) {
-    for (int64_t i = 0; i < m; ++i) {
-      T* row = c + i * c_rs;
-      epilogue_positions(*out.e, out.n, out.o0 + i0 + i, j0, out.Wo, row, row, cols);
-    }
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = j0; j < j0 + cols;) {  // in runs inside one sample
+        const int64_t p0 = j % out.P, len = std::min(j0 + cols - j, out.P - p0);
+        T* run = c + i * c_rs + (j - j0);
+        epilogue_positions(e, out.n + j / out.P, out.o0 + i0 + i, p0, out.Wo, run, run, len);
+        j += len;
+      }
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (c_rs == 1 && channels_last_residual(e)) {  // channels-last: the block's positions in one pass
+      for (int64_t j = j0; j < j0 + cols;) {       // in runs inside one sample
+        const int64_t p0 = j % out.P, len = std::min(j0 + cols - j, out.P - p0);
+        T* run = c + (j - j0) * c_cs;
+        epilogue_channels_last(e, out.n + j / out.P, p0, len, out.Wo, out.o0 + i0, m, run, c_cs, run, c_cs);
+        j += len;
+      }
+      return;
+    }
   }
   T* tmp = thread_scratch<T, 4>(m);
   for (int64_t j = 0; j < cols; ++j)
-    epilogue_channels(*out.e, out.n, j0 + j, out.Wo, out.o0 + i0, c + j * c_cs, c_rs, m, tmp);
+    epilogue_position_channels(e, out.n + (j0 + j) / out.P, (j0 + j) % out.P, out.Wo, out.o0 + i0, c + j * c_cs, c_rs,
+                               m, tmp);
+}
+
+// The same for a C whose rows are the positions and columns the channels (output positions as rows).
+void epilogue_gemm_block_positions(const void* ctx, float* c, int64_t c_rs, int64_t c_cs, int64_t i0, int64_t m,
+                                   int64_t j0, int64_t n) {
+  epilogue_gemm_block<float>(ctx, c, c_cs, c_rs, j0, n, i0, m);
 }
 
 // Where a convolution GEMM's sums go when it does not write y itself (GemmEpilogue): C is the
@@ -513,14 +565,20 @@ DepthwiseStart<T> depthwise_start(const Epilogue<T>& e) {
 // (80 lanes) 0.91x the blocks' time in rows. With fewer than two blocks per thread the flat rows
 // (split by planes) are taken: one or two blocks of 112x112 planes at batch 1 took 1.5x and 1.1x
 // the rows' time on 2 threads.
-bool use_depthwise_channel_blocks(const ConvGeom& g) {
-  if (!flat_depthwise(g)) return true;
+bool use_depthwise_channel_blocks(const ConvGeom& g, const Operand<const float>& x) {
+  if (!flat_depthwise(g) || (g.Og == 1 && x.s[1] == 1)) return true;  // channels-last: no transposes at all
 #ifdef _OPENMP
   if (g.N * ((g.O + kDepthwiseBlock - 1) / kDepthwiseBlock) < 2 * omp_get_max_threads()) return false;
 #endif
   const double lanes = static_cast<double>((g.O + kDepthwiseBlock - 1) / kDepthwiseBlock * kDepthwiseBlock);
   return lanes / static_cast<double>(g.O) < static_cast<double>(depthwise_flat_outputs(g)) / static_cast<double>(g.P);
 }
+
+// Input rows at least this long are transposed into a block's padded buffer row by row (the 16 x
+// 16 tiles of a row, its last one partial); shorter ones plane by plane, then copied. Measured on
+// Zen 4, 2 threads (rows against planes, batch 1 and 8): 0.77-0.94x the time at 112x112 and 56x56,
+// 0.97-0.98x at 28x28, 1.06-1.24x at 14x14 and 7x7 (a partial tile per row).
+constexpr int64_t kDepthwiseRowTranspose = 16;
 
 void depthwise_channel_blocks(const Operand<const float>& x, const float* w, const Epilogue<float>& rest,
                               const float* first, const Operand<float>& y, const ConvGeom& g) {
@@ -530,57 +588,83 @@ void depthwise_channel_blocks(const Operand<const float>& x, const float* w, con
   std::vector<int64_t> offsets(taps);
   for (int64_t i = 0, t = 0; i < g.kh; ++i)
     for (int64_t j = 0; j < g.kw; ++j, ++t) offsets[t] = tap_offset(g, Wp, i, j) * L;
-  // Dense input planes are transposed in whole 16 x 16 tiles into the space of the output planes,
-  // then copied row by row into the padded buffer; channels-last ones need no transpose. Dense
-  // output planes of at least 16 positions take the sums transposed in place, then the epilogue
-  // there (transpose_copy's whole-vector stores stay inside each plane).
+  // Dense input planes with rows of a whole tile or more are transposed row by row straight into
+  // the padded buffer, smaller ones in whole 16 x 16 tiles into the space of the output planes,
+  // then copied row by row into it; channels-last ones need no transpose. The
+  // epilogue runs in the kernel, in registers, unless there is a residual (then after, as below).
+  // Full blocks of a channels-last output are written by the kernel itself; other blocks' sums go
+  // to yb: channels-last ones are copied out per position, dense output planes of at least 16
+  // positions take them transposed in place (transpose_copy's whole-vector stores stay inside each
+  // plane), others through a transposed copy of the planes.
   const bool dense_x = g.Og == 1 && x.s[3] == 1 && x.s[2] == g.W;
   const bool dense_y = y.s[3] == 1 && y.s[2] == g.Wo && g.P >= 16;
+  const bool channels_last_y = y.s[1] == 1 && channels_last_residual(rest);
+  const bool fused = !rest.residual;
+  const Epilogue<float> after = fused ? Epilogue<float>{} : rest;
+  const RowActivation act = fused ? row_activation(rest.activation) : RowActivation::none;
   parallel_for(g.N * blocks, L * g.P * taps, [&](int64_t b, int64_t end) {
     float* xb = thread_scratch<float, 0>(Hp * Wp * L);
     // The block's sums, then its input position-major or its output planes.
     float* yb = thread_scratch<float, 1>((g.P + std::max(g.P, g.H * g.W)) * L);
     float* planes = yb + g.P * L;
-    std::vector<float> wb(taps * L), start(L);
+    std::vector<float> wb(taps * L), start(L), scale(L), shift(L);
     // The padding stays zero: only the interior is written. Lanes past count hold whatever they
     // held; their sums (each lane its own channel's) are dropped.
     std::fill(xb, xb + Hp * Wp * L, 0.f);
     for (int64_t it = b; it < end; ++it) {
       const int64_t n = it / blocks, o0 = it % blocks * L, count = std::min(L, g.O - o0);
-      std::fill(wb.begin(), wb.end(), 0.f);
-      std::fill(start.begin(), start.end(), 0.f);
+      for (auto* v : {&wb, &start, &scale, &shift}) std::fill(v->begin(), v->end(), 0.f);
       for (int64_t k = 0; k < count; ++k) {
         for (int64_t t = 0; t < taps; ++t) wb[t * L + k] = w[(o0 + k) * taps + t];
         if (first) start[k] = first[o0 + k];
+        if (rest.scale) scale[k] = rest.scale[o0 + k];
+        if (rest.shift) shift[k] = rest.shift[o0 + k];
       }
       const float* xn = x.p + n * x.s[0];
       auto at = [&](int64_t h, int64_t v) { return xb + ((h + g.ph) * Wp + v + g.pw) * L; };
-      if (dense_x) {
+      if (dense_x && g.W >= kDepthwiseRowTranspose) {
+        for (int64_t h = 0; h < g.H; ++h) transpose_copy(g.W, count, xn + o0 * x.s[1] + h * g.W, x.s[1], at(h, 0), L);
+      } else if (dense_x) {
         transpose_copy(g.H * g.W, count, xn + o0 * x.s[1], x.s[1], planes, L);
         for (int64_t h = 0; h < g.H; ++h) std::copy_n(planes + h * g.W * L, g.W * L, at(h, 0));
       } else if (g.Og == 1 && x.s[1] == 1) {  // channels-last: the block's channels are contiguous already
         for (int64_t h = 0; h < g.H; ++h)
-          for (int64_t v = 0; v < g.W; ++v) std::copy_n(xn + o0 + h * x.s[2] + v * x.s[3], count, at(h, v));
+          for (int64_t v = 0; v < g.W; ++v) {
+            const float* src = xn + o0 + h * x.s[2] + v * x.s[3];
+            if (count == L)
+              __builtin_memcpy(at(h, v), src, L * sizeof(float));  // one vector, not a call
+            else
+              std::copy_n(src, count, at(h, v));
+          }
       } else {
         for (int64_t k = 0; k < count; ++k)
           for (int64_t h = 0; h < g.H; ++h)
             for (int64_t v = 0; v < g.W; ++v) at(h, v)[k] = xn[(o0 + k) / g.Og * x.s[1] + h * x.s[2] + v * x.s[3]];
       }
-      for (int64_t oh = 0; oh < g.Ho; ++oh)
-        depthwise_channels(g.Wo, taps, xb + oh * g.sh * Wp * L, offsets.data(), g.sw * L, wb.data(), start.data(),
-                           yb + oh * g.Wo * L);
       float* yn = y.p + n * y.s[0];
-      if (dense_y) {
+      const bool into_y = channels_last_y && fused && count == L;
+      const float* sp = fused && rest.scale ? scale.data() : nullptr;
+      for (int64_t oh = 0; oh < g.Ho; ++oh)
+        depthwise_channels(g.Wo, taps, xb + oh * g.sh * Wp * L, offsets.data(), g.sw * L, wb.data(), start.data(), sp,
+                           sp ? shift.data() : nullptr, act, into_y ? yn + oh * y.s[2] + o0 : yb + oh * g.Wo * L,
+                           into_y ? y.s[3] : L);
+      if (into_y) continue;
+      if (channels_last_y) {
+        for (int64_t oh = 0; oh < g.Ho; ++oh)
+          epilogue_channels_last(after, n, oh * g.Wo, g.Wo, g.Wo, o0, count, yb + oh * g.Wo * L, L,
+                                 yn + oh * y.s[2] + o0, y.s[3]);
+      } else if (dense_y) {
         transpose_copy(count, g.P, yb, L, yn + o0 * y.s[1], y.s[1]);
-        for (int64_t k = 0; k < count; ++k) {
-          float* yp = yn + (o0 + k) * y.s[1];
-          epilogue_positions(rest, n, o0 + k, 0, g.Wo, yp, yp, g.P);
-        }
+        if (!fused)
+          for (int64_t k = 0; k < count; ++k) {
+            float* yp = yn + (o0 + k) * y.s[1];
+            epilogue_positions(rest, n, o0 + k, 0, g.Wo, yp, yp, g.P);
+          }
       } else {
         transpose_copy(count, g.P, yb, L, planes, g.P);
         for (int64_t k = 0; k < count; ++k)
           for (int64_t oh = 0; oh < g.Ho; ++oh)
-            store_output_row(rest, n, o0 + k, oh, g.Wo, planes + k * g.P + oh * g.Wo, yn + (o0 + k) * y.s[1], y.s);
+            store_output_row(after, n, o0 + k, oh, g.Wo, planes + k * g.P + oh * g.Wo, yn + (o0 + k) * y.s[1], y.s);
       }
     }
   });
@@ -593,7 +677,7 @@ void depthwise_forward(const Operand<const T>& x, const T* w, const Epilogue<T>&
   const Epilogue<T>& rest = start.rest;
   const T* first = start.first;
   if constexpr (std::is_same_v<T, float>) {
-    if (use_depthwise_channel_blocks(g)) return depthwise_channel_blocks(x, w, rest, first, y, g);
+    if (use_depthwise_channel_blocks(g, x)) return depthwise_channel_blocks(x, w, rest, first, y, g);
     if (flat_depthwise(g)) {
       note_kernel_path("depthwise rows");
       const int64_t Wp = g.W + 2 * g.pw, taps = g.kh * g.kw;
@@ -795,7 +879,7 @@ template <typename T, int Slot>
 Columns<T> gather_columns(const Operand<const T>& t, int64_t n0, int64_t m, int64_t c0, int64_t channels, int64_t Ho,
                           int64_t Wo) {
   const T* base = t.p + n0 * t.s[0] + c0 * t.s[1];
-  if (m == 1 && t.s[2] == Wo * t.s[3]) return {base, t.s[1], t.s[3]};
+  if (t.s[2] == Wo * t.s[3] && (m == 1 || t.s[0] == Ho * Wo * t.s[3])) return {base, t.s[1], t.s[3]};
   int64_t P = Ho * Wo, cols = m * P;
   T* buf = thread_scratch<T, Slot>(channels * cols);
   for (int64_t c = 0; c < channels; ++c)
@@ -1010,6 +1094,14 @@ void position_rows_forward(const Operand<const float>& x, const float* wt, const
     for (int64_t it = b; it < end; ++it) {
       const int64_t n0 = it * nb, m = std::min(nb, g.N - n0), cols = m * g.P;
       const Columns<float> B = input_columns(x, n0, m, 0, g);  // (K, cols)
+      if (y.s[1] == 1 && y.s[2] == g.Wo * y.s[3] && (m == 1 || y.s[0] == g.P * y.s[3])) {
+        // Channels-last: C is y itself, the epilogue on each finished block.
+        const GemmOutput<float> block_out{&e, n0, 0, g.Wo, g.P};
+        const GemmEpilogue<float> epilogue{epilogue_gemm_block_positions, &block_out};
+        gemm_rows_of_7(cols, g.O, g.K, B.p, B.cs, B.rs, wt, y.p + n0 * y.s[0], y.s[3], 1, 0.f,
+                       e.is_identity() ? nullptr : &epilogue);
+        continue;
+      }
       float* sums = thread_scratch<float, 1>(cols * g.O);
       gemm_rows_of_7(cols, g.O, g.K, B.p, B.cs, B.rs, wt, sums, g.O, 1, 0.f);
       // Back to (channels, positions) in blocks of channels, each block's rows whole runs of
@@ -1057,9 +1149,10 @@ void conv_forward(const Operand<const T>& x, const Tensor& weight, const Epilogu
     // Y (Og, cols) = W_g (Og, K) @ B, into y itself when one dense sample, else into a block
     // stored into y by epilogue_into; either way the epilogue is applied inside the GEMM, on
     // blocks still in cache.
-    bool in_place = m == 1 && y.s[2] == g.Wo * y.s[3];
+    // (channels-last samples follow each other: one matrix of m * P columns)
+    bool in_place = y.s[2] == g.Wo * y.s[3] && (m == 1 || y.s[0] == g.P * y.s[3]);
     if (in_place) {
-      const GemmOutput<T> block_out{&e, n0, gi * g.Og, g.Wo};
+      const GemmOutput<T> block_out{&e, n0, gi * g.Og, g.Wo, g.P};
       const GemmEpilogue<T> epilogue{epilogue_gemm_block<T>, &block_out};
       gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, yg, y.s[1], y.s[3], T(0),
               e.is_identity() ? nullptr : &epilogue);

@@ -463,8 +463,9 @@ void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const floa
 }
 
 void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step, const float* w,
-                        const float* bias, float* y) {
-  active_kernels().depthwise_channels(n, taps, x, offsets, step, w, bias, y);
+                        const float* bias, const float* scale, const float* shift, RowActivation act, float* y,
+                        int64_t y_step) {
+  active_kernels().depthwise_channels(n, taps, x, offsets, step, w, bias, scale, shift, act, y, y_step);
 }
 
 void transpose_copy(int64_t k_n, int64_t cols, const float* src, int64_t src_ld, float* dst, int64_t dst_ld) {
@@ -478,6 +479,11 @@ float dot(int64_t n, const float* a, const float* b) { return active_kernels().d
 void epilogue_row(int64_t n, const float* x, float* y, const float* scale, const float* shift, const float* residual,
                   RowActivation act) {
   active_kernels().epilogue(n, x, y, scale, shift, residual, act);
+}
+
+void epilogue_channels(int64_t rows, int64_t n, const float* x, int64_t x_rs, float* y, int64_t y_rs,
+                       const float* scale, const float* shift, const float* residual, int64_t r_rs, RowActivation act) {
+  active_kernels().epilogue_channels(rows, n, x, x_rs, y, y_rs, scale, shift, residual, r_rs, act);
 }
 
 void layer_norm_row(int64_t n, const float* x, const float* w, const float* b, float eps, float* y, float* mean,

@@ -53,9 +53,11 @@ void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const floa
                    float* y);
 
 // One output row of a float32 depthwise convolution over a block of kDepthwiseBlock channels held
-// position-major, with the active instruction set's kernel (gemm_kernels.h, DepthwiseChannelsF32).
+// position-major, through a per-channel epilogue into y (positions y_step floats apart), with the
+// active instruction set's kernel (gemm_kernels.h, DepthwiseChannelsF32).
 void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step, const float* w,
-                        const float* bias, float* y);
+                        const float* bias, const float* scale, const float* shift, RowActivation act, float* y,
+                        int64_t y_step);
 
 // A transposing copy with the active instruction set's kernel (gemm_kernels.h, PackTransposedF32):
 //   dst[k * dst_ld + j] = src[j * src_ld + k] for j < cols, k < k_n
@@ -79,6 +81,11 @@ float dot(int64_t n, const float* a, const float* b);
 // scale, shift, residual left out when null; y may be x.
 void epilogue_row(int64_t n, const float* x, float* y, const float* scale, const float* shift, const float* residual,
                   RowActivation act);
+// The same over rows positions of n channels each, channels-last (gemm_kernels.h, EpilogueChannelsF32):
+//   y[i * y_rs + k] = act(x[i * x_rs + k] * scale[k] + shift[k] + residual[i * r_rs + k]),
+// scale and shift n values each (or null).
+void epilogue_channels(int64_t rows, int64_t n, const float* x, int64_t x_rs, float* y, int64_t y_rs,
+                       const float* scale, const float* shift, const float* residual, int64_t r_rs, RowActivation act);
 
 // Layer norm of one row of n contiguous floats, and its backward, with the active instruction
 // set's kernels (gemm_kernels.h, LayerNormRowF32 and LayerNormBackwardRowF32).

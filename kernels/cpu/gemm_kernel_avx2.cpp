@@ -30,6 +30,7 @@ extern const GemmKernels gemm_kernels_avx2 = {
     gelu_f32<8>,
     gelu_backward_f32<8>,
     epilogue_f32<8>,
+    epilogue_channels_f32<8>,
     layer_norm_f32<8>,
     layer_norm_backward_f32<8>,
     pack_transposed<8>,

@@ -30,6 +30,7 @@ extern const GemmKernels gemm_kernels_generic = {
     gelu_f32<4>,
     gelu_backward_f32<4>,
     epilogue_f32<4>,
+    epilogue_channels_f32<4>,
     layer_norm_f32<4>,
     layer_norm_backward_f32<4>,
     pack_transposed<4>,

@@ -329,47 +329,6 @@ void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const floa
   if (rest > 0) last_blocks[(rest + W - 1) / W - 1](ow, rest, taps, rows, w, stride, bias, y);
 }
 
-// G output positions from ow of a channel block (see DepthwiseChannelsF32): kDepthwiseBlock / W
-// vectors each, in registers over the taps.
-template <int W, int G>
-void depthwise_channel_positions(int64_t ow, int64_t taps, const float* x, const int64_t* offsets, int64_t step,
-                                 const float* w, const float* bias, float* y) {
-  typedef typename FloatVector<W>::type V;
-  constexpr int B = kDepthwiseBlock / W;
-  V acc[G][B];
-#pragma GCC unroll 8
-  for (int g = 0; g < G; ++g)
-#pragma GCC unroll 4
-    for (int b = 0; b < B; ++b) acc[g][b] = load_lanes<W>(bias + b * W);
-  for (int64_t t = 0; t < taps; ++t) {
-    const float* xt = x + offsets[t] + ow * step;
-#pragma GCC unroll 4
-    for (int b = 0; b < B; ++b) {
-      const V wv = load_lanes<W>(w + t * kDepthwiseBlock + b * W);
-#pragma GCC unroll 8
-      for (int g = 0; g < G; ++g) acc[g][b] += wv * load_lanes<W>(xt + g * step + b * W);
-    }
-  }
-#pragma GCC unroll 8
-  for (int g = 0; g < G; ++g) __builtin_memcpy(y + (ow + g) * kDepthwiseBlock, acc[g], sizeof(acc[g]));
-}
-
-// See DepthwiseChannelsF32: groups of G positions (8 vectors of sums), the rest as one smaller
-// group (its sums independent chains too).
-template <int W>
-void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step, const float* w,
-                        const float* bias, float* y) {
-  constexpr int G = 8 / (kDepthwiseBlock / W);
-  using Group = void (*)(int64_t, int64_t, const float*, const int64_t*, int64_t, const float*, const float*, float*);
-  static constexpr Group last_groups[8] = {depthwise_channel_positions<W, 1>, depthwise_channel_positions<W, 2>,
-                                           depthwise_channel_positions<W, 3>, depthwise_channel_positions<W, 4>,
-                                           depthwise_channel_positions<W, 5>, depthwise_channel_positions<W, 6>,
-                                           depthwise_channel_positions<W, 7>, depthwise_channel_positions<W, 8>};
-  int64_t ow = 0;
-  for (; ow + G <= n; ow += G) depthwise_channel_positions<W, G>(ow, taps, x, offsets, step, w, bias, y);
-  if (ow < n) last_groups[n - ow - 1](ow, taps, x, offsets, step, w, bias, y);
-}
-
 // See DotF32: 4 vector accumulators of W lanes, added pairwise, then the lanes, then the tail.
 template <int W>
 float dot(int64_t n, const float* a, const float* b) {
@@ -686,27 +645,47 @@ typename FloatVector<W>::type activation_lanes(typename FloatVector<W>::type v) 
   }
 }
 
-// The tail as map_lanes's.
-template <int W, RowActivation Act>
+// The tail as map_lanes's. PerChannel: scale and shift hold n values (EpilogueChannelsF32), else
+// one each (EpilogueRowF32).
+template <int W, RowActivation Act, bool PerChannel>
 void epilogue_lanes(int64_t n, const float* x, float* y, const float* scale, const float* shift,
                     const float* residual) {
   typedef typename FloatVector<W>::type V;
-  const float s = scale ? *scale : 1.f, b = shift ? *shift : 0.f;
-  auto one = [&](V v, V r) {
-    if (scale)
-      v = v * s + b;
-    else if (shift)
-      v = v + b;
+  auto one = [&](V v, V r, int64_t i) {
+    if constexpr (PerChannel) {  // the same arithmetic as one scale and shift
+      if (scale)
+        v = v * load_lanes<W>(scale + i) + (shift ? load_lanes<W>(shift + i) : V{});
+      else if (shift)
+        v = v + load_lanes<W>(shift + i);
+    } else if (scale) {
+      v = v * *scale + (shift ? *shift : 0.f);
+    } else if (shift) {
+      v = v + *shift;
+    }
     if (residual) v = v + r;
     return activation_lanes<W, Act>(v);
   };
   if (n < W) {
-    float xb[W] = {}, rb[W] = {};
-    for (int64_t k = 0; k < n; ++k) xb[k] = x[k], rb[k] = residual ? residual[k] : 0.f;
+    float xb[W] = {}, rb[W] = {}, sb[W] = {}, bb[W] = {};
+    for (int64_t k = 0; k < n; ++k) {
+      xb[k] = x[k], rb[k] = residual ? residual[k] : 0.f;
+      if constexpr (PerChannel) sb[k] = scale ? scale[k] : 1.f, bb[k] = shift ? shift[k] : 0.f;
+    }
     V v, r;
     __builtin_memcpy(&v, xb, sizeof(V));
     __builtin_memcpy(&r, rb, sizeof(V));
-    store_lanes<W>(one(v, r), n, y);
+    if constexpr (PerChannel) {
+      V s, b;
+      __builtin_memcpy(&s, sb, sizeof(V));
+      __builtin_memcpy(&b, bb, sizeof(V));
+      if (scale)
+        v = v * s + b;
+      else if (shift)
+        v = v + b;
+      if (residual) v = v + r;
+      return store_lanes<W>(activation_lanes<W, Act>(v), n, y);
+    }
+    store_lanes<W>(one(v, r, 0), n, y);
     return;
   }
   V last, last_r{};
@@ -717,11 +696,11 @@ void epilogue_lanes(int64_t n, const float* x, float* y, const float* scale, con
     V v, r{};
     __builtin_memcpy(&v, x + i, sizeof(V));
     if (residual) __builtin_memcpy(&r, residual + i, sizeof(V));
-    v = one(v, r);
+    v = one(v, r, i);
     __builtin_memcpy(y + i, &v, sizeof(V));
   }
   if (i < n) {
-    last = one(last, last_r);
+    last = one(last, last_r, n - W);
     __builtin_memcpy(y + n - W, &last, sizeof(V));
   }
 }
@@ -732,15 +711,119 @@ void epilogue_f32(int64_t n, const float* x, float* y, const float* scale, const
                   RowActivation act) {
   switch (act) {
     case RowActivation::none:
-      return epilogue_lanes<W, RowActivation::none>(n, x, y, scale, shift, residual);
+      return epilogue_lanes<W, RowActivation::none, false>(n, x, y, scale, shift, residual);
     case RowActivation::relu:
-      return epilogue_lanes<W, RowActivation::relu>(n, x, y, scale, shift, residual);
+      return epilogue_lanes<W, RowActivation::relu, false>(n, x, y, scale, shift, residual);
     case RowActivation::relu6:
-      return epilogue_lanes<W, RowActivation::relu6>(n, x, y, scale, shift, residual);
+      return epilogue_lanes<W, RowActivation::relu6, false>(n, x, y, scale, shift, residual);
     case RowActivation::silu:
-      return epilogue_lanes<W, RowActivation::silu>(n, x, y, scale, shift, residual);
+      return epilogue_lanes<W, RowActivation::silu, false>(n, x, y, scale, shift, residual);
     case RowActivation::hardswish:
-      return epilogue_lanes<W, RowActivation::hardswish>(n, x, y, scale, shift, residual);
+      return epilogue_lanes<W, RowActivation::hardswish, false>(n, x, y, scale, shift, residual);
+  }
+}
+
+// See EpilogueChannelsF32.
+template <int W, RowActivation Act>
+void epilogue_channel_rows(int64_t rows, int64_t n, const float* x, int64_t x_rs, float* y, int64_t y_rs,
+                           const float* scale, const float* shift, const float* residual, int64_t r_rs) {
+  for (int64_t i = 0; i < rows; ++i)
+    epilogue_lanes<W, Act, true>(n, x + i * x_rs, y + i * y_rs, scale, shift, residual ? residual + i * r_rs : nullptr);
+}
+template <int W>
+void epilogue_channels_f32(int64_t rows, int64_t n, const float* x, int64_t x_rs, float* y, int64_t y_rs,
+                           const float* scale, const float* shift, const float* residual, int64_t r_rs,
+                           RowActivation act) {
+  switch (act) {
+    case RowActivation::none:
+      return epilogue_channel_rows<W, RowActivation::none>(rows, n, x, x_rs, y, y_rs, scale, shift, residual, r_rs);
+    case RowActivation::relu:
+      return epilogue_channel_rows<W, RowActivation::relu>(rows, n, x, x_rs, y, y_rs, scale, shift, residual, r_rs);
+    case RowActivation::relu6:
+      return epilogue_channel_rows<W, RowActivation::relu6>(rows, n, x, x_rs, y, y_rs, scale, shift, residual, r_rs);
+    case RowActivation::silu:
+      return epilogue_channel_rows<W, RowActivation::silu>(rows, n, x, x_rs, y, y_rs, scale, shift, residual, r_rs);
+    case RowActivation::hardswish:
+      return epilogue_channel_rows<W, RowActivation::hardswish>(rows, n, x, x_rs, y, y_rs, scale, shift, residual,
+                                                                r_rs);
+  }
+}
+
+// G output positions from ow of a channel block (see DepthwiseChannelsF32): kDepthwiseBlock / W
+// vectors each, in registers over the taps, then through the epilogue into y.
+template <int W, int G, RowActivation Act>
+void depthwise_channel_positions(int64_t ow, int64_t taps, const float* x, const int64_t* offsets, int64_t step,
+                                 const float* w, const float* bias, const float* scale, const float* shift, float* y,
+                                 int64_t y_step) {
+  typedef typename FloatVector<W>::type V;
+  constexpr int B = kDepthwiseBlock / W;
+  V acc[G][B];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) acc[g][b] = load_lanes<W>(bias + b * W);
+  for (int64_t t = 0; t < taps; ++t) {
+    const float* xt = x + offsets[t] + ow * step;
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) {
+      const V wv = load_lanes<W>(w + t * kDepthwiseBlock + b * W);
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) acc[g][b] += wv * load_lanes<W>(xt + g * step + b * W);
+    }
+  }
+#pragma GCC unroll 4
+  for (int b = 0; b < B; ++b) {
+    // The same arithmetic as EpilogueRowF32's with one channel's scale and shift.
+    const V s = scale ? load_lanes<W>(scale + b * W) : V{}, h = shift ? load_lanes<W>(shift + b * W) : V{};
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      V v = acc[g][b];
+      if (scale) v = v * s + h;
+      v = activation_lanes<W, Act>(v);
+      __builtin_memcpy(y + (ow + g) * y_step + b * W, &v, sizeof(V));
+    }
+  }
+}
+
+// See DepthwiseChannelsF32: groups of G positions (8 vectors of sums), the rest as one smaller
+// group (its sums independent chains too).
+template <int W, RowActivation Act>
+void depthwise_channels_act(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step,
+                            const float* w, const float* bias, const float* scale, const float* shift, float* y,
+                            int64_t y_step) {
+  constexpr int G = 8 / (kDepthwiseBlock / W);
+  using Group = void (*)(int64_t, int64_t, const float*, const int64_t*, int64_t, const float*, const float*,
+                         const float*, const float*, float*, int64_t);
+  static constexpr Group last_groups[8] = {
+      depthwise_channel_positions<W, 1, Act>, depthwise_channel_positions<W, 2, Act>,
+      depthwise_channel_positions<W, 3, Act>, depthwise_channel_positions<W, 4, Act>,
+      depthwise_channel_positions<W, 5, Act>, depthwise_channel_positions<W, 6, Act>,
+      depthwise_channel_positions<W, 7, Act>, depthwise_channel_positions<W, 8, Act>};
+  int64_t ow = 0;
+  for (; ow + G <= n; ow += G)
+    depthwise_channel_positions<W, G, Act>(ow, taps, x, offsets, step, w, bias, scale, shift, y, y_step);
+  if (ow < n) last_groups[n - ow - 1](ow, taps, x, offsets, step, w, bias, scale, shift, y, y_step);
+}
+template <int W>
+void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step, const float* w,
+                        const float* bias, const float* scale, const float* shift, RowActivation act, float* y,
+                        int64_t y_step) {
+  switch (act) {
+    case RowActivation::none:
+      return depthwise_channels_act<W, RowActivation::none>(n, taps, x, offsets, step, w, bias, scale, shift, y,
+                                                            y_step);
+    case RowActivation::relu:
+      return depthwise_channels_act<W, RowActivation::relu>(n, taps, x, offsets, step, w, bias, scale, shift, y,
+                                                            y_step);
+    case RowActivation::relu6:
+      return depthwise_channels_act<W, RowActivation::relu6>(n, taps, x, offsets, step, w, bias, scale, shift, y,
+                                                             y_step);
+    case RowActivation::silu:
+      return depthwise_channels_act<W, RowActivation::silu>(n, taps, x, offsets, step, w, bias, scale, shift, y,
+                                                            y_step);
+    case RowActivation::hardswish:
+      return depthwise_channels_act<W, RowActivation::hardswish>(n, taps, x, offsets, step, w, bias, scale, shift, y,
+                                                                 y_step);
   }
 }
 

@@ -76,15 +76,20 @@ struct FmaPeakLoop {
 constexpr int64_t kDepthwiseRowSlack = 32;
 using DepthwiseRowF32 = void (*)(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride,
                                  float bias, float* y);
-// One output row of a float32 depthwise convolution over a block of kDepthwiseBlock channels held
-// position-major (channel c of position p at [p * kDepthwiseBlock + c]):
-//   y[ow][c] = bias[c] + w[0][c] * x[offsets[0] + ow * step + c] + ...
+// The activations of a convolution's epilogue, in the order of tvc's EpilogueActivation.
+enum class RowActivation { none, relu, relu6, silu, hardswish };
+// One output row of a float32 depthwise convolution over a block of kDepthwiseBlock channels, the
+// input held position-major (channel c of position p at x[p * step' + c], any position stride):
+//   s[ow][c] = bias[c] + w[0][c] * x[offsets[0] + ow * step + c] + ...
 //              + w[taps-1][c] * x[offsets[taps-1] + ow * step + c]
-// for ow in [0, n), summed in tap order; offsets and step count floats (multiples of the block),
-// w is (taps, kDepthwiseBlock), bias (kDepthwiseBlock), y (n, kDepthwiseBlock).
+//   y[ow * y_step + c] = act(s[ow][c] * scale[c] + shift[c])   (scale and shift null: act(s))
+// for ow in [0, n), summed in tap order; offsets, step and y_step count floats (multiples of the
+// block), w is (taps, kDepthwiseBlock), bias, scale and shift (kDepthwiseBlock); the epilogue's
+// arithmetic is EpilogueRowF32's.
 constexpr int64_t kDepthwiseBlock = 16;
 using DepthwiseChannelsF32 = void (*)(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step,
-                                      const float* w, const float* bias, float* y);
+                                      const float* w, const float* bias, const float* scale, const float* shift,
+                                      RowActivation act, float* y, int64_t y_step);
 // The dot product of n floats a and b (both contiguous), summed in a fixed order.
 using DotF32 = float (*)(int64_t n, const float* a, const float* b);
 // A transposing copy, as the GEMM packs a transposed B (a linear layer's weight, x @ W^T) or a
@@ -125,8 +130,6 @@ using UnaryF32 = void (*)(int64_t n, const float* x, float* y);
 //   dx[i] = dy[i] * (Phi(x[i]) + x[i] * phi(x[i])), phi(x) = e^(-x^2 / 2) / sqrt(2 pi),
 // Phi as in UnaryF32's gelu.
 using GeluBackwardF32 = void (*)(int64_t n, const float* dy, const float* x, float* dx);
-// The activations of a convolution's epilogue, in the order of tvc's EpilogueActivation.
-enum class RowActivation { none, relu, relu6, silu, hardswish };
 // A convolution's epilogue over n contiguous floats (y may be x):
 //   y[k] = act(x[k] * scale + shift + residual[k])
 // where a null scale, shift (one value each) or residual (n contiguous values) leaves its step
@@ -134,6 +137,13 @@ enum class RowActivation { none, relu, relu6, silu, hardswish };
 // hardswish x * clamp(x + 3, 0, 6) / 6.
 using EpilogueRowF32 = void (*)(int64_t n, const float* x, float* y, const float* scale, const float* shift,
                                 const float* residual, RowActivation act);
+// The same over `rows` positions of n channels each (channels-last; row strides x_rs, y_rs, r_rs),
+// scale and shift holding n values each (or null):
+//   y[i * y_rs + k] = act(x[i * x_rs + k] * scale[k] + shift[k] + residual[i * r_rs + k]),
+// each element's arithmetic that of EpilogueRowF32 with its channel's scale and shift (y may be x).
+using EpilogueChannelsF32 = void (*)(int64_t rows, int64_t n, const float* x, int64_t x_rs, float* y, int64_t y_rs,
+                                     const float* scale, const float* shift, const float* residual, int64_t r_rs,
+                                     RowActivation act);
 // Layer norm of one row of n contiguous floats (n >= 1): its mean and rstd = 1 / sqrt(var + eps),
 // var biased (both summed in float, two passes), and
 //   y[k] = (x[k] - mean) * rstd * w[k] + b[k].
@@ -157,6 +167,7 @@ struct GemmKernels {
   UnaryF32 exp, sigmoid, silu, gelu;
   GeluBackwardF32 gelu_backward;
   EpilogueRowF32 epilogue;
+  EpilogueChannelsF32 epilogue_channels;
   LayerNormRowF32 layer_norm;
   LayerNormBackwardRowF32 layer_norm_backward;
   PackTransposedF32 pack_transposed;
