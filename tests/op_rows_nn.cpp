@@ -58,10 +58,15 @@ std::vector<OpRow> conv_rows() {
   rows.push_back(conv2d_row({2, 2}, {1, 1}, {1, 1}, 1, true, ", stride=2, padding=1",
                             {randn_sample("odd sizes", {{2, 3, 7, 9}, {4, 3, 3, 3}, {4}}),
                              randn_sample("pointwise", {{2, 3, 5, 5}, {2, 3, 1, 1}, {2}}),
-                             randn_sample("batch 1", {{1, 1, 8, 8}, {5, 1, 3, 3}, {5}})}));
-  rows.push_back(conv2d_row({1, 2}, {1, 2}, {2, 1}, 1, false, ", stride=(1, 2), padding=(1, 2), dilation=(2, 1)",
-                            {randn_sample("odd sizes", {{2, 3, 7, 6}, {2, 3, 3, 2}}),
-                             randn_sample("batch 1", {{1, 2, 5, 5}, {3, 2, 2, 3}})}));
+                             randn_sample("batch 1", {{1, 1, 8, 8}, {5, 1, 3, 3}, {5}}),
+                             // output rows of 7 and K >= 128: the input read in place as 7-row
+                             // tiles where the CPU has them (position rows)
+                             randn_sample("position rows", {{2, 16, 14, 14}, {16, 16, 3, 3}, {16}})}));
+  rows.push_back(conv2d_row(
+      {1, 2}, {1, 2}, {2, 1}, 1, false, ", stride=(1, 2), padding=(1, 2), dilation=(2, 1)",
+      {randn_sample("odd sizes", {{2, 3, 7, 6}, {2, 3, 3, 2}}), randn_sample("batch 1", {{1, 2, 5, 5}, {3, 2, 2, 3}}),
+       // 7x7 outputs, K = 132: position rows through offsets, dilated
+       randn_sample("position rows", {{1, 22, 9, 10}, {16, 22, 3, 2}})}));
   rows.push_back(conv2d_row({1, 1}, {1, 1}, {1, 1}, 2, true, ", padding=1, groups=2",
                             {randn_sample("odd sizes", {{2, 4, 5, 7}, {6, 2, 3, 3}, {6}}),
                              randn_sample("pointwise", {{1, 4, 3, 3}, {4, 2, 1, 1}, {4}})}));

@@ -272,6 +272,72 @@ TEST(Gemm, RowsOf7KernelGivesTheBitsOfGemm) {
   }
 }
 
+// gemm_rows_of_7_offsets (a convolution's zero-padded input read in place through per-k offsets)
+// gives the bits of gemm_rows_of_7 on the explicit matrix those offsets describe, with 1 and 2
+// threads: stride 1 and 2, N with each narrow tail and past a panel, K across KC blocks (a
+// 3x3 window over 10 to 150 channels), several samples; its epilogue sees every 7-row tile once.
+TEST(Gemm, RowsOf7OffsetsGiveTheBitsOfTheExplicitColumns) {
+  struct Shape4 {
+    int64_t samples, channels, map, stride, N;
+  };
+  const Shape4 shapes[] = {{1, 150, 14, 1, 40}, {2, 10, 7, 1, 100}, {1, 64, 15, 2, 17}, {3, 20, 14, 2, 64}};
+  const int threads = get_num_threads();
+  int checked = 0;
+  for_each_isa([&] {
+    if (!cpu::has_rows_of_7_kernel()) return;
+    for (const Shape4& s : shapes) {
+      const int64_t Hp = s.map + 2, plane = Hp * Hp, K = s.channels * 9, Wo = (s.map - 1) / s.stride + 1;
+      const int64_t tiles = s.samples * Wo * Wo / 7, M = 7 * tiles, N = s.N;
+      std::mt19937 gen(static_cast<uint32_t>(K + N));
+      std::uniform_real_distribution<float> dist(-1.f, 1.f);
+      std::vector<float> padded(static_cast<size_t>(s.samples * s.channels * plane));
+      for (float& v : padded) v = dist(gen);
+      std::vector<int64_t> offsets(K), starts(tiles);
+      for (int64_t c = 0, k = 0; c < s.channels; ++c)
+        for (int64_t i = 0; i < 3; ++i)
+          for (int64_t j = 0; j < 3; ++j, ++k) offsets[k] = c * plane + i * Hp + j;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t n = t * 7 / (Wo * Wo), p = t * 7 % (Wo * Wo);
+        starts[t] = n * s.channels * plane + p / Wo * s.stride * Hp + p % Wo * s.stride;
+      }
+      std::vector<float> a(static_cast<size_t>(M * K));
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t k = 0; k < K; ++k) a[r * K + k] = padded[starts[r / 7] + r % 7 * s.stride + offsets[k]];
+      Matrix<float> b(K, N, Layout::RowMajor, gen);
+      std::vector<float> panels(static_cast<size_t>(cpu::rows_of_7_packed_floats(K, N)), NAN);
+      cpu::pack_rows_of_7_b(K, N, b.buf.data(), b.rs, b.cs, panels.data());
+      for (int t : {1, 2}) {
+        set_num_threads(t);
+        apply_num_threads();  // the kernel is called directly, not through an op that applies it
+        std::vector<float> want(static_cast<size_t>(M * N), NAN), got(static_cast<size_t>(M * N), NAN);
+        cpu::gemm_rows_of_7(M, N, K, a.data(), K, 1, panels.data(), want.data(), N, 1, 0.f);
+        std::vector<int> seen(static_cast<size_t>(M * N), 0);
+        struct Seen {
+          std::vector<int>* seen;
+          int64_t ld;
+        } ctx{&seen, N};
+        const cpu::GemmEpilogue<float> count{
+            [](const void* p, float*, int64_t, int64_t, int64_t i0, int64_t m, int64_t j0, int64_t n) {
+              const auto& c = *static_cast<const Seen*>(p);
+              for (int64_t i = i0; i < i0 + m; ++i)
+                for (int64_t j = j0; j < j0 + n; ++j) ++(*c.seen)[i * c.ld + j];
+            },
+            &ctx};
+        cpu::gemm_rows_of_7_offsets(tiles, starts.data(), N, K, padded.data(), offsets.data(), s.stride, panels.data(),
+                                    got.data(), N, 1, &count);
+        ASSERT_EQ(got, want) << "channels " << s.channels << " map " << s.map << " stride " << s.stride << " N " << N
+                             << " threads " << t;
+        EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), M * N) << "N " << N << " threads " << t;
+        ++checked;
+      }
+    }
+  });
+  set_num_threads(threads);
+  if (cpu::has_rows_of_7_kernel()) {
+    EXPECT_GT(checked, 0);
+  }
+}
+
 // The last columns of C in a narrow tile (one vector wide) get the bits of the full-width tile:
 // C's first N columns from a GEMM of N columns (its last tile narrow) equal those of a GEMM of a
 // whole number of tiles, A packed or read in place, B packed or in place, on every instruction set.
@@ -678,7 +744,9 @@ TEST(DepthwiseChannels, MatchFloat64OnEveryInstructionSet) {
                 }
                 EXPECT_LE(std::abs(y[p * y_step + c] - want), std::ldexp(terms, -21))
                     << "taps " << taps << " step " << step << " n " << n << " at " << p << ", " << c;
-                if (epilogue) EXPECT_EQ(y[p * y_step + L + c], canary) << "n " << n << " wrote between positions";
+                if (epilogue) {
+                  EXPECT_EQ(y[p * y_step + L + c], canary) << "n " << n << " wrote between positions";
+                }
               }
             for (int64_t i = n * y_step; i < (n + 2) * y_step; ++i)
               EXPECT_EQ(y[i], canary) << "n " << n << " wrote past the row";

@@ -589,7 +589,9 @@ TEST(NnOps, Conv2dPositionRowsMatchFloat64) {
   };
   const bool rows_kernel = cpu::has_rows_of_7_kernel();
   for (const Case& c : {Case{{1, 64, 7, 7}, 40, 3}, Case{{1, 512, 7, 7}, 100, 1}, Case{{3, 96, 7, 7}, 70, 3},
-                        Case{{1, 256, 14, 14}, 64, 1}, Case{{2, 40, 14, 14}, 17, 3}})
+                        Case{{1, 256, 14, 14}, 64, 1}, Case{{2, 40, 14, 14}, 17, 3},
+                        // a 28x28 map, taken for its K: windows read in place (no im2col)
+                        Case{{2, 8, 28, 28}, 24, 5}})
     for (bool channels_last : {false, true}) {
       const std::string where = cat_str(c.x, " O ", c.O, " k ", c.k, channels_last ? " channels-last" : "");
       const Tensor x = randn_of(c.x, DType::Float32, 1)

@@ -1067,24 +1067,80 @@ bool winograd_backward_input(const Operand<const float>& dy, const float* w, con
 // network from 56x56 down is a whole number of sevens) and the output channels as its columns:
 //   C (cols, O) = columns^T (cols, K) @ W^T (K, O),
 // W^T packed once and kept with the weight's storage when the weight cannot change while the
-// result is used (weight_form.h), else packed for the call. C then goes back to (channels, positions) in blocks of
-// channels through epilogue_into: a pass over the output that the standard path does not make, so the path is taken
-// where the multiply-adds the standard tiles waste on padding columns, (padded - cols) * K per output channel, are at
-// least kPositionRowsWaste per padded column. The sums are those of the standard path bit for bit (gemm_rows_of_7).
-// Measured on Zen 4, 2 threads, batch 1, against the standard path: 0.59-0.91x the time at 7x7 and 14x14 with K of 160
-// to 4608 (ResNet's and DenseNet's last stages, MobileNet's and EfficientNet's 1x1 convolutions there), 0.96x with K =
-// 256 at 14x14; slower where it is not taken: 1.24x with K = 64 at 14x14, 1.15-2.5x on 28x28 and 56x56 maps, whose
-// tiles waste little.
+// result is used (weight_form.h), else packed for the call; columns^T is read in place, from the
+// input itself (pointwise) or through offsets into a zero-padded copy (position_rows_input). A
+// channels-last y is C itself; else C goes back to (channels, positions) in blocks of
+// channels and positions through epilogue_into: a pass over the output that the standard path does not make, so the
+// path is taken where the multiply-adds the standard tiles waste on padding columns, (padded - cols) * K per output
+// channel, are at least kPositionRowsWaste per padded column. The sums are those of the standard path bit for bit
+// (gemm_rows_of_7). Measured on Zen 4, 2 threads, batch 1, against the standard path: 0.59-0.91x the time at 7x7 and
+// 14x14 with K of 160 to 4608 (ResNet's and DenseNet's last stages, MobileNet's and EfficientNet's 1x1 convolutions
+// there), 0.96x with K = 256 at 14x14; slower where it is not taken: 1.24x with K = 64 at 14x14, 1.15-2.5x on 28x28 and
+// 56x56 maps, whose tiles waste little.
 constexpr int64_t kPositionRowsWaste = 32;
+// Convolutions with taps read their input in place (position_rows_input), without im2col: with
+// output rows of whole tiles (Wo a multiple of 7) and at least this K they take the path on any
+// map. Measured on Zen 4, 2 threads, against im2col and the standard tiles (batch 1 and 8):
+// ResNet's 7x7 stem (K = 147) 0.83-0.90x the time, 3x3 stride 2 from 56x56 (K = 1152) 0.82-0.88x;
+// a 3x3 of 3 channels (K = 27) 1.10-1.55x, its C tiles' loads and stores over too few k.
+constexpr int64_t kPositionRowsOffsetsMinK = 128;
 bool use_position_rows(const ConvGeom& g) {
   if (g.G != 1 || g.O < 16 || !has_rows_of_7_kernel()) return false;
   const int64_t cols = samples_per_gemm(g, g.N) * g.P, nr = gemm_tile_columns();
   const int64_t padded = (cols + nr - 1) / nr * nr;
+  if (!is_pointwise(g) && g.Wo % 7 == 0 && g.K >= kPositionRowsOffsetsMinK) return true;
   return cols % 7 == 0 && (padded - cols) * g.K >= kPositionRowsWaste * padded;
 }
 
-// Channels per block of the transposing store.
-constexpr int64_t kPositionRowsStoreChannels = 64;
+// Channels and positions per block of the transposing store.
+constexpr int64_t kPositionRowsStoreChannels = 64, kPositionRowsStoreColumns = 256;
+
+// Where a position-rows GEMM reads its A (cols, K) for samples [n0, n0 + m): the input read in
+// place through offsets (gemm_rows_of_7_offsets) when its windows have taps (an implicit im2col
+// over a zero-padded copy of the input: every 7-row tile is 7 positions of one output row, as Wo
+// is a multiple of 7), else the (K, cols) columns of input_columns, transposed.
+struct PositionRowsInput {
+  Columns<float> columns;  // when offsets is empty
+  const float* padded;
+  std::vector<int64_t> offsets, tile_starts;
+};
+PositionRowsInput position_rows_input(const Operand<const float>& x, int64_t n0, int64_t m, const ConvGeom& g) {
+  PositionRowsInput in{};
+  if (is_pointwise(g) || g.Wo % 7 != 0) {
+    in.columns = input_columns(x, n0, m, 0, g);
+    return in;
+  }
+  const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, plane = Hp * Wp;
+  float* padded = thread_scratch<float, 0>(m * g.C * plane);
+  parallel_for(m * g.C, plane + g.H * g.W, [&](int64_t q0, int64_t q1) {  // writes and reads
+    for (int64_t q = q0; q < q1; ++q) {
+      float* dst = padded + q * plane;
+      const float* src = x.p + (n0 + q / g.C) * x.s[0] + q % g.C * x.s[1];
+      std::fill(dst, dst + g.ph * Wp, 0.f);
+      std::fill(dst + (g.ph + g.H) * Wp, dst + plane, 0.f);
+      for (int64_t h = 0; h < g.H; ++h) {
+        float* row = dst + (g.ph + h) * Wp;
+        std::fill(row, row + g.pw, 0.f);
+        std::fill(row + g.pw + g.W, row + Wp, 0.f);
+        if (x.s[3] == 1)
+          std::copy_n(src + h * x.s[2], g.W, row + g.pw);
+        else
+          for (int64_t w = 0; w < g.W; ++w) row[g.pw + w] = src[h * x.s[2] + w * x.s[3]];
+      }
+    }
+  });
+  in.padded = padded;
+  in.offsets.resize(g.K);
+  for (int64_t c = 0, k = 0; c < g.C; ++c)
+    for (int64_t i = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j, ++k) in.offsets[k] = c * plane + i * g.dh * Wp + j * g.dw;
+  in.tile_starts.resize(m * g.P / 7);
+  for (int64_t t = 0; t < static_cast<int64_t>(in.tile_starts.size()); ++t) {
+    const int64_t s = t * 7 / g.P, p = t * 7 % g.P;
+    in.tile_starts[t] = s * g.C * plane + p / g.Wo * g.sh * Wp + p % g.Wo * g.sw;
+  }
+  return in;
+}
 
 void position_rows_forward(const Operand<const float>& x, const float* wt, const Epilogue<float>& e,
                            const Operand<float>& y, const ConvGeom& g) {
@@ -1093,29 +1149,41 @@ void position_rows_forward(const Operand<const float>& x, const float* wt, const
   for_items(batches, nb * g.O * g.K * g.P, [&](int64_t b, int64_t end) {
     for (int64_t it = b; it < end; ++it) {
       const int64_t n0 = it * nb, m = std::min(nb, g.N - n0), cols = m * g.P;
-      const Columns<float> B = input_columns(x, n0, m, 0, g);  // (K, cols)
+      const PositionRowsInput in = position_rows_input(x, n0, m, g);
+      // C (cols, O) = A (cols, K) @ W^T, the epilogue (if any) on each finished block.
+      auto multiply = [&](float* c, int64_t c_rs, const GemmEpilogue<float>* epilogue) {
+        if (!in.offsets.empty())
+          return gemm_rows_of_7_offsets(cols / 7, in.tile_starts.data(), g.O, g.K, in.padded, in.offsets.data(), g.sw,
+                                        wt, c, c_rs, 1, epilogue);
+        gemm_rows_of_7(cols, g.O, g.K, in.columns.p, in.columns.cs, in.columns.rs, wt, c, c_rs, 1, 0.f, epilogue);
+      };
       if (y.s[1] == 1 && y.s[2] == g.Wo * y.s[3] && (m == 1 || y.s[0] == g.P * y.s[3])) {
-        // Channels-last: C is y itself, the epilogue on each finished block.
+        // Channels-last: C is y itself.
         const GemmOutput<float> block_out{&e, n0, 0, g.Wo, g.P};
         const GemmEpilogue<float> epilogue{epilogue_gemm_block_positions, &block_out};
-        gemm_rows_of_7(cols, g.O, g.K, B.p, B.cs, B.rs, wt, y.p + n0 * y.s[0], y.s[3], 1, 0.f,
-                       e.is_identity() ? nullptr : &epilogue);
+        multiply(y.p + n0 * y.s[0], y.s[3], e.is_identity() ? nullptr : &epilogue);
         continue;
       }
       float* sums = thread_scratch<float, 1>(cols * g.O);
-      gemm_rows_of_7(cols, g.O, g.K, B.p, B.cs, B.rs, wt, sums, g.O, 1, 0.f);
-      // Back to (channels, positions) in blocks of channels, each block's rows whole runs of
-      // positions for epilogue_into.
+      multiply(sums, g.O, nullptr);
+      // Back to (channels, positions) in blocks of channels and of positions, each block's rows
+      // runs of positions for epilogue_into.
       const ConvBlockOutput<float, float> out{&e, y, n0, 0, g.P, g.Wo};
-      const int64_t blocks = (g.O + kPositionRowsStoreChannels - 1) / kPositionRowsStoreChannels;
-      parallel_for(blocks, kPositionRowsStoreChannels * cols, [&](int64_t q0, int64_t q1) {
-        float* t = thread_scratch<float, 11>(kPositionRowsStoreChannels * cols + 16);  // transpose_copy's slack
-        for (int64_t q = q0; q < q1; ++q) {
-          const int64_t o0 = q * kPositionRowsStoreChannels, count = std::min(kPositionRowsStoreChannels, g.O - o0);
-          transpose_copy(count, cols, sums + o0, g.O, t, cols);
-          epilogue_into<float, float>(&out, t, cols, 1, o0, count, 0, cols);
-        }
-      });
+      const int64_t blocks = (g.O + kPositionRowsStoreChannels - 1) / kPositionRowsStoreChannels,
+                    chunks = (cols + kPositionRowsStoreColumns - 1) / kPositionRowsStoreColumns;
+      parallel_for(blocks * chunks, kPositionRowsStoreChannels * kPositionRowsStoreColumns,
+                   [&](int64_t q0, int64_t q1) {
+                     float* t = thread_scratch<float, 11>(kPositionRowsStoreChannels * kPositionRowsStoreColumns +
+                                                          16);  // transpose_copy's slack
+                     for (int64_t q = q0; q < q1; ++q) {
+                       const int64_t o0 = q / chunks * kPositionRowsStoreChannels,
+                                     count = std::min(kPositionRowsStoreChannels, g.O - o0);
+                       const int64_t j0 = q % chunks * kPositionRowsStoreColumns,
+                                     len = std::min(kPositionRowsStoreColumns, cols - j0);
+                       transpose_copy(count, len, sums + j0 * g.O + o0, g.O, t, len);
+                       epilogue_into<float, float>(&out, t, len, 1, o0, count, j0, len);
+                     }
+                   });
     }
   });
 }

@@ -452,6 +452,27 @@ void gemm_rows_of_7(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_r
   gemm_any(M, N, K, A, a_rs, a_cs, b_panels, 0, 0, C, c_rs, c_cs, beta, BlockSink<float>{epilogue, false},
            GemmTile::rows_of_7);
 }
+void gemm_rows_of_7_offsets(int64_t tiles, const int64_t* tile_starts, int64_t N, int64_t K, const float* a,
+                            const int64_t* k_offsets, int64_t step, const float* b_panels, float* C, int64_t c_rs,
+                            int64_t c_cs, const GemmEpilogue<float>* epilogue) {
+  const GemmRowsKernelF32& kn = active_kernels().f32_rows7;
+  const int64_t panels = (N + kn.nr - 1) / kn.nr, KC = std::min(K, kn.kc);
+  const BlockSink<float> sink{epilogue, false};
+  // Tiles by column panel, panel by panel: a thread's consecutive tiles share their B panel.
+  parallel_for(panels * tiles, kn.mr * kn.nr * K, [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t t = q % tiles, j0 = q / tiles * kn.nr, n = std::min(kn.nr, N - j0);
+      const int64_t vectors = (n + kn.lanes - 1) / kn.lanes;
+      const GemmMicroKernelOffsetsF32 micro =
+          vectors < kn.nr / kn.lanes ? kn.narrow_offsets[vectors - 1] : kn.micro_offsets;
+      float* c = C + t * kn.mr * c_rs + j0 * c_cs;
+      for (int64_t pc = 0; pc < K; pc += KC)  // K blocks in order, each summed from zero, as gemm's
+        micro(std::min(KC, K - pc), a + tile_starts[t], k_offsets + pc, step, b_panels + j0 * K + pc * kn.nr, kn.nr,
+              pc == 0 ? 0.f : 1.f, c, c_rs, c_cs, kn.mr, n);
+      sink(c, c_rs, c_cs, t * kn.mr, kn.mr, j0, n);
+    }
+  });
+}
 void gemm(int64_t M, int64_t N, int64_t K, const BFloat16* A, int64_t a_rs, int64_t a_cs, const BFloat16* B,
           int64_t b_rs, int64_t b_cs, float* C, int64_t c_rs, int64_t c_cs, float beta,
           const GemmEpilogue<float>* epilogue) {

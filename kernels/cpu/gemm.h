@@ -40,6 +40,16 @@ void pack_rows_of_7_b(int64_t K, int64_t N, const float* B, int64_t b_rs, int64_
 void gemm_rows_of_7(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* b_panels,
                     float* C, int64_t c_rs, int64_t c_cs, float beta, const GemmEpilogue<float>* epilogue = nullptr);
 
+// gemm_rows_of_7 over an A read in place through offsets (a convolution's zero-padded input as
+// its own im2col): C (7 * tiles, N) = A (7 * tiles, K) @ B, beta 0, with
+//   A[7 t + i][k] = a[tile_starts[t] + i * step + k_offsets[k]]   (i < 7),
+// every such element readable, and B packed by pack_rows_of_7_b. Each element of C gets the sums
+// gemm_rows_of_7 gives it for the same A (in K blocks of the same size, in order), the epilogue on
+// each finished 7-row tile. Only where has_rows_of_7_kernel().
+void gemm_rows_of_7_offsets(int64_t tiles, const int64_t* tile_starts, int64_t N, int64_t K, const float* a,
+                            const int64_t* k_offsets, int64_t step, const float* b_panels, float* C, int64_t c_rs,
+                            int64_t c_cs, const GemmEpilogue<float>* epilogue = nullptr);
+
 // The same for bfloat16 A and B with float32 sums into a float32 C (bfloat16 products are exact
 // in float32; the micro-kernel adds them in pairs of k, see gemm_kernels.h GemmMicroKernelBF16).
 void gemm(int64_t M, int64_t N, int64_t K, const BFloat16* A, int64_t a_rs, int64_t a_cs, const BFloat16* B,

@@ -52,14 +52,36 @@ void prefetch_tile(const T* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n)
       for (int64_t j = 0; j < n; j += 64 / sizeof(T)) __builtin_prefetch(c + i * c_rs + j, 1);
 }
 
-// The micro-kernel (GemmMicroKernelF32/F64/BF16): MR elements of an A panel are broadcast, NR =
-// NV * W columns of B are held in NV vectors of W lanes, the MR x NV accumulators (of T) stay in
-// registers over the kn steps of k, each acc = Step::step(acc, a's element, b vector). P is the
-// panels' element: T itself, or a pair of bfloat16 in 32 bits. ARows: the A panel is read along
-// its rows (element [k][i] at a[i * a_ks + k]).
-template <typename P, typename T, int W, int MR, int NV, typename Step, bool ARows>
-void micro_kernel(int64_t kn, const P* __restrict a, int64_t a_ks, const P* __restrict b, int64_t b_rs, T beta,
-                  T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
+// Where a micro-kernel reads its A panel's element [k][i] (P: the panels' element type): packed
+// or A's columns (a[k * a_ks + i]), A's rows (a[i * a_ks + k]), or a convolution's input through
+// per-k offsets (a[k_offsets[k] + i * step], GemmMicroKernelOffsetsF32).
+template <typename P>
+struct AColumns {
+  const P* __restrict a;
+  int64_t a_ks;
+  P operator()(int64_t k, int i) const { return a[k * a_ks + i]; }
+};
+template <typename P>
+struct ARowsOf {
+  const P* __restrict a;
+  int64_t a_ks;
+  P operator()(int64_t k, int i) const { return a[i * a_ks + k]; }
+};
+struct AOffsets {
+  const float* __restrict a;
+  const int64_t* __restrict k_offsets;
+  int64_t step;
+  float operator()(int64_t k, int i) const { return a[k_offsets[k] + i * step]; }
+};
+
+// The micro-kernel (GemmMicroKernelF32/F64/BF16, GemmMicroKernelOffsetsF32): MR elements of an A
+// panel are broadcast (read through the accessor A), NR = NV * W columns of B are held in NV
+// vectors of W lanes, the MR x NV accumulators (of T) stay in registers over the kn steps of k,
+// each acc = Step::step(acc, a's element, b vector). P is the panels' element: T itself, or a
+// pair of bfloat16 in 32 bits.
+template <typename P, typename T, int W, int MR, int NV, typename Step, typename A>
+void micro_kernel(int64_t kn, A a, const P* __restrict b, int64_t b_rs, T beta, T* __restrict c, int64_t c_rs,
+                  int64_t c_cs, int64_t m, int64_t n) {
   typedef T V __attribute__((vector_size(W * sizeof(T))));
   typedef P PV __attribute__((vector_size(W * sizeof(P))));
   prefetch_tile(c, c_rs, c_cs, m, n);
@@ -75,12 +97,22 @@ void micro_kernel(int64_t kn, const P* __restrict a, int64_t a_ks, const P* __re
     for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + k * b_rs + v * W, sizeof(PV));
 #pragma GCC unroll 64
     for (int i = 0; i < MR; ++i) {
-      const P ai = ARows ? a[i * a_ks + k] : a[k * a_ks + i];
+      const P ai = a(k, i);
 #pragma GCC unroll 64
       for (int v = 0; v < NV; ++v) acc[i][v] = Step::step(acc[i][v], ai, bv[v]);
     }
   }
   store_tile<T, W, MR, NV>(acc, beta, c, c_rs, c_cs, m, n);
+}
+
+// The micro-kernel over a panel of A read along its rows (ARows) or not.
+template <typename P, typename T, int W, int MR, int NV, typename Step, bool ARows>
+void micro_kernel_panel(int64_t kn, const P* __restrict a, int64_t a_ks, const P* __restrict b, int64_t b_rs, T beta,
+                        T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
+  if constexpr (ARows)
+    micro_kernel<P, T, W, MR, NV, Step>(kn, ARowsOf<P>{a, a_ks}, b, b_rs, beta, c, c_rs, c_cs, m, n);
+  else
+    micro_kernel<P, T, W, MR, NV, Step>(kn, AColumns<P>{a, a_ks}, b, b_rs, beta, c, c_rs, c_cs, m, n);
 }
 
 // acc + a * b (one FMA where the instruction set has them).
@@ -95,7 +127,15 @@ struct FmaStep {
 template <typename T, int W, int MR, int NV, bool ARows = false>
 void gemm_micro_kernel(int64_t kc, const T* __restrict a, int64_t a_ks, const T* __restrict b, int64_t b_rs, T beta,
                        T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
-  micro_kernel<T, T, W, MR, NV, FmaStep, ARows>(kc, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n);
+  micro_kernel_panel<T, T, W, MR, NV, FmaStep, ARows>(kc, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n);
+}
+
+// See GemmMicroKernelOffsetsF32.
+template <int W, int MR, int NV>
+void gemm_micro_kernel_offsets(int64_t kc, const float* __restrict a, const int64_t* __restrict k_offsets, int64_t step,
+                               const float* __restrict b, int64_t b_rs, float beta, float* __restrict c, int64_t c_rs,
+                               int64_t c_cs, int64_t m, int64_t n) {
+  micro_kernel<float, float, W, MR, NV, FmaStep>(kc, AOffsets{a, k_offsets, step}, b, b_rs, beta, c, c_rs, c_cs, m, n);
 }
 
 // One step of a bfloat16 dot product in W float lanes, as AVX512_BF16's vdpbf16ps does it: each
@@ -123,7 +163,7 @@ template <int W, int MR, int NV, typename Dot, bool ARows = false>
 void gemm_micro_kernel_bf16(int64_t kp, const uint32_t* __restrict a, int64_t a_ks, const uint32_t* __restrict b,
                             int64_t b_rs, float beta, float* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m,
                             int64_t n) {
-  micro_kernel<uint32_t, float, W, MR, NV, Dot, ARows>(kp, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n);
+  micro_kernel_panel<uint32_t, float, W, MR, NV, Dot, ARows>(kp, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n);
 }
 
 template <int W>

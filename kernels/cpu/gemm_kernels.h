@@ -46,10 +46,20 @@ struct GemmKernelF32 {
   int64_t lanes;
   GemmMicroKernelF32 narrow[3], narrow_a_rows[3];
 };
+// The 7-row kernel's form for a convolution's input read in place through offsets (an implicit
+// im2col): the A micro-panel's element [k][i] is a[k_offsets[k] + i * step] (a: the tile's first
+// position in a zero-padded input; k_offsets: where each k's tap and channel sit from there;
+// step: the stride between the tile's positions), otherwise as GemmMicroKernelF32.
+using GemmMicroKernelOffsetsF32 = void (*)(int64_t kc, const float* a, const int64_t* k_offsets, int64_t step,
+                                           const float* b, int64_t b_rs, float beta, float* c, int64_t c_rs,
+                                           int64_t c_cs, int64_t m, int64_t n);
 // A float32 micro-kernel whose tiles have MR = 7 rows, for a C whose rows are a convolution's
 // output positions (7x7, 14x14, 28x28 and 56x56 maps are whole multiples of 7) and whose columns
-// are its output channels. All null (mr 0) where the instruction set has none.
-struct GemmRowsKernelF32 : GemmKernelF32 {};
+// are its output channels, with its A-through-offsets form (micro_offsets, and narrow_offsets
+// for the last columns as narrow). All null (mr 0) where the instruction set has none.
+struct GemmRowsKernelF32 : GemmKernelF32 {
+  GemmMicroKernelOffsetsF32 micro_offsets, narrow_offsets[3];
+};
 struct GemmKernelF64 {
   int64_t mr, nr, kc, mc, nc;
   GemmMicroKernelF64 micro, micro_a_rows;
