@@ -694,6 +694,57 @@ TEST(VggDenseNet, DenseNetLoadsOldKeyNames) {
   EXPECT_TRUE(same_state(*wrapper[0], *source));
 }
 
+// In inference a dense block keeps its features in its result, each layer's copied in as it
+// comes: the layers' lists are adjacent channel slices of one tensor (a pre-hook sees them share
+// a storage) and the output is the concatenation's, against the same block recording gradients
+// (the features concatenated, the separate norm and ReLU ops); a hook that returns other tensors
+// and a layer output that does not fit leave the values right.
+TEST(VggDenseNet, DenseBlockKeepsItsFeaturesInOneTensorInInference) {
+  manual_seed(21);
+  models::BackbonePtr model = models::create("densenet121");
+  model->eval();
+  nn::ModulePtr block = model->get_submodule("features.denseblock2");
+  const Tensor x = randn({2, 128, 9, 7});
+  const Tensor want = (*block)(x).detach();  // parameters require grad: the recording path
+  bool shared = false;
+  auto handle =
+      model->get_submodule("features.denseblock2.denselayer3")
+          ->register_forward_pre_hook([&](nn::Module&, const nn::TensorList& args) -> std::optional<nn::TensorList> {
+            shared = args.size() == 3 && args[0].storage() == args[2].storage();
+            return std::nullopt;
+          });
+  {
+    NoGradGuard no_grad;
+    const Tensor kept = (*block)(x);
+    EXPECT_TRUE(shared);
+    EXPECT_EQ(kept.shape(), want.shape());
+    EXPECT_LE(test::relative_error(kept, want), 1e-6);
+  }
+  handle.remove();
+  // A pre-hook that hands a layer copies of its features: the same values.
+  model->get_submodule("features.denseblock2.denselayer5")
+      ->register_forward_pre_hook([](nn::Module&, const nn::TensorList& args) -> std::optional<nn::TensorList> {
+        nn::TensorList copies;
+        for (const Tensor& t : args) copies.push_back(t.clone());
+        return copies;
+      });
+  {
+    NoGradGuard no_grad;
+    EXPECT_LE(test::relative_error((*block)(x), want), 1e-6);
+  }
+  // A forward hook that keeps half of the last layer's output: the block's result is short of its place,
+  // and its features are concatenated as the recording path does.
+  model->get_submodule("features.denseblock2.denselayer12")
+      ->register_forward_hook(
+          [](nn::Module&, const nn::TensorList&, const nn::TensorList& out) -> std::optional<nn::TensorList> {
+            return nn::TensorList{out[0].narrow(1, 0, 16)};
+          });
+  const Tensor want_short = (*block)(x).detach();
+  ASSERT_EQ(want_short.size(1), want.size(1) - 16);
+  NoGradGuard no_grad;
+  EXPECT_LE(test::relative_error((*block)(x), want_short), 1e-6);
+}
+
 // ---------------------------------------------------------------- Vision Transformer (vit.cpp)
 
 // torchvision's ViT only takes the image size it is built for: eval and train mode at 224 px,

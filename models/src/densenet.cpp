@@ -13,6 +13,7 @@
 #include <regex>
 
 #include "registry.h"
+#include "tvc/autograd.h"
 #include "tvc/nn/containers.h"
 #include "tvc/nn/init.h"
 #include "tvc/nn/layers.h"
@@ -62,11 +63,49 @@ class DenseBlock : public nn::Cloneable<DenseBlock> {
                       std::make_shared<DenseLayer>(num_input_features + i * growth_rate, growth_rate, bn_size));
   }
 
-  // (N, Cin, H, W) -> (N, Cin + L*k, H, W).
+  // (N, Cin, H, W) -> (N, Cin + L*k, H, W). Where nothing records gradients and the input is
+  // NCHW-contiguous, the features are kept in the result itself, each layer's copied into its
+  // channels as it comes: every layer's list is then adjacent channel slices of one tensor (their
+  // norm and ReLU one pass, nn::concat_norm_activation) and no concatenation is left at the end
+  // (a layer whose output does not fit its place ends that: the rest as before). The values are
+  // the concatenation's either way.
   Tensor forward(const Tensor& init_features) override {
     std::vector<Tensor> features = {init_features};
-    for (const auto& [name, layer] : named_children()) features.push_back(child_as<DenseLayer>(name)(features));
-    return cat(features, 1);
+    Tensor all = kept_features(init_features);
+    if (all.defined()) features[0] = all.narrow(1, 0, init_features.size(1)).copy_(init_features);
+    int64_t first = init_features.size(1);
+    for (const auto& [name, layer] : named_children()) {
+      const Tensor y = child_as<DenseLayer>(name)(features);
+      if (all.defined() && y.dim() == 4 && y.size(0) == all.size(0) && y.size(2) == all.size(2) &&
+          y.size(3) == all.size(3) && y.dtype() == all.dtype() && y.device() == all.device() &&
+          first + y.size(1) <= all.size(1)) {
+        features.push_back(all.narrow(1, first, y.size(1)).copy_(y));
+        first += y.size(1);
+        continue;
+      }
+      all = Tensor();
+      features.push_back(y);
+    }
+    return all.defined() && first == all.size(1) ? all : cat(features, 1);
+  }
+
+ private:
+  // The block's result to fill in place (see forward), or undefined where it is not taken: a
+  // gradient to record, an input that is not NCHW-contiguous, a layer without its 3x3 Conv2d.
+  Tensor kept_features(const Tensor& x) const {
+    if (x.dim() != 4 || !x.is_contiguous()) return Tensor();
+    if (is_grad_enabled()) {
+      if (x.requires_grad()) return Tensor();
+      for (const Tensor& p : parameters())
+        if (p.requires_grad()) return Tensor();
+    }
+    int64_t channels = x.size(1);
+    for (const auto& [name, layer] : named_children()) {
+      const auto* conv = dynamic_cast<const Conv2d*>(&layer->child("conv2"));
+      if (!conv) return Tensor();
+      channels += conv->out_channels;
+    }
+    return empty({x.size(0), channels, x.size(2), x.size(3)}, {.dtype = x.dtype(), .device = x.device()});
   }
 };
 

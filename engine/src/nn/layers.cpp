@@ -278,6 +278,30 @@ Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, cons
   return y.reshape({N, O, H, W});
 }
 
+namespace {
+
+// The inputs (N, C_i, H, W) with each run of adjacent channel slices of one tensor (same storage
+// and strides, each starting where the one before ends) as the one view they make.
+std::vector<Tensor> adjacent_channels_joined(const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> joined;
+  for (const Tensor& x : inputs) {
+    if (!joined.empty()) {
+      const Tensor& last = joined.back();
+      if (x.storage() == last.storage() && x.strides() == last.strides() && x.size(0) == last.size(0) &&
+          x.size(2) == last.size(2) && x.size(3) == last.size(3) &&
+          x.storage_offset() == last.storage_offset() + last.size(1) * last.stride(1)) {
+        joined.back() = last.as_strided({x.size(0), last.size(1) + x.size(1), x.size(2), x.size(3)}, x.strides(),
+                                        last.storage_offset());
+        continue;
+      }
+    }
+    joined.push_back(x);
+  }
+  return joined;
+}
+
+}  // namespace
+
 Tensor concat_norm_activation(Module& norm, Module* activation, const std::vector<Tensor>& inputs) {
   auto* bn = typeid(norm) == typeid(BatchNorm2d) ? static_cast<BatchNorm*>(&norm) : nullptr;
   const bool relu = activation && typeid(*activation) == typeid(ReLU);
@@ -290,7 +314,8 @@ Tensor concat_norm_activation(Module& norm, Module* activation, const std::vecto
     for (const Tensor& t : {bn->weight(), bn->bias()}) fuse = fuse && (!t.defined() || t.dtype() == inputs[0].dtype());
   int64_t channels = 0;
   for (const Tensor& x : inputs) {
-    fuse = fuse && x.dim() == 4 && x.is_contiguous() && x.dtype() == inputs[0].dtype() &&
+    fuse = fuse && x.dim() == 4 && x.stride(3) == 1 && x.stride(2) == x.size(3) &&
+           x.stride(1) == x.size(2) * x.size(3) && x.dtype() == inputs[0].dtype() &&
            (x.dtype() == DType::Float32 || x.dtype() == DType::Float64) && x.device() == inputs[0].device() &&
            x.size(0) == inputs[0].size(0) && x.size(2) == inputs[0].size(2) && x.size(3) == inputs[0].size(3) &&
            !x.requires_grad();
@@ -313,7 +338,7 @@ Tensor concat_norm_activation(Module& norm, Module* activation, const std::vecto
                                                dtype, MemoryFormat::Contiguous);
   const ChannelAffineParams params{.relu = relu};
   int64_t first = 0;
-  for (const Tensor& x : inputs) {
+  for (const Tensor& x : adjacent_channels_joined(inputs)) {
     const int64_t c = x.size(1);
     auto per_channel = [&](const Tensor& t) { return t.narrow(0, first, c).reshape({1, c, 1, 1}).expand(x.shape()); };
     detail::run(Op::channel_affine, {x, per_channel(mean), per_channel(scale), per_channel(shift)},
