@@ -512,7 +512,7 @@ TEST(NnOps, Conv2dWinogradMatchesFloat64) {
     int64_t O, pad;
   };
   for (const Case& c : {Case{{1, 16, 24, 24}, 16, 1}, Case{{2, 24, 27, 23}, 40, 1}, Case{{1, 32, 30, 26}, 17, 0},
-                        Case{{1, 16, 17, 33}, 24, 2}, Case{{5, 16, 14, 14}, 20, 1}})
+                        Case{{1, 16, 17, 33}, 24, 2}, Case{{5, 64, 14, 14}, 64, 1}})
     for (bool channels_last : {false, true}) {
       const std::string where = cat_str(c.x, " O ", c.O, " pad ", c.pad, channels_last ? " channels-last" : "");
       const Tensor x = randn_of(c.x, DType::Float32, 1)
@@ -591,7 +591,9 @@ TEST(NnOps, Conv2dPositionRowsMatchFloat64) {
   for (const Case& c : {Case{{1, 64, 7, 7}, 40, 3}, Case{{1, 512, 7, 7}, 100, 1}, Case{{3, 96, 7, 7}, 70, 3},
                         Case{{1, 256, 14, 14}, 64, 1}, Case{{2, 40, 14, 14}, 17, 3},
                         // a 28x28 map, taken for its K: windows read in place (no im2col)
-                        Case{{2, 8, 28, 28}, 24, 5}})
+                        Case{{2, 8, 28, 28}, 24, 5},
+                        // few output channels at 14x14: not Winograd, however many samples
+                        Case{{8, 128, 14, 14}, 32, 3}})
     for (bool channels_last : {false, true}) {
       const std::string where = cat_str(c.x, " O ", c.O, " k ", c.k, channels_last ? " channels-last" : "");
       const Tensor x = randn_of(c.x, DType::Float32, 1)

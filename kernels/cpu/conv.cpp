@@ -943,9 +943,14 @@ int64_t winograd_samples(const ConvGeom& g) {
 // between calls by weight_form) and the GEMMs' few columns cost more than the 4x fewer
 // multiplications save (2026-12-04, transformed weights kept: 1.4x the time of the position rows at
 // 14x14 and 4.8x at 7x7 with 256 and 512 channels).
-constexpr int64_t kWinogradMinTiles = 36;
+// Few output channels on maps of 16 tiles or fewer (DenseNet's 3x3 128 -> 32 at 14x14) leave the
+// input transform (its cost per channel in, as the GEMMs' saving is per channel pair) the
+// larger part: at batch 8 the position rows took 0.56x Winograd's time there (0.89x at 28x28,
+// kept for batch 1's 1.06x; 1.6x at 56x56).
+constexpr int64_t kWinogradMinTiles = 36, kWinogradFewChannels = 64, kWinogradSmallMapTiles = 16;
 bool use_winograd(const ConvGeom& g) {
   const int64_t tiles = (g.Ho + 3) / 4 * ((g.Wo + 3) / 4);
+  if (g.O < kWinogradFewChannels && tiles <= kWinogradSmallMapTiles) return false;
   return g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.G == 1 && g.C >= 16 &&
          g.O >= 16 && tiles * winograd_samples(g) >= kWinogradMinTiles;
 }
