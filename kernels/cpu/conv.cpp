@@ -562,13 +562,14 @@ DepthwiseStart<T> depthwise_start(const Epilogue<T>& e) {
 // when the flat rows do not apply. Measured on Zen 4 (1 thread, batch 8): every 3x3 and 5x5
 // layer of MobileNet v2/v3 and EfficientNet-B0 with a multiple of 16 channels faster in blocks
 // (14x14 and 28x28 3x3 stride 1: 0.55-0.6x the rows' time; 56x56: 0.8x); 72 channels at 56x56
-// (80 lanes) 0.91x the blocks' time in rows. With fewer than two blocks per thread the flat rows
-// (split by planes) are taken: one or two blocks of 112x112 planes at batch 1 took 1.5x and 1.1x
-// the rows' time on 2 threads.
+// (80 lanes) 0.91x the blocks' time in rows. With fewer blocks than threads the flat rows (split
+// by planes) are taken; with one block per thread (since input rows go into the blocks row by
+// row) 32 channels took 0.89x the rows' time at 112x112 and 0.59x at 56x56 stride 2 (batch 1, 2
+// threads).
 bool use_depthwise_channel_blocks(const ConvGeom& g, const Operand<const float>& x) {
   if (!flat_depthwise(g) || (g.Og == 1 && x.s[1] == 1)) return true;  // channels-last: no transposes at all
 #ifdef _OPENMP
-  if (g.N * ((g.O + kDepthwiseBlock - 1) / kDepthwiseBlock) < 2 * omp_get_max_threads()) return false;
+  if (g.N * ((g.O + kDepthwiseBlock - 1) / kDepthwiseBlock) < omp_get_max_threads()) return false;
 #endif
   const double lanes = static_cast<double>((g.O + kDepthwiseBlock - 1) / kDepthwiseBlock * kDepthwiseBlock);
   return lanes / static_cast<double>(g.O) < static_cast<double>(depthwise_flat_outputs(g)) / static_cast<double>(g.P);
