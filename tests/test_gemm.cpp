@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <random>
@@ -627,6 +628,48 @@ TEST(ConvEpilogue, RowKernelMatchesFloat64OnEveryInstructionSet) {
               }
               EXPECT_TRUE(std::abs(y[i] - want) <= std::ldexp(terms, -21) + 1e-40 || ulps(y[i], want) <= 4)
                   << where << ": " << y[i] << " against " << want;
+            }
+          }
+  });
+}
+
+// The channels-last epilogue (cpu::epilogue_channels: per-channel scale and shift over rows of
+// positions) gives each element the bits of the row kernel with that channel's scale and shift,
+// on every instruction set: each activation, every subset of scale, shift and residual, channel
+// counts around the vector widths, strided rows, in place and not; nothing written between rows.
+TEST(ConvEpilogue, ChannelsKernelGivesTheRowKernelsBitsPerChannel) {
+  std::mt19937 gen(12);
+  std::uniform_real_distribution<float> dist(-8.0f, 8.0f);
+  constexpr int64_t rows = 3, ld = 48;
+  std::vector<float> x(rows * ld), r(rows * ld), scale(ld), shift(ld);
+  for (auto* v : {&x, &r, &scale, &shift})
+    for (float& e : *v) e = dist(gen);
+  x[5] = NAN, x[6] = -0.0f;
+  const cpu::RowActivation acts[] = {cpu::RowActivation::none, cpu::RowActivation::relu, cpu::RowActivation::relu6,
+                                     cpu::RowActivation::silu, cpu::RowActivation::hardswish};
+  for_each_isa([&] {
+    for (cpu::RowActivation act : acts)
+      for (int parts = 0; parts < 8; ++parts)
+        for (int64_t n : {1, 3, 4, 7, 8, 15, 16, 17, 33, 40})
+          for (bool in_place : {false, true}) {
+            const float* s = parts & 1 ? scale.data() : nullptr;
+            const float* b = parts & 2 ? shift.data() : nullptr;
+            const float* res = parts & 4 ? r.data() : nullptr;
+            const float canary = 1234.5f;
+            std::vector<float> y(rows * ld, canary);
+            for (int64_t i = 0; i < rows; ++i) std::copy_n(x.begin() + i * ld, n, y.begin() + i * ld);
+            cpu::epilogue_channels(rows, n, in_place ? y.data() : x.data(), ld, y.data(), ld, s, b, res, ld, act);
+            for (int64_t i = 0; i < rows; ++i) {
+              for (int64_t k = 0; k < n; ++k) {
+                float want;
+                cpu::epilogue_row(1, &x[i * ld + k], &want, s ? s + k : nullptr, b ? b + k : nullptr,
+                                  res ? &r[i * ld + k] : nullptr, act);
+                const float got = y[i * ld + k];
+                EXPECT_TRUE(std::memcmp(&got, &want, sizeof(float)) == 0)
+                    << "activation " << static_cast<int>(act) << " parts " << parts << " n " << n
+                    << (in_place ? " in place" : "") << " at " << i << ", " << k << ": " << got << " against " << want;
+              }
+              for (int64_t k = n; k < ld; ++k) EXPECT_EQ(y[i * ld + k], canary) << "n " << n << " wrote past a row";
             }
           }
   });

@@ -691,17 +691,18 @@ template <int W, RowActivation Act, bool PerChannel>
 void epilogue_lanes(int64_t n, const float* x, float* y, const float* scale, const float* shift,
                     const float* residual) {
   typedef typename FloatVector<W>::type V;
-  auto one = [&](V v, V r, int64_t i) {
-    if constexpr (PerChannel) {  // the same arithmetic as one scale and shift
-      if (scale)
-        v = v * load_lanes<W>(scale + i) + (shift ? load_lanes<W>(shift + i) : V{});
-      else if (shift)
-        v = v + load_lanes<W>(shift + i);
-    } else if (scale) {
-      v = v * *scale + (shift ? *shift : 0.f);
-    } else if (shift) {
-      v = v + *shift;
-    }
+  // The scale and shift of the lanes from i: one value each, or one per channel.
+  auto at = [](const float* p, int64_t i) {
+    if constexpr (PerChannel)
+      return load_lanes<W>(p + i);
+    else
+      return V{} + *p;
+  };
+  auto one = [&](V v, V r, V s, V b) {  // one arithmetic for both forms and every length
+    if (scale)
+      v = v * s + b;
+    else if (shift)
+      v = v + b;
     if (residual) v = v + r;
     return activation_lanes<W, Act>(v);
   };
@@ -709,25 +710,17 @@ void epilogue_lanes(int64_t n, const float* x, float* y, const float* scale, con
     float xb[W] = {}, rb[W] = {}, sb[W] = {}, bb[W] = {};
     for (int64_t k = 0; k < n; ++k) {
       xb[k] = x[k], rb[k] = residual ? residual[k] : 0.f;
-      if constexpr (PerChannel) sb[k] = scale ? scale[k] : 1.f, bb[k] = shift ? shift[k] : 0.f;
+      sb[k] = scale ? scale[PerChannel ? k : 0] : 1.f, bb[k] = shift ? shift[PerChannel ? k : 0] : 0.f;
     }
-    V v, r;
+    V v, r, s, b;
     __builtin_memcpy(&v, xb, sizeof(V));
     __builtin_memcpy(&r, rb, sizeof(V));
-    if constexpr (PerChannel) {
-      V s, b;
-      __builtin_memcpy(&s, sb, sizeof(V));
-      __builtin_memcpy(&b, bb, sizeof(V));
-      if (scale)
-        v = v * s + b;
-      else if (shift)
-        v = v + b;
-      if (residual) v = v + r;
-      return store_lanes<W>(activation_lanes<W, Act>(v), n, y);
-    }
-    store_lanes<W>(one(v, r, 0), n, y);
+    __builtin_memcpy(&s, sb, sizeof(V));
+    __builtin_memcpy(&b, bb, sizeof(V));
+    store_lanes<W>(one(v, r, s, b), n, y);
     return;
   }
+  auto step = [&](V v, V r, int64_t i) { return one(v, r, scale ? at(scale, i) : V{}, shift ? at(shift, i) : V{}); };
   V last, last_r{};
   __builtin_memcpy(&last, x + n - W, sizeof(V));
   if (residual) __builtin_memcpy(&last_r, residual + n - W, sizeof(V));
@@ -736,11 +729,11 @@ void epilogue_lanes(int64_t n, const float* x, float* y, const float* scale, con
     V v, r{};
     __builtin_memcpy(&v, x + i, sizeof(V));
     if (residual) __builtin_memcpy(&r, residual + i, sizeof(V));
-    v = one(v, r, i);
+    v = step(v, r, i);
     __builtin_memcpy(y + i, &v, sizeof(V));
   }
   if (i < n) {
-    last = one(last, last_r, n - W);
+    last = step(last, last_r, n - W);
     __builtin_memcpy(y + n - W, &last, sizeof(V));
   }
 }
