@@ -357,6 +357,36 @@ std::vector<OpRow> linalg_rows() {
         return c;
       },
       [](In x) { return linear(x[0], x[1], x[2]); }, "F.linear(a, b, c)", {0, 1, 2}));
+  // Attention: heads as ViT's (views of (N, L, H, D)), plain batches, one sequence, odd sizes.
+  rows.push_back(make_row(
+      Op::attention,
+      [] {
+        std::vector<OpSample> c{randn_sample("4-d", {{2, 3, 5, 4}, {2, 3, 6, 4}, {2, 3, 6, 7}}),
+                                randn_sample("3-d", {{3, 7, 5}, {3, 9, 5}, {3, 9, 2}}),
+                                randn_sample("2-d", {{4, 3}, {6, 3}, {6, 5}}),
+                                randn_sample("size-1", {{1, 1, 1}, {1, 1, 1}, {1, 1, 1}})};
+        OpSample heads = randn_sample("heads of (N, L, H, D)", {{2, 5, 3, 4}, {2, 6, 3, 4}, {2, 6, 3, 4}});
+        for (Tensor& t : heads.inputs) t = t.permute({0, 2, 1, 3});
+        c.push_back(heads);
+        OpSample nc = randn_sample("non-contiguous", {{2, 4, 3}, {2, 5, 3}, {2, 5, 6}});
+        for (Tensor& t : nc.inputs) t = non_contiguous(t);
+        c.push_back(nc);
+        return c;
+      },
+      [](In x) { return attention(x[0], x[1], x[2]); }, "torch.softmax(a @ b.transpose(-2, -1), -1) @ c", {0, 1, 2}));
+  // With a bias and a mask broadcast over the batch dims, as Swin's relative-position bias (per
+  // head) and shifted-window mask (per window, 5-d).
+  rows.push_back(make_row(
+      Op::attention,
+      [] {
+        return std::vector<OpSample>{
+            randn_sample("4-d", {{2, 3, 5, 4}, {2, 3, 6, 4}, {2, 3, 6, 3}, {3, 5, 6}, {2, 1, 5, 6}}),
+            randn_sample("5-d windows",
+                         {{2, 2, 3, 4, 3}, {2, 2, 3, 4, 3}, {2, 2, 3, 4, 2}, {1, 1, 3, 4, 4}, {1, 2, 1, 4, 4}}),
+            randn_sample("full", {{2, 3, 2}, {2, 4, 2}, {2, 4, 3}, {2, 3, 4}, {2, 3, 4}})};
+      },
+      [](In x) { return attention(x[0], x[1], x[2], x[3], x[4]); },
+      "torch.softmax(a @ b.transpose(-2, -1) + d + e, -1) @ c", {0, 1, 2, 3, 4}));
   return rows;
 }
 

@@ -2,7 +2,8 @@
 // state_dict and repr of each configuration, initialisation, outputs, attention weights and the
 // gradients of the inputs and every parameter with the same weights, in float32 (err <= 1e-5)
 // and float64 (err <= 1e-8), with and without masks, batch_first, unbatched input, kdim/vdim,
-// add_bias_kv and add_zero_attn; hooks, dropout and errors.
+// add_bias_kv and add_zero_attn; hooks, dropout and errors. The attention op (tvc::attention)
+// that serves it: row blocks against the whole products, errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -261,6 +262,35 @@ TEST(MultiheadAttention, ErrorsNameTheArgument) {
   EXPECT_NE(test::error_of([&] {
               m(randn_of({4, 3, 6}, 8));
             }).find("was expecting embedding dimension of 8, but got 6"),
+            std::string::npos);
+}
+
+// The attention op computes its scores in blocks of rows when (L, S) is large (here 300 x 250
+// in two blocks): every element is the same sum in the same order as the whole products' (bmm,
+// the bias added, softmax, bmm), bit for bit; and the result keeps q's memory order.
+TEST(AttentionOp, RowBlocksGiveTheBitsOfTheWholeProducts) {
+  const Tensor q = randn_of({2, 300, 5}, 9), k = randn_of({2, 250, 5}, 10), v = randn_of({2, 250, 3}, 11),
+               bias = randn_of({300, 250}, 12);
+  const Tensor fused = attention(q, k, v, bias);
+  const Tensor composed = matmul(softmax(matmul(q, k.transpose(1, 2)) + bias, -1), v);
+  ASSERT_EQ(fused.shape(), composed.shape());
+  EXPECT_EQ(max(abs(fused - composed)).item<float>(), 0.f);
+  // Heads as views (N, H, L, D) of (N, L, H, D): the result's memory is (N, L, H, Dv).
+  const Tensor heads = randn_of({2, 7, 3, 4}, 13).permute({0, 2, 1, 3});
+  const Tensor out = attention(heads, heads, heads);
+  EXPECT_TRUE(out.permute({0, 2, 1, 3}).is_contiguous());
+  EXPECT_LT(relative_error(out, matmul(softmax(matmul(heads, heads.transpose(2, 3)), -1), heads)), 1e-6);
+}
+
+TEST(AttentionOp, ErrorsNameTheTensor) {
+  const Tensor q = randn_of({2, 3, 4}, 14);
+  EXPECT_NE(test::error_of([&] {
+              attention(q, randn_of({2, 5, 3}, 15), randn_of({2, 5, 3}, 16));
+            }).find("attention: q [2, 3, 4], k [2, 5, 3] and v [2, 5, 3] do not fit (*, L, D), (*, S, D), (*, S, Dv)"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] {
+              attention(q, q, q, randn_of({2, 4, 3}, 17));
+            }).find("attention: bias of shape [2, 4, 3] does not broadcast to the scores' shape [2, 3, 3]"),
             std::string::npos);
 }
 

@@ -1,5 +1,8 @@
-// Linear algebra: bmm, matmul (torch.matmul rules), linear; their backward.
+// Linear algebra: bmm, matmul (torch.matmul rules), attention, linear; their backward.
 // Shape legend: B batch, M rows, K inner, N columns.
+#include <algorithm>
+#include <numeric>
+
 #include "internal.h"
 
 namespace tvc {
@@ -26,6 +29,92 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   autograd::record("BmmBackward0", {a, b}, {out}, [=](const GradList& g) -> GradList {
     return {ga ? bmm(g[0], sb.unpack("BmmBackward0").transpose(1, 2)) : Tensor(),
             gb ? bmm(sa.unpack("BmmBackward0").transpose(1, 2), g[0]) : Tensor()};
+  });
+  return out;
+}
+
+namespace {
+
+// An uninitialised tensor of shape (like's shape but its last dim `last`) whose memory holds its
+// dims in the order of like's strides, largest first (ties in dim order), the last dim innermost.
+Tensor empty_ordered_like(const Tensor& like, int64_t last) {
+  const int64_t rank = like.dim();
+  std::vector<int64_t> order(rank - 1);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return like.strides()[a] > like.strides()[b]; });
+  order.push_back(rank - 1);
+  Shape shape = like.shape(), stored(rank), back(rank);
+  shape[rank - 1] = last;
+  for (int64_t i = 0; i < rank; ++i) stored[i] = shape[order[i]], back[order[i]] = i;
+  return empty(stored, {.dtype = like.dtype(), .device = like.device()}).permute(back);
+}
+
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const Tensor& mask) {
+  const int64_t rank = q.dim();
+  TVC_CHECK(rank >= 2 && k.dim() == rank && v.dim() == rank, "attention: q, k and v need the same rank >= 2, got ",
+            q.shape(), ", ", k.shape(), " and ", v.shape());
+  const Shape batch(q.shape().begin(), q.shape().end() - 2);
+  const int64_t L = q.shape()[rank - 2], D = q.shape()[rank - 1], S = k.shape()[rank - 2];
+  TVC_CHECK(Shape(k.shape().begin(), k.shape().end() - 2) == batch &&
+                Shape(v.shape().begin(), v.shape().end() - 2) == batch && k.shape()[rank - 1] == D &&
+                v.shape()[rank - 2] == S,
+            "attention: q ", q.shape(), ", k ", k.shape(), " and v ", v.shape(),
+            " do not fit (*, L, D), (*, S, D), (*, S, Dv)");
+  TVC_CHECK(is_floating(q.dtype()), "attention: needs floating tensors, got ", dtype_name(q.dtype()));
+  Shape scores = batch;
+  scores.push_back(L);
+  scores.push_back(S);
+  for (const auto& [t, name] : {std::pair{&k, "k"}, {&v, "v"}, {&bias, "bias"}, {&mask, "mask"}}) {
+    if (!t->defined()) continue;
+    TVC_CHECK(t->dtype() == q.dtype() && t->device() == q.device(), "attention: ", name, " is ", dtype_name(t->dtype()),
+              " on ", device_name(t->device()), ", q ", dtype_name(q.dtype()), " on ", device_name(q.device()));
+    if (t == &bias || t == &mask) {
+      const Shape& shape = t->shape();
+      const size_t lead = scores.size() - std::min(scores.size(), shape.size());
+      bool fits = shape.size() <= scores.size();
+      for (size_t i = 0; fits && i < shape.size(); ++i) fits = shape[i] == 1 || shape[i] == scores[lead + i];
+      TVC_CHECK(fits, "attention: ", name, " of shape ", shape, " does not broadcast to the scores' shape ", scores);
+    }
+  }
+  const bool kernel = (q.dtype() == DType::Float32 || q.dtype() == DType::Float64) && q.numel() > 0 && k.numel() > 0 &&
+                      v.numel() > 0 && kernel_registry().supports(Op::attention, q.device());
+  if (!kernel) {
+    Tensor s = matmul(q, k.transpose(-2, -1));
+    if (bias.defined()) s = add(s, bias);
+    if (mask.defined()) s = add(s, mask);
+    return matmul(softmax(s, -1), v);
+  }
+  Tensor out = empty_ordered_like(q, v.shape()[rank - 1]);
+  {
+    NoGradGuard no_grad;
+    std::vector<Tensor> in{q.detach(), k.detach(), v.detach()};
+    for (const Tensor* t : {&bias, &mask})
+      if (t->defined()) in.push_back(t->detach().expand(scores));
+    const AttentionParams p{bias.defined(), mask.defined()};
+    detail::run(Op::attention, in, {out}, &p);
+  }
+  if (!autograd::any_requires_grad({q, k, v, bias, mask})) return out;
+  // With the weights P = softmax(q k^T + bias + mask) made again and dS = P * (dP - sum(dP * P)),
+  // dP = dO v^T: dq = dS k, dk = dS^T q, dv = P^T dO, dbias = dmask = dS (summed to their shapes).
+  const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad(),
+             gb = bias.defined() && bias.requires_grad(), gm = mask.defined() && mask.requires_grad();
+  const bool has_bias = bias.defined(), has_mask = mask.defined();
+  const Shape bias_shape = has_bias ? bias.shape() : Shape{}, mask_shape = has_mask ? mask.shape() : Shape{};
+  SavedTensor sq(q), sk(k), sv(v), sb(bias), sm(mask);
+  autograd::record("AttentionBackward0", {q, k, v, bias, mask}, {out}, [=](const GradList& g) -> GradList {
+    const char* name = "AttentionBackward0";
+    const Tensor qs = sq.unpack(name), ks = sk.unpack(name), vs = sv.unpack(name);
+    Tensor s = matmul(qs, ks.transpose(-2, -1));
+    if (has_bias) s = add(s, sb.unpack(name));
+    if (has_mask) s = add(s, sm.unpack(name));
+    const Tensor p = softmax(s, -1), dp = matmul(g[0], vs.transpose(-2, -1));
+    const Tensor ds = mul(p, sub(dp, sum(mul(dp, p), {rank - 1}, true)));
+    return {gq ? matmul(ds, ks) : Tensor(), gk ? matmul(ds.transpose(-2, -1), qs) : Tensor(),
+            gv ? matmul(p.transpose(-2, -1), g[0]) : Tensor(), gb ? sum_to(ds, bias_shape) : Tensor(),
+            gm ? sum_to(ds, mask_shape) : Tensor()};
   });
   return out;
 }

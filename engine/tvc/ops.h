@@ -138,6 +138,14 @@ std::pair<Tensor, Tensor> topk(const Tensor& t, int64_t k, int64_t dim = -1, boo
 // ---- linear algebra ----
 Tensor bmm(const Tensor& a, const Tensor& b);     // (B,M,K) @ (B,K,N) -> (B,M,N)
 Tensor matmul(const Tensor& a, const Tensor& b);  // torch.matmul rules, batch dims broadcast
+// Attention over the last two dims, its (L, S) weights never kept: softmax(q @ k^T + bias + mask,
+// -1) @ v, with q (*, L, D), k (*, S, D), v (*, S, Dv) of one floating dtype and the same batch
+// dims *, and bias and mask (optional, q's dtype) broadcastable to (*, L, S), added in that order.
+// q comes scaled (by 1/sqrt(D) for scaled dot-product attention). -> (*, L, Dv), its memory
+// ordered as q's dims are (heads split from (N, L, H * D) as the view (N, H, L, D) give an
+// (N, L, H, Dv) memory, so merging them back is a view too).
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias = Tensor(),
+                 const Tensor& mask = Tensor());
 // x (*,in) @ weight (out,in)^T + bias (out) -> (*,out)
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 // gelu(linear(x, weight, bias)), gelu's erf form, bias (out) required: when autograd does not

@@ -1,4 +1,4 @@
-// CPU GEMM and the bmm kernel. Shape legend: A (M,K), B (K,N), C (M,N), batch B.
+// CPU GEMM, and the bmm, linear and attention kernels. Shape legend: A (M,K), B (K,N), C (M,N), batch B.
 //
 // BLIS-style blocking (Goto's algorithm), with the loops ordered for a row-major C whose rows
 // are the vector direction of the micro-kernel (the roles of BLIS's A and B are swapped):
@@ -529,6 +529,8 @@ void vector_function(VectorFunction f, int64_t n, const float* x, float* y) {
   kernels[static_cast<int>(f)](n, x, y);
 }
 
+void softmax_row(int64_t n, const float* x, float* y) { active_kernels().softmax(n, x, y); }
+
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t,
                           float*, int64_t, int64_t, float, const GemmEpilogue<float>*);
 template void gemm<double>(int64_t, int64_t, int64_t, const double*, int64_t, int64_t, const double*, int64_t, int64_t,
@@ -619,6 +621,69 @@ void bmm_kernel(const KernelArgs& args) {
   }
 }
 
+// Attention's scores are made and used in blocks of rows of at most this many (L, S) elements,
+// each block on one thread: a whole (L, S) for ViT's 197 tokens and Swin's 49 (a 197 x 197 block
+// is 152 KiB in float32, kept in L2 between its two products).
+constexpr int64_t kAttentionScores = int64_t{1} << 16;
+
+// in = (q, k, v, [bias], [mask]) -> out (kernel.h, AttentionParams).
+void attention_kernel(const KernelArgs& args) {
+  const AttentionParams& p = args.p<AttentionParams>();
+  const Tensor& q = args.in[0];
+  const Tensor& k = args.in[1];
+  const Tensor& v = args.in[2];
+  const Tensor* bias = p.bias ? &args.in[3] : nullptr;
+  const Tensor* mask = p.mask ? &args.in[3 + p.bias] : nullptr;
+  const Tensor& out = args.out[0];
+  const int64_t rank = q.dim(), L = q.shape()[rank - 2], D = q.shape()[rank - 1], S = k.shape()[rank - 2],
+                Dv = v.shape()[rank - 1];
+  const int64_t batch = q.numel() / (L * D), rows = std::min(L, std::max<int64_t>(1, kAttentionScores / S)),
+                blocks = (L + rows - 1) / rows;
+  // The offset of batch element b in t: its index over the batch dims, through t's strides.
+  auto batch_offset = [&](const Tensor& t, int64_t b) {
+    int64_t offset = 0;
+    for (int64_t d = rank - 3; d >= 0; --d) {
+      offset += b % t.shape()[d] * t.strides()[d];
+      b /= t.shape()[d];
+    }
+    return offset;
+  };
+  auto run = [&]<typename T>() {
+    // Adds rows [r0, r0 + m) of t's batch element b to the scores.
+    auto add_rows = [&](const Tensor* t, int64_t b, int64_t r0, int64_t m, T* scores) {
+      if (!t) return;
+      const T* src = t->data_ptr<T>() + batch_offset(*t, b) + r0 * t->strides()[rank - 2];
+      const int64_t rs = t->strides()[rank - 2], cs = t->strides()[rank - 1];
+      for (int64_t i = 0; i < m; ++i) {
+        T* row = scores + i * S;
+        const T* from = src + i * rs;
+        if (cs == 1)
+          for (int64_t j = 0; j < S; ++j) row[j] += from[j];
+        else
+          for (int64_t j = 0; j < S; ++j) row[j] += from[j * cs];
+      }
+    };
+    parallel_for(batch * blocks, rows * S * (D + Dv), [&](int64_t first, int64_t last) {
+      T* scores = thread_scratch<T, 14>(rows * S);
+      for (int64_t it = first; it < last; ++it) {
+        const int64_t b = it / blocks, r0 = it % blocks * rows, m = std::min(rows, L - r0);
+        const T* qb = q.data_ptr<T>() + batch_offset(q, b) + r0 * q.strides()[rank - 2];
+        gemm<T>(m, S, D, qb, q.strides()[rank - 2], q.strides()[rank - 1], k.data_ptr<T>() + batch_offset(k, b),
+                k.strides()[rank - 1], k.strides()[rank - 2], scores, S, 1, T(0));
+        add_rows(bias, b, r0, m, scores);
+        add_rows(mask, b, r0, m, scores);
+        for (int64_t i = 0; i < m; ++i) softmax_row(S, scores + i * S, scores + i * S);
+        gemm<T>(m, Dv, S, scores, S, 1, v.data_ptr<T>() + batch_offset(v, b), v.strides()[rank - 2],
+                v.strides()[rank - 1], out.data_ptr<T>() + batch_offset(out, b) + r0 * out.strides()[rank - 2],
+                out.strides()[rank - 2], out.strides()[rank - 1], T(0));
+      }
+    });
+  };
+  if (q.dtype() == DType::Float32) return run.template operator()<float>();
+  if (q.dtype() == DType::Float64) return run.template operator()<double>();
+  unsupported_dtype(Op::attention, q.dtype(), Device::CPU);
+}
+
 // What a linear layer's epilogue applies: the bias (N), then the GELU where gelu is set.
 template <typename T>
 struct LinearEpilogue {
@@ -707,6 +772,7 @@ void register_gemm_kernels(KernelRegistry& r, Isa isa) {
   g_kernels.store(k, std::memory_order_release);
   r.set(Op::bmm, Device::CPU, bmm_kernel);
   r.set(Op::linear, Device::CPU, linear_kernel);
+  r.set(Op::attention, Device::CPU, attention_kernel);
 }
 
 }  // namespace tvc::cpu

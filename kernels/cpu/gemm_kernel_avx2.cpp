@@ -28,6 +28,7 @@ extern const GemmKernels gemm_kernels_avx2 = {
     sigmoid_f32<8>,
     silu_f32<8>,
     gelu_f32<8>,
+    softmax_f32<8>,
     gelu_backward_f32<8>,
     epilogue_f32<8>,
     epilogue_channels_f32<8>,

@@ -28,6 +28,7 @@ extern const GemmKernels gemm_kernels_generic = {
     sigmoid_f32<4>,
     silu_f32<4>,
     gelu_f32<4>,
+    softmax_f32<4>,
     gelu_backward_f32<4>,
     epilogue_f32<4>,
     epilogue_channels_f32<4>,

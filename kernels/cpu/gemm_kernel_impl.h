@@ -498,6 +498,47 @@ void exp_f32(int64_t n, const float* x, float* y) {
   map_lanes<W>(n, x, y, [](auto v) { return exp_lanes<W>(v); });
 }
 
+// See SoftmaxRowF32.
+template <int W>
+void softmax_f32(int64_t n, const float* x, float* y) {
+  typedef typename FloatVector<W>::type V;
+  typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
+  typedef double D8 __attribute__((vector_size(8 * sizeof(double))));
+  // A NaN is passed over here (it may hide other values of its lane) but reaches the sum through
+  // x - m, and so every output.
+  float m = x[0];
+  int64_t i = 1;
+  if (n >= W) {
+    V lanes = load_lanes<W>(x);
+    for (i = W; i + W <= n; i += W) {
+      const V v = load_lanes<W>(x + i);
+      lanes = v > lanes ? v : lanes;
+    }
+    for (int k = 0; k < W; ++k) m = lanes[k] > m ? lanes[k] : m;
+  }
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (i = 0; i + W <= n; i += W) {
+    const V v = load_lanes<W>(x + i) - m;
+    __builtin_memcpy(y + i, &v, sizeof(V));
+  }
+  for (; i < n; ++i) y[i] = x[i] - m;
+  exp_f32<W>(n, y, y);
+  D8 sums = {};
+  for (i = 0; i + 8 <= n; i += 8) {
+    F8 v;
+    __builtin_memcpy(&v, y + i, sizeof(F8));
+    sums += __builtin_convertvector(v, D8);
+  }
+  for (; i < n; ++i) sums[i % 8] += y[i];
+  const float s =
+      static_cast<float>(((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7])));
+  for (i = 0; i + W <= n; i += W) {
+    const V v = load_lanes<W>(y + i) / s;
+    __builtin_memcpy(y + i, &v, sizeof(V));
+  }
+  for (; i < n; ++i) y[i] /= s;
+}
+
 // sigmoid(x) = 1 / (1 + z) for x >= 0 and z / (1 + z) below, with z = e^-|x|: z never overflows,
 // so the tiny results of very negative x keep their precision.
 template <int W>

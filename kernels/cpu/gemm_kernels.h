@@ -136,6 +136,11 @@ struct WinogradF43 {
 // both within 3 ulp or 1e-40 (silu's tail is x times a sigmoid in the denormal range), gelu
 // x * Phi(x) (erf form) within 8 ulp or 1e-40.
 using UnaryF32 = void (*)(int64_t n, const float* x, float* y);
+// The softmax of a row of n >= 1 contiguous floats (y may be x): with m the row's largest value,
+// y = e^(x - m) (UnaryF32's e^x) over their sum, summed in double in 8 lanes (element i into lane
+// i % 8, in order; then ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))) and rounded to float once, each
+// quotient rounded once. Every ISA gives the same bits. A NaN in the row makes every output NaN.
+using SoftmaxRowF32 = void (*)(int64_t n, const float* x, float* y);
 // gelu's (erf form) backward over n contiguous floats (dx may be dy or x):
 //   dx[i] = dy[i] * (Phi(x[i]) + x[i] * phi(x[i])), phi(x) = e^(-x^2 / 2) / sqrt(2 pi),
 // Phi as in UnaryF32's gelu.
@@ -175,6 +180,7 @@ struct GemmKernels {
   DepthwiseChannelsF32 depthwise_channels;
   DotF32 dot;
   UnaryF32 exp, sigmoid, silu, gelu;
+  SoftmaxRowF32 softmax;
   GeluBackwardF32 gelu_backward;
   EpilogueRowF32 epilogue;
   EpilogueChannelsF32 epilogue_channels;

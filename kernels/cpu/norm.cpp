@@ -244,6 +244,18 @@ void layer_norm_backward_kernel(const KernelArgs& args) {
   });
 }
 
+}  // namespace
+
+void softmax_row(int64_t n, const double* x, double* y) {
+  double m = x[0];
+  for (int64_t i = 1; i < n; ++i) m = x[i] > m || x[i] != x[i] ? x[i] : m;
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(x[i] - m);
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - m) / s;
+}
+
+namespace {
+
 // in = (x) -> out: softmax along params.dim of the contiguous x, seen as (outer, n, inner). Float32
 // rows (inner == 1, as attention's) through the vector e^x and a sum in double; other slices
 // element by element in the compute type. A slice holding NaN gives NaN everywhere.
@@ -261,17 +273,7 @@ void softmax_kernel(const KernelArgs& args) {
     if constexpr (std::is_same_v<T, float>) {
       if (inner == 1) {
         parallel_for(outer, 8 * n, [&](int64_t b, int64_t e) {
-          for (int64_t r = b; r < e; ++r) {
-            const float* xr = xp + r * n;
-            float* yr = yp + r * n;
-            // A NaN is passed over here but reaches the sum through x - m, and so every output.
-            float m = xr[0];
-            for (int64_t i = 1; i < n; ++i) m = xr[i] > m ? xr[i] : m;
-            for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] - m;
-            vector_function(VectorFunction::exp, n, yr, yr);
-            const float s = static_cast<float>(sum_in_lanes<double>(n, [&](int64_t i) { return yr[i]; }));
-            for (int64_t i = 0; i < n; ++i) yr[i] /= s;
-          }
+          for (int64_t r = b; r < e; ++r) softmax_row(n, xp + r * n, yp + r * n);
         });
         return;
       }

@@ -73,17 +73,23 @@ class ShiftedWindowAttention : public nn::Cloneable<ShiftedWindowAttention> {
     // Partition: (N, Hp/w, w, Wp/w, w, C) -> (B, T, C), windows and tokens row-major.
     x = x.view({n, hp / w, w, wp / w, w, c}).permute({0, 1, 3, 2, 4, 5}).reshape({n * windows, tokens, c});
 
-    Tensor qkv = child("qkv")(x).reshape({n * windows, tokens, 3, num_heads_, d}).permute({2, 0, 3, 1, 4});
-    Tensor q = qkv[0] * std::pow(static_cast<double>(d), -0.5), k = qkv[1], v = qkv[2];  // (B, h, T, d)
-    Tensor attn = matmul(q, k.transpose(-2, -1)) + relative_position_bias();             // (B, h, T, T)
+    // softmax(q k^T + bias [+ mask]) v per window and head, the heads as views (B, h, T, d) of
+    // (B, T, h, d) memory, so the result's transpose back to (B, T, C) is a view.
+    Tensor qkv = child("qkv")(x).reshape({n * windows, tokens, 3, num_heads_, d});  // (B, T, 3, h, d)
+    auto heads = [&](const Tensor& t) { return t.permute({0, 2, 1, 3}); };          // (B, T, h, d) -> (B, h, T, d)
+    Tensor q = heads(qkv.select(2, 0) * std::pow(static_cast<double>(d), -0.5));
+    Tensor k = heads(qkv.select(2, 1)), v = heads(qkv.select(2, 2));
+    Tensor attended;  // (B, h, T, d)
     if (shifted) {
-      Tensor mask = attention_mask(hp, wp, shift, x).unsqueeze(1).unsqueeze(0);  // (1, nW, 1, T, T)
-      attn = attn.view({n, windows, num_heads_, tokens, tokens}) + mask;
-      attn = attn.view({n * windows, num_heads_, tokens, tokens});
+      // Windows apart from samples, (N, nW, h, T, *), for the mask (1, nW, 1, T, T).
+      auto windowed = [&](const Tensor& t) { return t.view({n, windows, num_heads_, tokens, t.size(3)}); };
+      Tensor mask = attention_mask(hp, wp, shift, x).unsqueeze(1).unsqueeze(0);
+      attended = attention(windowed(q), windowed(k), windowed(v), relative_position_bias().unsqueeze(0), mask)
+                     .view({n * windows, num_heads_, tokens, d});
+    } else {
+      attended = attention(q, k, v, relative_position_bias());
     }
-    attn = softmax(attn, -1);
-    x = matmul(attn, v).transpose(1, 2).reshape({n * windows, tokens, c});  // (B, T, C)
-    x = child("proj")(x);
+    x = child("proj")(attended.transpose(1, 2).reshape({n * windows, tokens, c}));  // (B, T, C)
 
     // Reverse the partition, the roll and the padding.
     x = x.view({n, hp / w, wp / w, w, w, c}).permute({0, 1, 3, 2, 4, 5}).reshape({n, hp, wp, c});

@@ -136,6 +136,25 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(Tensor query, Tensor key, T
     v = cat({v, parameter("bias_v").expand({n, 1, embed_dim})}, 1);
     extend_masks();
   }
+  // Without the weights to return or drop out, nor a zero key to add: the attention op over the
+  // heads as views (N, H, T, D) of (N, T, H*D), the masks as additions (a bool mask's masked
+  // scores -inf), the result's memory (N, L, H, D) already.
+  if (!args.need_weights && !(is_training() && dropout > 0) && !add_zero_attn) {
+    auto heads_of = [&](const Tensor& t) { return t.reshape({n, t.size(1), heads, d}).permute({0, 2, 1, 3}); };
+    auto additive = [&](const Tensor& mask) {
+      if (mask.dtype() != DType::Bool) return mask.to(q.dtype());
+      return masked_fill(zeros(mask.shape(), {.dtype = q.dtype(), .device = q.device()}), mask,
+                         -std::numeric_limits<double>::infinity());
+    };
+    Tensor bias, mask;
+    if (attn_mask.defined())
+      bias = attn_mask.dim() == 2 ? additive(attn_mask) : additive(attn_mask).reshape({n, heads, tgt_len, src_len});
+    if (key_padding_mask.defined()) mask = additive(key_padding_mask).reshape({n, 1, 1, src_len});
+    Tensor out = attention(heads_of(q / std::sqrt(static_cast<double>(d))), heads_of(k), heads_of(v), bias, mask);
+    out = child("out_proj")(out.permute({0, 2, 1, 3}).reshape({n, tgt_len, embed_dim}));
+    if (!batched) return {out.squeeze(0), Tensor()};
+    return {batch_first ? out : out.transpose(0, 1), Tensor()};
+  }
   // (N, T, H*D) -> (N*H, T, D)
   auto split_heads = [&](const Tensor& t) {
     return t.reshape({n, t.size(1), heads, d}).permute({0, 2, 1, 3}).reshape({n * heads, t.size(1), d});

@@ -125,6 +125,15 @@ struct FillParams {
 };
 
 // bmm: out[b] = in0[b] @ in1[b], shapes (B,M,K) (B,K,N) -> (B,M,N), any strides.
+// attention: in = (q (..., L, D), k (..., S, D), v (..., S, Dv), then bias and mask (..., L, S)
+// where params say so), one floating dtype (float32 or float64), the same batch dims (...), any
+// strides (bias and mask broadcast through zero strides) -> out (..., L, Dv), any strides: per
+// batch element, out = softmax(q @ k^T + bias + mask) @ v, the scores summed as bmm's, the
+// additions in that order and each row's softmax as the softmax kernel's, without the (L, S)
+// weights leaving the thread that made them.
+struct AttentionParams {
+  bool bias = false, mask = false;
+};
 // linear: in = (x (M,K), weight (N,K), both any strides; bias (N)), float32 or float64, K >= 1 ->
 // out (M,N) contiguous = x @ weight^T + bias: the bias added to each finished block of the
 // product (rounded as the separate add rounds it), then with params.gelu the GELU (erf form) of

@@ -93,6 +93,7 @@
   /* linear algebra */                      \
   X(bmm, KERNEL)                            \
   X(matmul, COMPOSED)                       \
+  X(attention, KERNEL)                      \
   X(linear, KERNEL)                         \
   /* convolution and pooling, N,C,H,W */    \
   X(conv2d, KERNEL)                         \
