@@ -234,16 +234,37 @@ Tensor roll(const Tensor& t, const std::vector<int64_t>& shifts, const std::vect
     return roll(t.flatten(), shifts, {0}).view(t.shape());
   }
   TVC_CHECK(shifts.size() == dims.size(), "roll: shifts ", shifts, " and dims ", dims, " must have the same length");
-  Tensor r = t;
+  // Each dim's total shift (mod its size), then one pass: for every combination of one part per
+  // rolled dim (the last s entries going to the front, the others after them), one block copy.
+  std::vector<int64_t> shift(t.dim(), 0);
   for (size_t i = 0; i < dims.size(); ++i) {
-    int64_t d = wrap_dim(dims[i], t.dim(), "roll");
-    int64_t n = r.shape()[d];
-    if (n == 0) continue;
-    int64_t s = ((shifts[i] % n) + n) % n;
-    if (s == 0) continue;
-    r = cat({r.narrow(d, n - s, s), r.narrow(d, 0, n - s)}, d);
+    const int64_t d = wrap_dim(dims[i], t.dim(), "roll"), n = t.shape()[d];
+    if (n > 0) shift[d] = (((shift[d] + shifts[i]) % n) + n) % n;
   }
-  return r.is_same(t) ? t.clone() : r;
+  std::vector<int64_t> rolled;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (shift[d] != 0) rolled.push_back(d);
+  if (rolled.empty()) return t.clone();
+  Tensor out = empty(t.shape(), {.dtype = t.dtype(), .device = t.device()});
+  {
+    NoGradGuard no_grad;
+    for (int64_t parts = 0; parts < int64_t{1} << rolled.size(); ++parts) {
+      Tensor from = t.detach(), to = out;
+      for (size_t j = 0; j < rolled.size(); ++j) {
+        const int64_t d = rolled[j], n = t.shape()[d], s = shift[d];
+        const bool tail = (parts >> j) & 1;
+        from = from.narrow(d, tail ? n - s : 0, tail ? s : n - s);
+        to = to.narrow(d, tail ? 0 : s, tail ? s : n - s);
+      }
+      to.copy_(from);
+    }
+  }
+  if (!autograd::any_requires_grad({t})) return out;
+  std::vector<int64_t> back;
+  for (int64_t d : rolled) back.push_back(-shift[d]);
+  autograd::record("RollBackward0", {t}, {out},
+                   [back, rolled](const GradList& g) -> GradList { return {roll(g[0], back, rolled)}; });
+  return out;
 }
 
 // ---------------------------------------------------------------- interpolate

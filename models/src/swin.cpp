@@ -65,7 +65,8 @@ class ShiftedWindowAttention : public nn::Cloneable<ShiftedWindowAttention> {
   Tensor forward(const Tensor& input) override {
     const int64_t n = input.size(0), height = input.size(1), width = input.size(2), c = input.size(3);
     const int64_t w = window_, tokens = w * w, d = c / num_heads_;
-    Tensor x = pad(input, {0, 0, 0, (w - width % w) % w, 0, (w - height % w) % w});  // (N, Hp, Wp, C)
+    const int64_t pad_w = (w - width % w) % w, pad_h = (w - height % w) % w;
+    Tensor x = pad_w + pad_h > 0 ? pad(input, {0, 0, 0, pad_w, 0, pad_h}) : input;  // (N, Hp, Wp, C)
     const int64_t hp = x.size(1), wp = x.size(2), windows = (hp / w) * (wp / w);
     const std::array<int64_t, 2> shift = {w >= hp ? 0 : shift_, w >= wp ? 0 : shift_};
     const bool shifted = shift[0] + shift[1] > 0;
@@ -154,7 +155,8 @@ class PatchMerging : public nn::Cloneable<PatchMerging> {
     register_module("norm", std::make_shared<LayerNorm>(4 * dim));
   }
   Tensor forward(const Tensor& input) override {
-    Tensor x = pad(input, {0, 0, 0, input.size(-2) % 2, 0, input.size(-3) % 2});
+    const int64_t pad_w = input.size(-2) % 2, pad_h = input.size(-3) % 2;
+    Tensor x = pad_w + pad_h > 0 ? pad(input, {0, 0, 0, pad_w, 0, pad_h}) : input;
     auto part = [&](int64_t y, int64_t x0) { return x.slice(-3, y, x.size(-3), 2).slice(-2, x0, x.size(-2), 2); };
     x = cat({part(0, 0), part(1, 0), part(0, 1), part(1, 1)}, -1);  // (N, H/2, W/2, 4C)
     return child("reduction")(child("norm")(x));
