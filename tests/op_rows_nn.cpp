@@ -77,6 +77,10 @@ std::vector<OpRow> conv_rows() {
                              // 20 output columns at stride 2: long rows in the float32 kernel
                              randn_sample("wide", {{1, 3, 7, 40}, {6, 1, 3, 3}, {6}}),
                              randn_sample("unbatched", {{3, 4, 4}, {3, 1, 2, 2}, {3}})}));
+  // 3 input channels to a multiple of 8: the few-channel rows (a network's stem), stride 2.
+  rows.push_back(conv2d_row({2, 2}, {1, 1}, {1, 1}, 1, true, ", stride=2, padding=1",
+                            {randn_sample("stem", {{2, 3, 9, 11}, {8, 3, 3, 3}, {8}}),
+                             randn_sample("stem wide", {{1, 3, 7, 37}, {16, 3, 3, 3}, {16}})}));
   rows.push_back(conv2d_row({1, 1}, {2, 1}, {2, 2}, 3, false, ", padding=(2, 1), dilation=2, groups=3",
                             {randn_sample("depthwise dilated", {{2, 3, 6, 7}, {3, 1, 3, 3}})}));
   // Depthwise in float32 blocks of 16 channels (small maps, 5x5 windows, stride 2 and 3), a
@@ -112,6 +116,8 @@ std::vector<OpRow> conv_rows() {
   rows.push_back(
       epilogue_row(EpilogueActivation::ReLU, {1, 1}, {1, 1}, 1, true, ", padding=1", "F.relu",
                    {randn_sample("3x3", {{2, 3, 7, 5}, {4, 3, 3, 3}, {4}, {4}, {2, 4, 7, 5}}),
+                    // 3 channels in, 8 out: the few-channel rows, with a residual
+                    randn_sample("few channels", {{2, 3, 7, 19}, {8, 3, 3, 3}, {8}, {8}, {2, 8, 7, 19}}),
                     randn_sample("padded pointwise", {{1, 5, 4, 4}, {3, 5, 1, 1}, {3}, {3}, {1, 3, 6, 6}})}));
   rows.push_back(epilogue_row(EpilogueActivation::ReLU6, {1, 1}, {1, 1}, 1, true, ", padding=1", "F.relu6",
                               // several samples per GEMM (small maps)

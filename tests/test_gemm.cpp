@@ -15,6 +15,7 @@
 
 #include "../kernels/cpu/gemm.h"
 #include "../kernels/cpu/loops.h"
+#include "tvc/autograd.h"
 #include "tvc/ops.h"
 
 using namespace tvc;
@@ -672,6 +673,27 @@ TEST(ConvEpilogue, ChannelsKernelGivesTheRowKernelsBitsPerChannel) {
               for (int64_t k = n; k < ld; ++k) EXPECT_EQ(y[i * ld + k], canary) << "n " << n << " wrote past a row";
             }
           }
+  });
+}
+
+// A convolution of 3 input channels with a multiple of 8 output channels takes the few-channel
+// rows (cpu::conv_rows); with 9 output channels, im2col + gemm. Both give the first 8 channels the
+// same bits on every instruction set: stride 1 and 2, with and without padding, rows around the
+// vector widths, an epilogue, a channels-last input, several samples.
+TEST(ConvRows, FewChannelRowsGiveTheBitsOfIm2colAndGemm) {
+  const Tensor x = randn({2, 3, 23, 37}), w = randn({9, 3, 3, 3}), scale = randn({9}), shift = randn({9});
+  for_each_isa([&] {
+    for (int64_t stride : {1, 2})
+      for (int64_t pad : {0, 1})
+        for (const Tensor& in : {x, x.contiguous(MemoryFormat::ChannelsLast)}) {
+          auto conv = [&](int64_t o) {
+            return conv2d_epilogue(in, w.narrow(0, 0, o), scale.narrow(0, 0, o), shift.narrow(0, 0, o), Tensor(),
+                                   EpilogueActivation::ReLU6, {stride, stride}, {pad, pad});
+          };
+          NoGradGuard no_grad;
+          const Tensor rows = conv(8), gemm = conv(9).narrow(1, 0, 8);
+          EXPECT_EQ(max(abs(rows - gemm)).item<float>(), 0.f) << "stride " << stride << " padding " << pad;
+        }
   });
 }
 

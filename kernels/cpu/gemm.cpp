@@ -493,6 +493,12 @@ void transpose_copy(int64_t k_n, int64_t cols, const float* src, int64_t src_ld,
   active_kernels().pack_transposed(k_n, cols, src, src_ld, dst, dst_ld);
 }
 
+void conv_rows(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t oc, float* y, int64_t y_os) {
+  active_kernels().conv_rows(n, taps, rows, w, oc, y, y_os);
+}
+
+int64_t conv_rows_lanes() { return active_kernels().f32.lanes; }
+
 void even_copy(int64_t n, const float* src, float* dst) { active_kernels().even_copy(n, src, dst); }
 
 float dot(int64_t n, const float* a, const float* b) { return active_kernels().dot(n, a, b); }

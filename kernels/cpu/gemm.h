@@ -62,6 +62,12 @@ void gemm(int64_t M, int64_t N, int64_t K, const BFloat16* A, int64_t a_rs, int6
 void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride, float bias,
                    float* y);
 
+// One output row of a float32 convolution of an input with few channels, every output channel,
+// with the active instruction set's kernel (gemm_kernels.h, ConvRowsF32); n a multiple of
+// conv_rows_lanes(), oc of kConvRowsChannels.
+void conv_rows(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t oc, float* y, int64_t y_os);
+int64_t conv_rows_lanes();  // the instruction set's vector, in floats
+
 // One output row of a float32 depthwise convolution over a block of kDepthwiseBlock channels held
 // position-major, through a per-channel epilogue into y (positions y_step floats apart), with the
 // active instruction set's kernel (gemm_kernels.h, DepthwiseChannelsF32).

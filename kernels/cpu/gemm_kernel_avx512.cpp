@@ -34,6 +34,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
     {16, 24, fma_peak_loop<16, 24>},
     depthwise_row<16>,
     depthwise_channels<16>,
+    conv_rows_f32<16, 8>,
     dot<16>,
     exp_f32<16>,
     sigmoid_f32<16>,

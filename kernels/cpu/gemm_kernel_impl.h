@@ -462,6 +462,46 @@ typename FloatVector<W>::type quotient_lanes(typename FloatVector<W>::type a, ty
   return a / d;
 }
 
+// See ConvRowsF32: OB channels (kConvRowsChannels a multiple of OB) by PV vectors of positions
+// in registers, each tap's inputs loaded once per block and its weights broadcast.
+template <int W, int OB, int PV>
+__attribute__((always_inline)) inline void conv_rows_block(int64_t j, int64_t taps, const float* const* rows,
+                                                           const float* w, int64_t oc, int64_t o0, float* y,
+                                                           int64_t y_os) {
+  typedef typename FloatVector<W>::type V;
+  V acc[OB][PV];
+#pragma GCC unroll 16
+  for (int o = 0; o < OB; ++o)
+#pragma GCC unroll 4
+    for (int p = 0; p < PV; ++p) acc[o][p] = V{};
+  for (int64_t t = 0; t < taps; ++t) {
+    V xv[PV];
+#pragma GCC unroll 4
+    for (int p = 0; p < PV; ++p) xv[p] = load_lanes<W>(rows[t] + j + p * W);
+    const float* wt = w + t * oc + o0;
+#pragma GCC unroll 16
+    for (int o = 0; o < OB; ++o) {
+      const float wo = wt[o];
+#pragma GCC unroll 4
+      for (int p = 0; p < PV; ++p) acc[o][p] += wo * xv[p];
+    }
+  }
+#pragma GCC unroll 16
+  for (int o = 0; o < OB; ++o)
+#pragma GCC unroll 4
+    for (int p = 0; p < PV; ++p) __builtin_memcpy(y + (o0 + o) * y_os + j + p * W, &acc[o][p], sizeof(V));
+}
+
+template <int W, int OB>
+void conv_rows_f32(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t oc, float* y,
+                   int64_t y_os) {
+  int64_t j = 0;
+  for (; j + 2 * W <= n; j += 2 * W)
+    for (int64_t o0 = 0; o0 < oc; o0 += OB) conv_rows_block<W, OB, 2>(j, taps, rows, w, oc, o0, y, y_os);
+  for (; j < n; j += W)
+    for (int64_t o0 = 0; o0 < oc; o0 += OB) conv_rows_block<W, OB, 1>(j, taps, rows, w, oc, o0, y, y_os);
+}
+
 // See UnaryF32: whole vectors; the tail as the last W values, loaded before the loop (which may
 // overwrite them in place) and stored after it, the overlap getting the same values again; fewer
 // than W values through a zero-padded vector.

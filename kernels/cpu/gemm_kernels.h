@@ -86,6 +86,16 @@ struct FmaPeakLoop {
 constexpr int64_t kDepthwiseRowSlack = 32;
 using DepthwiseRowF32 = void (*)(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t stride,
                                  float bias, float* y);
+// One output row of a float32 convolution of an input with few channels (a network's stem), all
+// its output channels at once: for o in [0, oc) and j in [0, n),
+//   y[o * y_os + j] = w[0 * oc + o] * rows[0][j] + ... + w[(taps - 1) * oc + o] * rows[taps - 1][j]
+// summed from zero in tap order with a fused multiply-add per tap (as gemm's micro-kernel sums k:
+// the im2col + gemm path's bits), rows[t] where tap t reads this row's inputs (contiguous: a
+// stride-2 convolution's come de-interleaved), w tap-major. n is a multiple of the instruction
+// set's vector, oc of kConvRowsChannels.
+constexpr int64_t kConvRowsChannels = 8;
+using ConvRowsF32 = void (*)(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t oc, float* y,
+                             int64_t y_os);
 // The activations of a convolution's epilogue, in the order of tvc's EpilogueActivation.
 enum class RowActivation { none, relu, relu6, silu, hardswish };
 // One output row of a float32 depthwise convolution over a block of kDepthwiseBlock channels, the
@@ -178,6 +188,7 @@ struct GemmKernels {
   FmaPeakLoop peak, bf16_peak;
   DepthwiseRowF32 depthwise_row;
   DepthwiseChannelsF32 depthwise_channels;
+  ConvRowsF32 conv_rows;
   DotF32 dot;
   UnaryF32 exp, sigmoid, silu, gelu;
   SoftmaxRowF32 softmax;
