@@ -149,7 +149,7 @@ bench)
   grep -q '; 35\.1[0-9]* GFLOP per step' "$tmp/bench.out" || fail "vit_b_16: not 35.1 GFLOP: $(cat "$tmp/bench.out")"
   "$tvc" bench mobilenet_v2 --size 32 --iterations 1 --verbose >"$tmp/verbose.out" 2>&1 || fail "--verbose failed"
   # features.0 (Conv2dNormActivation): its convolution, batch norm and ReLU6 as one fused kernel
-  grep -Eq '^features\.0 +conv2d_epilogue +im2col\+gemm +\[1, 32, 16, 16\] +1 +[0-9.]+$' "$tmp/verbose.out" ||
+  grep -Eq '^features\.0 +conv2d_epilogue +few-channel rows +\[1, 32, 16, 16\] +1 +[0-9.]+$' "$tmp/verbose.out" ||
     fail "--verbose: no fused row for features.0: $(head -5 "$tmp/verbose.out")"
   grep -Eq '^features\.1\.conv\.0 +conv2d_epilogue +depthwise (rows|channel blocks) +\[1, 32, 16, 16\] +1 +[0-9.]+$' \
     "$tmp/verbose.out" || fail "--verbose: no depthwise row for features.1.conv.0: $(head -8 "$tmp/verbose.out")"
