@@ -141,10 +141,10 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(Tensor query, Tensor key, T
   // scores -inf), the result's memory (N, L, H, D) already.
   if (!args.need_weights && !(is_training() && dropout > 0) && !add_zero_attn) {
     auto heads_of = [&](const Tensor& t) { return t.reshape({n, t.size(1), heads, d}).permute({0, 2, 1, 3}); };
+    const TensorOptions options{.dtype = q.dtype(), .device = q.device()};  // not q itself: clang 14 lambdas
     auto additive = [&](const Tensor& mask) {
-      if (mask.dtype() != DType::Bool) return mask.to(q.dtype());
-      return masked_fill(zeros(mask.shape(), {.dtype = q.dtype(), .device = q.device()}), mask,
-                         -std::numeric_limits<double>::infinity());
+      if (mask.dtype() != DType::Bool) return mask.to(options.dtype);
+      return masked_fill(zeros(mask.shape(), options), mask, -std::numeric_limits<double>::infinity());
     };
     Tensor bias, mask;
     if (attn_mask.defined())
