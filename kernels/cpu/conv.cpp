@@ -1206,7 +1206,7 @@ void position_rows_forward(const Operand<const float>& x, const float* wt, const
 // channels 0.72x at batch 1, 1.05x at batch 8 (taken anyway). ResNet's 7x7 stem stays on the
 // position rows (0.96-0.99x here, no gain). Pointwise convolutions of few channels (a
 // squeeze-excitation's 4 -> 96 on a 1x1 map) keep gemm, whose smallest products are plain dot
-// products (other roundings than the fused multiply-adds here).
+// products (rounded otherwise than the micro-kernel's sums made here).
 constexpr int64_t kFewChannels = 4;
 bool use_few_channel_rows(const ConvGeom& g) {
   return g.G == 1 && g.C <= kFewChannels && !is_pointwise(g) && g.O % kConvRowsChannels == 0 && g.dh == 1 &&

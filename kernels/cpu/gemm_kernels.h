@@ -89,8 +89,9 @@ using DepthwiseRowF32 = void (*)(int64_t n, int64_t taps, const float* const* ro
 // One output row of a float32 convolution of an input with few channels (a network's stem), all
 // its output channels at once: for o in [0, oc) and j in [0, n),
 //   y[o * y_os + j] = w[0 * oc + o] * rows[0][j] + ... + w[(taps - 1) * oc + o] * rows[taps - 1][j]
-// summed from zero in tap order with a fused multiply-add per tap (as gemm's micro-kernel sums k:
-// the im2col + gemm path's bits), rows[t] where tap t reads this row's inputs (contiguous: a
+// summed from zero in tap order, each tap's product and sum as the instruction set's gemm
+// micro-kernel does them (one fused multiply-add where it has them: the im2col + gemm path's
+// bits), rows[t] where tap t reads this row's inputs (contiguous: a
 // stride-2 convolution's come de-interleaved), w tap-major. n is a multiple of the instruction
 // set's vector, oc of kConvRowsChannels.
 constexpr int64_t kConvRowsChannels = 8;
@@ -149,7 +150,9 @@ using UnaryF32 = void (*)(int64_t n, const float* x, float* y);
 // The softmax of a row of n >= 1 contiguous floats (y may be x): with m the row's largest value,
 // y = e^(x - m) (UnaryF32's e^x) over their sum, summed in double in 8 lanes (element i into lane
 // i % 8, in order; then ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))) and rounded to float once, each
-// quotient rounded once. Every ISA gives the same bits. A NaN in the row makes every output NaN.
+// quotient rounded once: given the instruction set's e^x, the sums and quotients are the same on
+// every instruction set (e^x itself differs in its last bits between them). A NaN in the row makes
+// every output NaN.
 using SoftmaxRowF32 = void (*)(int64_t n, const float* x, float* y);
 // gelu's (erf form) backward over n contiguous floats (dx may be dy or x):
 //   dx[i] = dy[i] * (Phi(x[i]) + x[i] * phi(x[i])), phi(x) = e^(-x^2 / 2) / sqrt(2 pi),

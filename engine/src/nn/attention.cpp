@@ -136,11 +136,12 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(Tensor query, Tensor key, T
     v = cat({v, parameter("bias_v").expand({n, 1, embed_dim})}, 1);
     extend_masks();
   }
+  // (N, T, H*D) -> the view (N, H, T, D)
+  auto heads_of = [&](const Tensor& t) { return t.reshape({n, t.size(1), heads, d}).permute({0, 2, 1, 3}); };
   // Without the weights to return or drop out, nor a zero key to add: the attention op over the
-  // heads as views (N, H, T, D) of (N, T, H*D), the masks as additions (a bool mask's masked
-  // scores -inf), the result's memory (N, L, H, D) already.
+  // heads as views, the masks as additions (a bool mask's masked scores -inf), the result's
+  // memory (N, L, H, D) already.
   if (!args.need_weights && !(is_training() && dropout > 0) && !add_zero_attn) {
-    auto heads_of = [&](const Tensor& t) { return t.reshape({n, t.size(1), heads, d}).permute({0, 2, 1, 3}); };
     const TensorOptions options{.dtype = q.dtype(), .device = q.device()};  // not q itself: clang 14 lambdas
     auto additive = [&](const Tensor& mask) {
       if (mask.dtype() != DType::Bool) return mask.to(options.dtype);
@@ -156,9 +157,7 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(Tensor query, Tensor key, T
     return {batch_first ? out : out.transpose(0, 1), Tensor()};
   }
   // (N, T, H*D) -> (N*H, T, D)
-  auto split_heads = [&](const Tensor& t) {
-    return t.reshape({n, t.size(1), heads, d}).permute({0, 2, 1, 3}).reshape({n * heads, t.size(1), d});
-  };
+  auto split_heads = [&](const Tensor& t) { return heads_of(t).reshape({n * heads, t.size(1), d}); };
   q = split_heads(q), k = split_heads(k), v = split_heads(v);
   if (add_zero_attn) {
     Tensor zero = zeros({n * heads, 1, d}, {.dtype = k.dtype(), .device = k.device()});
