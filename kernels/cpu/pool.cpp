@@ -106,17 +106,39 @@ int64_t padded_row_length(const Pool2dParams& p, const PlaneGeom& g) {
   return std::max(p.padding[1] + g.W, (g.Wo - 1) * p.stride[1] + (p.kernel[1] - 1) * p.dilation[1] + 1);
 }
 
-// Max of one plane without indices (inference): each output row's window rows are first reduced
-// column by column into rows_max (its W values after the left padding, every other value -inf),
-// then each output takes the max of its window's columns there, tap by tap over the whole output
-// row (best, Wo values). Max ignores the -inf padding (every window holds an input column) and
-// both steps keep the NaN rule, so every value equals the windowed scan's. rows_max holds
-// padded_row_length values.
+// Max of one plane, with its int64 indices when ip is given (training). Each output row's window
+// rows are first reduced column by column into rows_max (its W values after the left padding,
+// every other value -inf), then each output takes the max of its window's columns there, tap by
+// tap over the whole output row (best, Wo values). Max ignores the -inf padding (every window holds
+// an input column) and both steps keep the NaN rule, so every value equals the windowed scan's.
+//
+// The indices follow PyTorch's scan (window rows, then columns, in order; a greater value or a NaN
+// replaces the best): the first position in that order holding the maximum, or the last NaN. So
+// the taps are visited in reverse order, each taking an output whose best it equals (every window
+// without a NaN holds its maximum) or, for a NaN best, the first NaN met (the scan's last); tap
+// numbers in `tap` (int32, so that the loop vectorises with the float compare). A window without
+// an input position keeps the scan's start. The output is then the input at the index, so its
+// bits are the scan's too (the sign of a zero maximum, a NaN's payload). taps: each tap's offsets
+// (max_taps); rows_max holds padded_row_length values; best and tap Wo.
+struct TapOffsets {
+  int64_t index, x;  // from the window's top-left corner (padding included): in the index, in x
+};
+std::vector<TapOffsets> max_taps(const Pool2dParams& p, const PlaneGeom& g, int64_t xs2, int64_t xs3) {
+  std::vector<TapOffsets> taps;
+  for (int64_t i = 0; i < p.kernel[0]; ++i)
+    for (int64_t j = 0; j < p.kernel[1]; ++j) {
+      const int64_t di = i * p.dilation[0], dj = j * p.dilation[1];
+      taps.push_back({di * g.W + dj, di * xs2 + dj * xs3});
+    }
+  return taps;
+}
 template <typename T>
-void max_plane_values(const T* xp, int64_t xs2, int64_t xs3, const Pool2dParams& p, const PlaneGeom& g, T* yp,
-                      int64_t ys2, int64_t ys3, compute_t<T>* rows_max, compute_t<T>* best) {
+void max_plane(const T* xp, int64_t xs2, int64_t xs3, const Pool2dParams& p, const PlaneGeom& g, T* yp, int64_t ys2,
+               int64_t ys3, int64_t* ip, int64_t is2, int64_t is3, const TapOffsets* taps, compute_t<T>* rows_max,
+               compute_t<T>* best, int32_t* tap) {
   using C = compute_t<T>;
   constexpr C lowest = -std::numeric_limits<C>::infinity();
+  constexpr int32_t none = -1;
   const int64_t stride = p.stride[1], dilation = p.dilation[1];
   std::fill(rows_max, rows_max + padded_row_length(p, g), lowest);
   C* row = rows_max + p.padding[1];
@@ -133,67 +155,42 @@ void max_plane_values(const T* xp, int64_t xs2, int64_t xs3, const Pool2dParams&
     }
     std::fill(best, best + g.Wo, lowest);
     for (int64_t j = 0; j < p.kernel[1]; ++j) {
-      const C* tap = rows_max + j * dilation;
-      for (int64_t ow = 0; ow < g.Wo; ++ow) take(best[ow], tap[ow * stride]);
+      const C* from = rows_max + j * dilation;
+      for (int64_t ow = 0; ow < g.Wo; ++ow) take(best[ow], from[ow * stride]);
     }
-    for (int64_t ow = 0; ow < g.Wo; ++ow) yp[oh * ys2 + ow * ys3] = static_cast<T>(best[ow]);
-  }
-}
-
-// Max of one plane with its int64 indices (training), in the same two steps: each output row's
-// window rows reduced column by column into rows_max, with the row each value came from in
-// rows_at, then each output's window columns taken from there. PyTorch's scan (window rows, then
-// columns, in order; a greater value or a NaN replaces the best) gives the first maximum in
-// row-major order, or the last NaN. So per column: the first maximum's row, or the last NaN's;
-// across the window's columns in order: a greater value, an equal one from an earlier row, or a
-// NaN from the same or a later row replaces the best. The padding is -inf at row INT32_MAX, never
-// taken; a window of -inf (or of padding and -inf) gives its first position, as the scan does.
-// rows_max and rows_at hold padded_row_length values; best, best_at and best_w Wo.
-template <typename T>
-void max_plane_indexed(const T* xp, int64_t xs2, int64_t xs3, const Pool2dParams& p, const PlaneGeom& g, T* yp,
-                       int64_t ys2, int64_t ys3, int64_t* ip, int64_t is2, int64_t is3, compute_t<T>* rows_max,
-                       int32_t* rows_at, compute_t<T>* best, int32_t* best_at, int32_t* best_w) {
-  using C = compute_t<T>;
-  constexpr C lowest = -std::numeric_limits<C>::infinity();
-  constexpr int32_t never = std::numeric_limits<int32_t>::max();
-  const int64_t stride = p.stride[1], dilation = p.dilation[1], length = padded_row_length(p, g);
-  std::fill(rows_max, rows_max + length, lowest);
-  std::fill(rows_at, rows_at + length, never);
-  C* row = rows_max + p.padding[1];
-  int32_t* at = rows_at + p.padding[1];
-  for (int64_t oh = 0; oh < g.Ho; ++oh) {
-    const Window rows = max_window(p, g, oh, 0);
-    std::fill(row, row + g.W, lowest);
-    std::fill(at, at + g.W, static_cast<int32_t>(rows.h0));
-    for (int64_t h = rows.h0; h < rows.h1; h += rows.dh) {
-      const T* xrow = xp + h * xs2;
-      auto column = [&](int64_t w, C v) {
-        const bool take = v > row[w] || v != v;
-        row[w] = take ? v : row[w];
-        at[w] = take ? static_cast<int32_t>(h) : at[w];
-      };
-      if (xs3 == 1)  // contiguous rows: a loop the compiler vectorises
-        for (int64_t w = 0; w < g.W; ++w) column(w, static_cast<C>(xrow[w]));
-      else
-        for (int64_t w = 0; w < g.W; ++w) column(w, static_cast<C>(xrow[w * xs3]));
+    if (!ip) {
+      for (int64_t ow = 0; ow < g.Wo; ++ow) yp[oh * ys2 + ow * ys3] = static_cast<T>(best[ow]);
+      continue;
     }
-    std::fill(best, best + g.Wo, lowest);
-    std::fill(best_at, best_at + g.Wo, never);
-    for (int64_t j = 0; j < p.kernel[1]; ++j) {
-      const C* tap = rows_max + j * dilation;
-      const int32_t* tap_at = rows_at + j * dilation;
-      for (int64_t ow = 0; ow < g.Wo; ++ow) {
-        const C v = tap[ow * stride], b = best[ow];
-        const int32_t h = tap_at[ow * stride], bh = best_at[ow];
-        const bool take = v != v ? (b == b || h >= bh) : (b == b && (v > b || (v == b && h < bh)));
-        best[ow] = take ? v : b;
-        best_at[ow] = take ? h : bh;
-        best_w[ow] = take ? static_cast<int32_t>(ow * stride + j * dilation - p.padding[1]) : best_w[ow];
+    std::fill(tap, tap + g.Wo, none);
+    for (int64_t i = p.kernel[0] - 1; i >= 0; --i) {
+      const int64_t h = oh * p.stride[0] - p.padding[0] + i * p.dilation[0];
+      if (h < 0 || h >= g.H) continue;
+      for (int64_t j = p.kernel[1] - 1; j >= 0; --j) {
+        const int64_t offset = j * dilation - p.padding[1];  // w = ow * stride + offset
+        const int64_t lo = std::max<int64_t>(0, (-offset + stride - 1) / stride),
+                      hi = std::min(g.Wo, offset < g.W ? (g.W - offset + stride - 1) / stride : 0);
+        const T* x = xp + h * xs2 + offset * xs3;
+        const int32_t t = static_cast<int32_t>(i * p.kernel[1] + j);
+        for (int64_t ow = lo; ow < hi; ++ow) {
+          const C v = static_cast<C>(x[ow * stride * xs3]), b = best[ow];
+          const bool first_nan = v != v && b != b && tap[ow] == none;
+          tap[ow] = v == b || first_nan ? t : tap[ow];
+        }
       }
     }
+    const int64_t top = oh * p.stride[0] - p.padding[0];  // the window's first row, maybe padding
     for (int64_t ow = 0; ow < g.Wo; ++ow) {
-      yp[oh * ys2 + ow * ys3] = static_cast<T>(best[ow]);
-      ip[oh * is2 + ow * is3] = static_cast<int64_t>(best_at[ow]) * g.W + best_w[ow];
+      const int64_t left = ow * stride - p.padding[1];
+      if (tap[ow] == none) {
+        const Window win = max_window(p, g, oh, ow);
+        ip[oh * is2 + ow * is3] = win.h0 * g.W + win.w0;
+        yp[oh * ys2 + ow * ys3] = static_cast<T>(best[ow]);
+        continue;
+      }
+      const TapOffsets& o = taps[tap[ow]];
+      ip[oh * is2 + ow * is3] = top * g.W + left + o.index;
+      yp[oh * ys2 + ow * ys3] = xp[top * xs2 + left * xs3 + o.x];
     }
   }
 }
@@ -208,27 +205,19 @@ struct MaxForward {
     using C = compute_t<T>;
     PlaneGeom g = plane_geom(x, y);
     int64_t xs2 = x.strides()[2], xs3 = x.strides()[3], ys2 = y.strides()[2], ys3 = y.strides()[3];
-    if (args.out.size() == 1 && window == max_window) {
-      parallel_for(g.N * g.C, plane_work(p, g), [&](int64_t b, int64_t e) {
-        std::vector<C> rows_max(padded_row_length(p, g)), best(g.Wo);
-        for (int64_t it = b; it < e; ++it)
-          max_plane_values(plane_ptr<T>(x, it / g.C, it % g.C), xs2, xs3, p, g, plane_ptr<T>(y, it / g.C, it % g.C),
-                           ys2, ys3, rows_max.data(), best.data());
-      });
-      return;
-    }
-    const Tensor& idx = args.out[1];
-    int64_t is2 = idx.strides()[2], is3 = idx.strides()[3];
+    const bool indexed = args.out.size() == 2;
+    const Tensor idx = indexed ? args.out[1] : Tensor();
+    const int64_t is2 = indexed ? idx.strides()[2] : 0, is3 = indexed ? idx.strides()[3] : 0;
     if (window == max_window) {
       parallel_for(g.N * g.C, plane_work(p, g), [&](int64_t b, int64_t e) {
-        const int64_t length = padded_row_length(p, g);
-        std::vector<C> rows_max(length), best(g.Wo);
-        std::vector<int32_t> rows_at(length), best_at(g.Wo), best_w(g.Wo);
+        std::vector<C> rows_max(padded_row_length(p, g)), best(g.Wo);
+        std::vector<int32_t> tap(g.Wo);
+        const std::vector<TapOffsets> taps = max_taps(p, g, xs2, xs3);
         for (int64_t it = b; it < e; ++it) {
           const int64_t n = it / g.C, c = it % g.C;
-          max_plane_indexed(plane_ptr<T>(x, n, c), xs2, xs3, p, g, plane_ptr<T>(y, n, c), ys2, ys3,
-                            plane_ptr<int64_t>(idx, n, c), is2, is3, rows_max.data(), rows_at.data(), best.data(),
-                            best_at.data(), best_w.data());
+          max_plane(plane_ptr<T>(x, n, c), xs2, xs3, p, g, plane_ptr<T>(y, n, c), ys2, ys3,
+                    indexed ? plane_ptr<int64_t>(idx, n, c) : nullptr, is2, is3, taps.data(), rows_max.data(),
+                    best.data(), tap.data());
         }
       });
       return;
