@@ -1356,24 +1356,69 @@ constexpr int64_t kWeightChunks = 8;
 // per GEMM.
 constexpr int64_t kWeightGradientColumns = 1024;
 
-// One sample's weight gradient of group gi, dW_g (Og, K) (+)= dY_g (Og, P) @ col^T (P, K), its
-// positions in bands of whole output rows of about kWeightGradientBand columns: each band's
-// im2col (K, band) is still in cache when the GEMM packs it, where the whole sample's (1152 x
-// 3136 floats for DenseNet's 3x3 growth convolution at 56x56) went to memory and back.
-// Measured on Zen 4 (batch 8, 2 threads, min of three alternating runs): that convolution's
-// weight gradient 18.6 -> 15.0 ms; maps up to 1024 positions (28x28) are one band, as before.
+// The weight gradient of group gi is summed transposed, dW_g^T (K, Og) (+)= X (K, cols) @ dY_g^T
+// (cols, Og), X the input's (K, cols) columns, when it has at least this many output channels, no
+// more than K, and maps of at least kGemmColumns positions: the GEMM then reads X (the im2col
+// matrix, the larger operand) in place along its rows instead of packing it transposed, packs
+// only dY's fewer rows so, and its tiles fit Og (64 output channels are two whole tile columns,
+// where as rows they were five tiles and a third). Each element's sum over the positions is the
+// same as in dW_g (Og, K) = dY_g @ X^T (the same blocks of k, each product and addition the
+// same), so the gradient keeps its bits; only a final copy into dW's (Og, K) layout is added.
+// Measured on Zen 4 (batch 8, 2 threads, the two binaries alternating): resnet18's four 3x3
+// 64 -> 64 at 56x56 45.8 -> 38.5-38.9 ms, its 7x7 stem 12.9 -> 11.3, resnet50's 1x1 256 -> 64
+// 10.3 -> 8.3; all weight gradients of resnet18 180 -> 169 ms, resnet50 395 -> 383, densenet121
+// 360 -> 273-333. Slower transposed, so kept as they were: expansions (Og > K: resnet50's 1x1 64
+// -> 256 16.3 -> 20.0 ms), small maps (their GEMM runs over all threads: 3x3 512 -> 512 at 7x7
+// 29.3 -> 63.1) and few channels per group (ResNeXt's 4, whose few rows take dot products).
+constexpr int64_t kTransposedWeightGradientChannels = 16;
+bool transposed_weight_gradient(const ConvGeom& g) {
+  return g.Og >= kTransposedWeightGradientChannels && g.Og <= g.K && g.P >= kGemmColumns;
+}
+
+// The buffer a weight gradient bound for dw (G, Og, K) is summed in: dw itself, or for the
+// transposed sums a (G, K, Og) scratch buffer of the thread (store_weight_gradient copies it).
+template <typename T>
+T* weight_gradient_sums(const ConvGeom& g, T* dw) {
+  return transposed_weight_gradient(g) ? thread_scratch<T, 17>(g.O * g.K) : dw;
+}
+
+// sums (+)= group gi's gradient from X (K, cols) and dY (Og, cols) (beta 0 when first).
+template <typename T>
+void weight_gradient_gemm(const Columns<T>& X, const Columns<T>& dY, int64_t cols, int64_t gi, const ConvGeom& g,
+                          T* sums, bool first) {
+  const T beta = first ? T(0) : T(1);
+  if (transposed_weight_gradient(g))
+    return gemm<T>(g.K, g.Og, cols, X.p, X.rs, X.cs, dY.p, dY.cs, dY.rs, sums + gi * g.K * g.Og, g.Og, 1, beta);
+  gemm<T>(g.Og, g.K, cols, dY.p, dY.rs, dY.cs, X.p, X.cs, X.rs, sums + gi * g.Og * g.K, g.K, 1, beta);
+}
+
+// dw (G, Og, K) = the sums (weight_gradient_sums), transposed back where they are.
+template <typename T>
+void store_weight_gradient(const T* sums, const ConvGeom& g, T* dw) {
+  if (sums == dw) return;
+  for (int64_t gi = 0; gi < g.G; ++gi)
+    for (int64_t o = 0; o < g.Og; ++o)
+      for (int64_t k = 0; k < g.K; ++k) dw[(gi * g.Og + o) * g.K + k] = sums[(gi * g.K + k) * g.Og + o];
+}
+
+// One sample's weight gradient of group gi into sums (weight_gradient_gemm), its positions in
+// bands of whole output rows of about kWeightGradientBand columns: each band's im2col (K, band) is
+// still in cache when the GEMM reads it, where the whole sample's (1152 x 3136 floats for
+// DenseNet's 3x3 growth convolution at 56x56) went to memory and back. Measured on Zen 4 (batch
+// 8, 2 threads, min of three alternating runs): that convolution's weight gradient 18.6 -> 15.0
+// ms; maps up to 1024 positions (28x28) are one band, as before.
 constexpr int64_t kWeightGradientBand = 1024;
 template <typename T>
 void weight_gradient_in_bands(const Operand<const T>& dy, const Operand<const T>& x, int64_t s, int64_t gi,
-                              const ConvGeom& g, T* acc, bool first) {
+                              const ConvGeom& g, T* sums, bool first) {
   const int64_t rows = std::clamp<int64_t>(kWeightGradientBand / g.Wo, 1, g.Ho);
   T* col = thread_scratch<T, 0>(g.K * rows * g.Wo);
   const Columns<T> dY = gather_columns<T, 1>(dy, s, 1, gi * g.Og, g.Og, g.Ho, g.Wo);
   for (int64_t oh0 = 0; oh0 < g.Ho; oh0 += rows) {
     const int64_t oh1 = std::min(oh0 + rows, g.Ho), cols = (oh1 - oh0) * g.Wo;
     im2col(x.p + s * x.s[0] + gi * g.Cg * x.s[1], x.s, g, col, cols, oh0, oh1);
-    gemm<T>(g.Og, g.K, cols, dY.p + oh0 * g.Wo * dY.cs, dY.rs, dY.cs, col, 1, cols, acc + gi * g.Og * g.K, g.K, 1,
-            first && oh0 == 0 ? T(0) : T(1));
+    weight_gradient_gemm<T>({col, cols, 1}, {dY.p + oh0 * g.Wo * dY.cs, dY.rs, dY.cs}, cols, gi, g, sums,
+                            first && oh0 == 0);
   }
 }
 
@@ -1388,40 +1433,40 @@ void conv_backward_weight(const Operand<const T>& dy, const Operand<const T>& x,
   }
   if (g.G == 1 && g.P < kGemmColumns) {
     // Small maps of one group: the samples in order, several per GEMM so that its sums (over
-    // their positions) are long enough, each GEMM over all threads and accumulating into dw. The
-    // chunks below would give each thread's chunk its own (O, K) partial gradient, written and
-    // summed again, with sums as short as one sample's positions (7x7 maps: 49). Measured on
-    // resnet18's training step (Zen 4, batch 8, 2 threads): layer4's 3x3 weight gradients
-    // 171 -> 33 ms; maps of 256 positions and more stay faster in chunks.
+    // their positions) are long enough, each GEMM over all threads and accumulating. The chunks
+    // below would give each thread's chunk its own (O, K) partial gradient, written and summed
+    // again, with sums as short as one sample's positions (7x7 maps: 49). Measured on resnet18's
+    // training step (Zen 4, batch 8, 2 threads): layer4's 3x3 weight gradients 171 -> 33 ms;
+    // maps of 256 positions and more stay faster in chunks.
+    T* sums = weight_gradient_sums(g, dw);
     const int64_t nb = std::clamp<int64_t>(kWeightGradientColumns / g.P, 1, g.N);
     for (int64_t s = 0; s < g.N; s += nb) {
       const int64_t m = std::min(nb, g.N - s), cols = m * g.P;
-      const Columns<T> B = input_columns(x, s, m, 0, g);  // (K, cols), used transposed
-      const Columns<T> dY = gather_columns<T, 1>(dy, s, m, 0, g.Og, g.Ho, g.Wo);
-      gemm<T>(g.Og, g.K, cols, dY.p, dY.rs, dY.cs, B.p, B.cs, B.rs, dw, g.K, 1, s == 0 ? T(0) : T(1));
+      weight_gradient_gemm<T>(input_columns(x, s, m, 0, g), gather_columns<T, 1>(dy, s, m, 0, g.Og, g.Ho, g.Wo), cols,
+                              0, g, sums, s == 0);
     }
-    return;
+    return store_weight_gradient(sums, g, dw);
   }
   const int64_t nb = samples_per_gemm(g, (g.N + chunks - 1) / chunks);
-  // Chunk 0 accumulates into dw, the others into partials summed in chunk order afterwards.
+  // Chunk 0 goes to dw, the others to partials summed in chunk order afterwards.
   std::vector<T> partial((chunks - 1) * wsize);
   auto run_chunk = [&](int64_t ch) {
-    T* acc = ch == 0 ? dw : partial.data() + (ch - 1) * wsize;
+    T* dest = ch == 0 ? dw : partial.data() + (ch - 1) * wsize;
+    T* sums = weight_gradient_sums(g, dest);
     int64_t n0 = g.N * ch / chunks, n1 = g.N * (ch + 1) / chunks;
     for (int64_t s = n0; s < n1; s += nb) {
       int64_t m = std::min(nb, n1 - s), cols = m * g.P;
-      if (m == 1 && !is_pointwise(g)) {
-        for (int64_t gi = 0; gi < g.G; ++gi) weight_gradient_in_bands(dy, x, s, gi, g, acc, s == n0);
-        continue;
-      }
       for (int64_t gi = 0; gi < g.G; ++gi) {
-        const Columns<T> B = input_columns(x, s, m, gi, g);  // (K, cols), used transposed
-        Columns<T> dY = gather_columns<T, 1>(dy, s, m, gi * g.Og, g.Og, g.Ho, g.Wo);
-        // dW_g (Og, K) += dY_g (Og, cols) @ col^T (cols, K)
-        gemm<T>(g.Og, g.K, cols, dY.p, dY.rs, dY.cs, B.p, B.cs, B.rs, acc + gi * g.Og * g.K, g.K, 1,
-                s == n0 ? T(0) : T(1));
+        if (m == 1 && !is_pointwise(g)) {
+          weight_gradient_in_bands(dy, x, s, gi, g, sums, s == n0);
+          continue;
+        }
+        weight_gradient_gemm<T>(input_columns(x, s, m, gi, g),
+                                gather_columns<T, 1>(dy, s, m, gi * g.Og, g.Og, g.Ho, g.Wo), cols, gi, g, sums,
+                                s == n0);
       }
     }
+    store_weight_gradient(sums, g, dest);
   };
   parallel_for(chunks, g.N / chunks * g.O * g.K * g.P, [&](int64_t b, int64_t e) {
     for (int64_t ch = b; ch < e; ++ch) run_chunk(ch);
