@@ -814,6 +814,51 @@ TEST(Layers, ConvNormActivationFusesOnlyWhereNothingChanges) {
   }
 }
 
+// The fused path keeps its folded batch norm (scale and shift) between calls: the second call
+// gives the first one's bits, and after any change to what it was folded from (an in-place
+// write to the running statistics, the norm's weight or bias or the convolution's bias, eps, a
+// replaced parameter) the next call folds again, matching the modules one by one; with keeping
+// off (set_keep_derived_data) it folds on every call.
+TEST(Layers, ConvNormActivationFoldsAgainAfterAnyChange) {
+  auto conv = make_shared<Conv2d>(3, 5, 3, ConvOptions{.padding = 1, .bias = true});
+  auto bn = make_shared<BatchNorm2d>(5);
+  auto act = make_shared<ReLU6>();
+  NoGradGuard no_grad;
+  bn->running_mean().copy_(randn_of({5}, 11));
+  bn->running_var().copy_(rand({5}) + 0.5);
+  bn->weight().copy_(randn_of({5}, 12));
+  bn->bias().copy_(randn_of({5}, 13));
+  Sequential seq({conv, bn, act});
+  seq.eval();
+  const Tensor x = randn_of({2, 3, 6, 7}, 14) * 3.0;
+  auto check = [&](const std::string& after) {
+    const Tensor want = (*act)((*bn)((*conv)(x)));
+    Tensor y;
+    EXPECT_TRUE(ran(kernels_of([&] { y = seq(x); }), "conv2d_epilogue")) << after;
+    EXPECT_LE(relative_error(y, want), 1e-6) << after;
+    EXPECT_EQ(relative_error(seq(x), y), 0) << after << ": the kept fold";
+  };
+  check("the first call");
+  bn->weight().mul_(scalar_like(-2.0, DType::Float32));
+  check("the norm's weight times -2");
+  bn->bias().add_(scalar_like(1.5, DType::Float32));
+  check("the norm's bias plus 1.5");
+  bn->running_mean().copy_(randn_of({5}, 15));
+  check("a new running mean");
+  bn->running_var().mul_(scalar_like(4.0, DType::Float32));
+  check("the running variance times 4");
+  conv->bias().sub_(scalar_like(0.75, DType::Float32));
+  check("the convolution's bias minus 0.75");
+  bn->eps = 0.5;
+  check("eps 0.5");
+  bn->register_parameter("weight", randn_of({5}, 16));
+  check("a replaced weight");
+  set_keep_derived_data(false);
+  bn->bias().add_(scalar_like(1.0, DType::Float32));
+  check("keeping off");
+  set_keep_derived_data(true);
+}
+
 // BatchNorm2d and ReLU over a concatenation (DenseNet's pre-activation): in evaluation mode
 // without autograd one channel_affine kernel per input writing its channels of the result, the
 // separate cat, batch norm and relu values bit for bit (float32 and float64, NaNs included);

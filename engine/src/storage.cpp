@@ -196,8 +196,10 @@ std::atomic<bool> g_keep_derived{true};
 void set_keep_derived_data(bool keep) { g_keep_derived.store(keep, std::memory_order_relaxed); }
 bool keep_derived_data() { return g_keep_derived.load(std::memory_order_relaxed); }
 
+bool Storage::keeps_derived() const { return owned_ && keep_derived_data(); }
+
 std::shared_ptr<const void> Storage::derived(const DerivedKey& key) const {
-  if (!owned_ || !keep_derived_data()) return nullptr;
+  if (!keeps_derived()) return nullptr;
   const uint64_t now = version();
   std::lock_guard<std::mutex> lock(derived_mutex());
   for (const Derived& d : derived_)
@@ -206,7 +208,7 @@ std::shared_ptr<const void> Storage::derived(const DerivedKey& key) const {
 }
 
 void Storage::set_derived(const DerivedKey& key, std::shared_ptr<const void> data) {
-  if (!owned_ || !keep_derived_data()) return;
+  if (!keeps_derived()) return;
   const uint64_t now = version();
   std::vector<Derived> dropped;  // freed after the lock is released
   std::lock_guard<std::mutex> lock(derived_mutex());

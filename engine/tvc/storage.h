@@ -56,6 +56,9 @@ class Storage {
   using DerivedKey = std::array<int64_t, 4>;
   std::shared_ptr<const void> derived(const DerivedKey& key) const;
   void set_derived(const DerivedKey& key, std::shared_ptr<const void> data);
+  // Whether derived data is kept for this storage now: tvc's own memory (not wrapped), and
+  // keeping on. Where not, derived is always null and set_derived keeps nothing.
+  bool keeps_derived() const;
 
  private:
   Storage(void* data, size_t nbytes, Deleter deleter, Device device, bool owned)

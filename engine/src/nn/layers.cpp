@@ -201,7 +201,7 @@ std::vector<double> channel_values(const Tensor& t, size_t n, double fill) {
 
 // An evaluation-mode batch norm after conv as the per-channel (scale, shift) of conv2d_epilogue,
 // in dtype on device, computed in double.
-std::pair<Tensor, Tensor> folded_batch_norm(const Conv2d& conv, const BatchNorm& bn, DType dtype, Device device) {
+std::pair<Tensor, Tensor> fold_batch_norm(const Conv2d& conv, const BatchNorm& bn, DType dtype, Device device) {
   NoGradGuard no_grad;
   const size_t C = static_cast<size_t>(bn.num_features);
   const std::vector<double> mean = channel_values(bn.running_mean(), C, 0),
@@ -223,6 +223,49 @@ std::pair<Tensor, Tensor> folded_batch_norm(const Conv2d& conv, const BatchNorm&
   else
     fill(scale.data_ptr<double>(), shift.data_ptr<double>());
   return {scale.to(dtype).to(device), shift.to(dtype).to(device)};
+}
+
+// A folded batch norm kept with its running variance's storage (Storage::derived, under the key
+// {kFoldedBatchNormKey, the variance's offset, dtype, device}) with what else it was folded
+// from: the running mean, weight and bias and the convolution's bias, each as its storage (held,
+// so that no other storage takes its address), offset and version, and eps. A later call whose
+// sources all match reuses it; any in-place write to one of them bumps its version, and a
+// replaced tensor has another storage or offset, so the fold is made again.
+constexpr int64_t kFoldedBatchNormKey = 0x466f6c64;  // "Fold": not a kernel's weight form
+struct FoldedBatchNorm {
+  struct Source {
+    std::shared_ptr<Storage> storage;  // null for an undefined tensor
+    int64_t offset;
+    uint64_t version;
+    bool operator==(const Source&) const = default;
+  };
+  std::vector<Source> sources;
+  double eps;
+  Tensor scale, shift;
+};
+
+std::pair<Tensor, Tensor> folded_batch_norm(const Conv2d& conv, const BatchNorm& bn, DType dtype, Device device) {
+  const Tensor var = bn.running_var();
+  std::vector<FoldedBatchNorm::Source> sources;
+  bool keep = var.storage()->keeps_derived();
+  for (const Tensor& t : {bn.running_mean(), bn.weight(), bn.bias(), conv.bias()}) {
+    if (!t.defined()) {
+      sources.push_back({nullptr, 0, 0});
+      continue;
+    }
+    keep = keep && t.storage()->keeps_derived();
+    sources.push_back({t.storage(), t.storage_offset(), t.version()});
+  }
+  const double eps = bn.eps.to_double();
+  if (!keep) return fold_batch_norm(conv, bn, dtype, device);
+  const Storage::DerivedKey key{kFoldedBatchNormKey, var.storage_offset(), static_cast<int64_t>(dtype),
+                                static_cast<int64_t>(device)};
+  if (auto kept = std::static_pointer_cast<const FoldedBatchNorm>(var.storage()->derived(key));
+      kept && kept->sources == sources && kept->eps == eps)
+    return {kept->scale, kept->shift};
+  auto [scale, shift] = fold_batch_norm(conv, bn, dtype, device);
+  var.storage()->set_derived(key, std::make_shared<const FoldedBatchNorm>(FoldedBatchNorm{sources, eps, scale, shift}));
+  return {scale, shift};
 }
 
 // Maps of more positions than this take a squeeze-excitation's scale folded into a pointwise
