@@ -1358,7 +1358,8 @@ constexpr int64_t kWeightGradientColumns = 1024;
 
 // The weight gradient of group gi is summed transposed, dW_g^T (K, Og) (+)= X (K, cols) @ dY_g^T
 // (cols, Og), X the input's (K, cols) columns, when it has at least this many output channels, no
-// more than K, and maps of at least kGemmColumns positions: the GEMM then reads X (the im2col
+// more than K, and maps of at least kGemmColumns positions or at most kSmallMapTransposedChannels
+// output channels: the GEMM then reads X (the im2col
 // matrix, the larger operand) in place along its rows instead of packing it transposed, packs
 // only dY's fewer rows so, and its tiles fit Og (64 output channels are two whole tile columns,
 // where as rows they were five tiles and a third). Each element's sum over the positions is the
@@ -1368,11 +1369,15 @@ constexpr int64_t kWeightGradientColumns = 1024;
 // 64 -> 64 at 56x56 45.8 -> 38.5-38.9 ms, its 7x7 stem 12.9 -> 11.3, resnet50's 1x1 256 -> 64
 // 10.3 -> 8.3; all weight gradients of resnet18 180 -> 169 ms, resnet50 395 -> 383, densenet121
 // 360 -> 273-333. Slower transposed, so kept as they were: expansions (Og > K: resnet50's 1x1 64
-// -> 256 16.3 -> 20.0 ms), small maps (their GEMM runs over all threads: 3x3 512 -> 512 at 7x7
-// 29.3 -> 63.1) and few channels per group (ResNeXt's 4, whose few rows take dot products).
-constexpr int64_t kTransposedWeightGradientChannels = 16;
+// -> 256 16.3 -> 20.0 ms), small maps with many output channels (their GEMM runs over all
+// threads: 3x3 512 -> 512 at 7x7 10.4 -> 20.1 ms, 256 -> 256 at 14x14 10.1 -> 11.0; DenseNet's
+// 3x3 128 -> 32 at 14x14 took 0.89 -> 0.74, 64 -> 64 1.39 -> 1.16, 128 -> 128 2.64 -> 2.54: up to
+// 64 channels transposed) and few channels per group (ResNeXt's 4, whose few rows take dot
+// products).
+constexpr int64_t kTransposedWeightGradientChannels = 16, kSmallMapTransposedChannels = 64;
 bool transposed_weight_gradient(const ConvGeom& g) {
-  return g.Og >= kTransposedWeightGradientChannels && g.Og <= g.K && g.P >= kGemmColumns;
+  return g.Og >= kTransposedWeightGradientChannels && g.Og <= g.K &&
+         (g.P >= kGemmColumns || g.Og <= kSmallMapTransposedChannels);
 }
 
 // The buffer a weight gradient bound for dw (G, Og, K) is summed in: dw itself, or for the
