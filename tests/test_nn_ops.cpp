@@ -95,6 +95,16 @@ TEST(NnOps, Conv2dForwardAndGradientsMatchTorch) {
       {{2, 6, 4, 6}, {4, 6, 1, 1}, false, {1, 1}, {0, 0}, {1, 1}, 1, true},
       {{2, 3, 7, 6}, {4, 3, 3, 3}, true, {2, 1}, {1, 0}, {1, 2}, 1, false, DType::Float64},
       {{3, 4, 6, 5}, {4, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 4, true, DType::Float64},
+      // weight gradients summed transposed (16 to K output channels per group): maps of 256+
+      // positions in bands, pointwise, two groups, channels-last, float64; small maps (one GEMM
+      // over all threads) with up to 64 channels; and small maps with more, summed as dY @ X^T
+      {{2, 16, 18, 16}, {32, 16, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
+      {{2, 64, 17, 16}, {16, 64, 1, 1}, false, {1, 1}, {0, 0}, {1, 1}, 1},
+      {{2, 32, 17, 16}, {32, 16, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 2},
+      {{2, 16, 18, 16}, {32, 16, 3, 3}, false, {1, 1}, {1, 1}, {1, 1}, 1, true},
+      {{2, 16, 17, 16}, {24, 16, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1, false, DType::Float64},
+      {{3, 16, 9, 9}, {32, 16, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
+      {{2, 16, 9, 9}, {80, 16, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
   };
   std::ostringstream code;
   struct Ours {
