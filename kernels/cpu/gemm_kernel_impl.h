@@ -787,18 +787,15 @@ void epilogue_lanes(int64_t n, const float* x, float* y, const float* scale, con
     if (residual) v = v + r;
     return activation_lanes<W, Act>(v);
   };
-  if (n < W) {
-    float xb[W] = {}, rb[W] = {}, sb[W] = {}, bb[W] = {};
-    for (int64_t k = 0; k < n; ++k) {
-      xb[k] = x[k], rb[k] = residual ? residual[k] : 0.f;
-      sb[k] = scale ? scale[PerChannel ? k : 0] : 1.f, bb[k] = shift ? shift[PerChannel ? k : 0] : 0.f;
-    }
-    V v, r, s, b;
-    __builtin_memcpy(&v, xb, sizeof(V));
-    __builtin_memcpy(&r, rb, sizeof(V));
-    __builtin_memcpy(&s, sb, sizeof(V));
-    __builtin_memcpy(&b, bb, sizeof(V));
-    store_lanes<W>(one(v, r, s, b), n, y);
+  if (n < W) {  // the first n lanes (masked loads and store on AVX-512), the others unused
+    auto first = [n](const float* p) {
+      if constexpr (PerChannel)
+        return load_first_lanes<W>(p, n);
+      else
+        return V{} + *p;
+    };
+    const V r = residual ? load_first_lanes<W>(residual, n) : V{};
+    store_lanes<W>(one(load_first_lanes<W>(x, n), r, scale ? first(scale) : V{}, shift ? first(shift) : V{}), n, y);
     return;
   }
   auto step = [&](V v, V r, int64_t i) { return one(v, r, scale ? at(scale, i) : V{}, shift ? at(shift, i) : V{}); };
