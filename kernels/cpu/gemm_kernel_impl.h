@@ -788,7 +788,7 @@ void epilogue_lanes(int64_t n, const float* x, float* y, const float* scale, con
     return activation_lanes<W, Act>(v);
   };
   if (n < W) {  // the first n lanes (masked loads and store on AVX-512), the others unused
-    auto first = [n](const float* p) {
+    auto first = [&](const float* p) {
       if constexpr (PerChannel)
         return load_first_lanes<W>(p, n);
       else
