@@ -1359,12 +1359,12 @@ constexpr int64_t kWeightGradientColumns = 1024;
 // The weight gradient of group gi is summed transposed, dW_g^T (K, Og) (+)= X (K, cols) @ dY_g^T
 // (cols, Og), X the input's (K, cols) columns, when it has at least this many output channels, no
 // more than K, and maps of at least kGemmColumns positions or at most kSmallMapTransposedChannels
-// output channels: the GEMM then reads X (the im2col
-// matrix, the larger operand) in place along its rows instead of packing it transposed, packs
-// only dY's fewer rows so, and its tiles fit Og (64 output channels are two whole tile columns,
-// where as rows they were five tiles and a third). Each element's sum over the positions is the
-// same as in dW_g (Og, K) = dY_g @ X^T (the same blocks of k, each product and addition the
-// same), so the gradient keeps its bits; only a final copy into dW's (Og, K) layout is added.
+// output channels: the GEMM then reads X (the im2col matrix, the larger operand) in place along
+// its rows instead of packing it transposed, packs only dY's fewer rows so, and its tiles fit Og
+// (64 output channels are two whole tile columns, where as rows they were five tiles and a
+// third). Each element's sum over the positions is the same as in dW_g (Og, K) = dY_g @ X^T (the
+// same blocks of k, each product and addition the same), so the gradient keeps its bits; only a
+// final copy into dW's (Og, K) layout is added.
 // Measured on Zen 4 (batch 8, 2 threads, the two binaries alternating): resnet18's four 3x3
 // 64 -> 64 at 56x56 45.8 -> 38.5-38.9 ms, its 7x7 stem 12.9 -> 11.3, resnet50's 1x1 256 -> 64
 // 10.3 -> 8.3; all weight gradients of resnet18 180 -> 169 ms, resnet50 395 -> 383, densenet121
