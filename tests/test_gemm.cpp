@@ -275,9 +275,10 @@ TEST(Gemm, RowsOf7KernelGivesTheBitsOfGemm) {
 }
 
 // gemm_rows_of_7_offsets (a convolution's zero-padded input read in place through per-k offsets)
-// gives the bits of gemm_rows_of_7 on the explicit matrix those offsets describe, with 1 and 2
-// threads: stride 1 and 2, N with each narrow tail and past a panel, K across KC blocks (a
-// 3x3 window over 10 to 150 channels), several samples; its epilogue sees every 7-row tile once.
+// gives the bits of gemm_rows_of_7 on the explicit matrix those offsets describe, with 1, 2 and 3
+// threads (3 split panels' tiles between threads unevenly): stride 1 and 2, N with each narrow
+// tail and past a panel, K across KC blocks (a 3x3 window over 10 to 150 channels), several
+// samples; its epilogue sees every 7-row tile once.
 TEST(Gemm, RowsOf7OffsetsGiveTheBitsOfTheExplicitColumns) {
   struct Shape4 {
     int64_t samples, channels, map, stride, N;
@@ -308,7 +309,7 @@ TEST(Gemm, RowsOf7OffsetsGiveTheBitsOfTheExplicitColumns) {
       Matrix<float> b(K, N, Layout::RowMajor, gen);
       std::vector<float> panels(static_cast<size_t>(cpu::rows_of_7_packed_floats(K, N)), NAN);
       cpu::pack_rows_of_7_b(K, N, b.buf.data(), b.rs, b.cs, panels.data());
-      for (int t : {1, 2}) {
+      for (int t : {1, 2, 3}) {
         set_num_threads(t);
         apply_num_threads();  // the kernel is called directly, not through an op that applies it
         std::vector<float> want(static_cast<size_t>(M * N), NAN), got(static_cast<size_t>(M * N), NAN);

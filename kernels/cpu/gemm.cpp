@@ -203,6 +203,8 @@ constexpr int64_t kARowsInPlaceColumns = 512;
 // 7x7 the same at batch 1, 7.0 -> 5.6 ms at batch 8). Other strides up to 2 KiB apart (six rows
 // to a set) measured slower packed.
 constexpr int64_t kAliasingRowBytes = 4096;
+// The floats of a cache line: each step of k of a micro-kernel fetches one line ahead.
+constexpr int64_t kFloatsPerLine = 16;
 
 // The micro-kernel for the last n columns of a tile: a narrow form of micro when kn has one that
 // covers n (GemmKernelF32::narrow), else micro itself.
@@ -261,6 +263,14 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
       for (int64_t jc = 0; jc < N; jc += NC) {
         int64_t nc = std::min(NC, N - jc);
         const T* b_block = B + pc * b_rs + jc * b_cs;
+        // The 7-row kernel's B block comes from memory on its first tile rows and from L2 on the
+        // others: each tile row fetches its share of the next block's panel into L2 meanwhile (the
+        // i-th tile row the i-th kc lines of it, as far as the panel goes), so few tile rows, as a
+        // batch-1 convolution's or linear layer's, do not stall on the weights' first reading.
+        // Other kernels fetch nothing (their panel itself, already there).
+        const bool next_in_row = jc + NC < N;
+        const int64_t next_pc = next_in_row ? pc : pc + KC < K ? pc + KC : 0, next_jc = next_in_row ? jc + NC : 0;
+        const int64_t next_panel_floats = std::min(KC, K - next_pc) * nr;
         int64_t in_place = b_in_place ? nc / nr * nr : 0;  // columns read from B itself
         if (!rows_kernel && in_place < nc) pack_b(kc, nc - in_place, nr, b_block + in_place, b_rs, b_cs, bp);
         for (int64_t ir = 0; ir < mc; ir += mr) {
@@ -281,9 +291,15 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
             bool direct = jr < in_place;
             const int64_t n = std::min(nr, nc - jr);
             const P* b_panel = direct ? reinterpret_cast<const P*>(b_block) + jr : bp + (jr - in_place) * kp;
-            if constexpr (rows_kernel) b_panel = B + (jc + jr) / nr * K * nr + pc * nr;
+            const P* ahead = b_panel;
+            if constexpr (rows_kernel) {
+              b_panel = B + (jc + jr) / nr * K * nr + pc * nr;
+              if (next_jc + jr < N)
+                ahead = B + (next_jc + jr) / nr * K * nr + next_pc * nr +
+                        std::min(ir / mr * kc * kFloatsPerLine, next_panel_floats);
+            }
             narrow_kernel(kn, micro, n)(kp, a_panel, a_ks, b_panel, direct && !rows_kernel ? b_rs : nr, b,
-                                        c_row + jr * c_cs, c_rs, c_cs, m, n);
+                                        c_row + jr * c_cs, c_rs, c_cs, m, n, ahead);
           }
           if (pc + kc == K) sink(c_row, c_rs, c_cs, i_off + ic + ir, m, j_off + jc, nc);
         }
@@ -458,18 +474,31 @@ void gemm_rows_of_7_offsets(int64_t tiles, const int64_t* tile_starts, int64_t N
   const GemmRowsKernelF32& kn = active_kernels().f32_rows7;
   const int64_t panels = (N + kn.nr - 1) / kn.nr, KC = std::min(K, kn.kc);
   const BlockSink<float> sink{epilogue, false};
-  // Tiles by column panel, panel by panel: a thread's consecutive tiles share their B panel.
+  // Tiles by column panel, panel by panel: a thread's consecutive tiles share their B panel, and
+  // they run through it one K block at a time (each tile's blocks in order, each summed from zero,
+  // as gemm's), so the block is read from memory once and from L2 by the other tiles. Meanwhile
+  // the tiles fetch the thread's next block into L2 (the i-th tile the i-th kc lines of it, as
+  // far as the block goes): with few tiles a panel, as at batch 1, the weights' first reading
+  // from memory would otherwise stall the micro-kernel.
   parallel_for(panels * tiles, kn.mr * kn.nr * K, [&](int64_t q0, int64_t q1) {
-    for (int64_t q = q0; q < q1; ++q) {
-      const int64_t t = q % tiles, j0 = q / tiles * kn.nr, n = std::min(kn.nr, N - j0);
-      const int64_t vectors = (n + kn.lanes - 1) / kn.lanes;
+    for (int64_t panel = q0 / tiles; panel * tiles < q1; ++panel) {
+      const int64_t t0 = std::max(q0 - panel * tiles, int64_t{0}), t1 = std::min(q1 - panel * tiles, tiles);
+      const int64_t j0 = panel * kn.nr, n = std::min(kn.nr, N - j0), vectors = (n + kn.lanes - 1) / kn.lanes;
       const GemmMicroKernelOffsetsF32 micro =
           vectors < kn.nr / kn.lanes ? kn.narrow_offsets[vectors - 1] : kn.micro_offsets;
-      float* c = C + t * kn.mr * c_rs + j0 * c_cs;
-      for (int64_t pc = 0; pc < K; pc += KC)  // K blocks in order, each summed from zero, as gemm's
-        micro(std::min(KC, K - pc), a + tile_starts[t], k_offsets + pc, step, b_panels + j0 * K + pc * kn.nr, kn.nr,
-              pc == 0 ? 0.f : 1.f, c, c_rs, c_cs, kn.mr, n);
-      sink(c, c_rs, c_cs, t * kn.mr, kn.mr, j0, n);
+      const float* b = b_panels + j0 * K;
+      for (int64_t pc = 0; pc < K; pc += KC) {
+        const int64_t kc = std::min(KC, K - pc);
+        // The next block: this panel's next K block, else the next panel's first (after the last
+        // panel whatever memory follows: a prefetch never faults).
+        const float* next = pc + KC < K ? b + (pc + KC) * kn.nr : b + K * kn.nr;
+        const int64_t next_floats = (pc + KC < K ? std::min(KC, K - pc - KC) : std::min(KC, K)) * kn.nr;
+        for (int64_t t = t0; t < t1; ++t)
+          micro(kc, a + tile_starts[t], k_offsets + pc, step, b + pc * kn.nr, kn.nr, pc == 0 ? 0.f : 1.f,
+                C + t * kn.mr * c_rs + j0 * c_cs, c_rs, c_cs, kn.mr, n,
+                next + std::min((t - t0) * kc * kFloatsPerLine, next_floats));
+      }
+      for (int64_t t = t0; t < t1; ++t) sink(C + t * kn.mr * c_rs + j0 * c_cs, c_rs, c_cs, t * kn.mr, kn.mr, j0, n);
     }
   });
 }

@@ -78,10 +78,11 @@ struct AOffsets {
 // panel are broadcast (read through the accessor A), NR = NV * W columns of B are held in NV
 // vectors of W lanes, the MR x NV accumulators (of T) stay in registers over the kn steps of k,
 // each acc = Step::step(acc, a's element, b vector). P is the panels' element: T itself, or a
-// pair of bfloat16 in 32 bits.
-template <typename P, typename T, int W, int MR, int NV, typename Step, typename A>
+// pair of bfloat16 in 32 bits. With Ahead, each step of k also asks for one cache line of `ahead`
+// (its k-th) to be brought into L2, for a later call (else `ahead` is ignored).
+template <typename P, typename T, int W, int MR, int NV, typename Step, bool Ahead, typename A>
 void micro_kernel(int64_t kn, A a, const P* __restrict b, int64_t b_rs, T beta, T* __restrict c, int64_t c_rs,
-                  int64_t c_cs, int64_t m, int64_t n) {
+                  int64_t c_cs, int64_t m, int64_t n, const P* ahead) {
   typedef T V __attribute__((vector_size(W * sizeof(T))));
   typedef P PV __attribute__((vector_size(W * sizeof(P))));
   prefetch_tile(c, c_rs, c_cs, m, n);
@@ -92,6 +93,7 @@ void micro_kernel(int64_t kn, A a, const P* __restrict b, int64_t b_rs, T beta, 
     for (int v = 0; v < NV; ++v) acc[i][v] = V{};
 #pragma GCC unroll 2
   for (int64_t k = 0; k < kn; ++k) {
+    if constexpr (Ahead) __builtin_prefetch(ahead + k * (64 / sizeof(P)), 0, 2);
     PV bv[NV];
 #pragma GCC unroll 64
     for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + k * b_rs + v * W, sizeof(PV));
@@ -106,13 +108,13 @@ void micro_kernel(int64_t kn, A a, const P* __restrict b, int64_t b_rs, T beta, 
 }
 
 // The micro-kernel over a panel of A read along its rows (ARows) or not.
-template <typename P, typename T, int W, int MR, int NV, typename Step, bool ARows>
+template <typename P, typename T, int W, int MR, int NV, typename Step, bool ARows, bool Ahead>
 void micro_kernel_panel(int64_t kn, const P* __restrict a, int64_t a_ks, const P* __restrict b, int64_t b_rs, T beta,
-                        T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
+                        T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n, const P* ahead) {
   if constexpr (ARows)
-    micro_kernel<P, T, W, MR, NV, Step>(kn, ARowsOf<P>{a, a_ks}, b, b_rs, beta, c, c_rs, c_cs, m, n);
+    micro_kernel<P, T, W, MR, NV, Step, Ahead>(kn, ARowsOf<P>{a, a_ks}, b, b_rs, beta, c, c_rs, c_cs, m, n, ahead);
   else
-    micro_kernel<P, T, W, MR, NV, Step>(kn, AColumns<P>{a, a_ks}, b, b_rs, beta, c, c_rs, c_cs, m, n);
+    micro_kernel<P, T, W, MR, NV, Step, Ahead>(kn, AColumns<P>{a, a_ks}, b, b_rs, beta, c, c_rs, c_cs, m, n, ahead);
 }
 
 // acc + a * b (one FMA where the instruction set has them).
@@ -123,19 +125,20 @@ struct FmaStep {
   }
 };
 
-// See GemmMicroKernelF32.
-template <typename T, int W, int MR, int NV, bool ARows = false>
+// See GemmMicroKernelF32 (Ahead: the 7-row kernels').
+template <typename T, int W, int MR, int NV, bool ARows = false, bool Ahead = false>
 void gemm_micro_kernel(int64_t kc, const T* __restrict a, int64_t a_ks, const T* __restrict b, int64_t b_rs, T beta,
-                       T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n) {
-  micro_kernel_panel<T, T, W, MR, NV, FmaStep, ARows>(kc, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n);
+                       T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n, const T* __restrict ahead) {
+  micro_kernel_panel<T, T, W, MR, NV, FmaStep, ARows, Ahead>(kc, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n, ahead);
 }
 
 // See GemmMicroKernelOffsetsF32.
 template <int W, int MR, int NV>
 void gemm_micro_kernel_offsets(int64_t kc, const float* __restrict a, const int64_t* __restrict k_offsets, int64_t step,
                                const float* __restrict b, int64_t b_rs, float beta, float* __restrict c, int64_t c_rs,
-                               int64_t c_cs, int64_t m, int64_t n) {
-  micro_kernel<float, float, W, MR, NV, FmaStep>(kc, AOffsets{a, k_offsets, step}, b, b_rs, beta, c, c_rs, c_cs, m, n);
+                               int64_t c_cs, int64_t m, int64_t n, const float* ahead) {
+  micro_kernel<float, float, W, MR, NV, FmaStep, true>(kc, AOffsets{a, k_offsets, step}, b, b_rs, beta, c, c_rs, c_cs,
+                                                       m, n, ahead);
 }
 
 // One step of a bfloat16 dot product in W float lanes, as AVX512_BF16's vdpbf16ps does it: each
@@ -162,8 +165,9 @@ struct PairDotEmulated {
 template <int W, int MR, int NV, typename Dot, bool ARows = false>
 void gemm_micro_kernel_bf16(int64_t kp, const uint32_t* __restrict a, int64_t a_ks, const uint32_t* __restrict b,
                             int64_t b_rs, float beta, float* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m,
-                            int64_t n) {
-  micro_kernel_panel<uint32_t, float, W, MR, NV, Dot, ARows>(kp, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n);
+                            int64_t n, const uint32_t* __restrict ahead) {
+  micro_kernel_panel<uint32_t, float, W, MR, NV, Dot, ARows, false>(kp, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n,
+                                                                    ahead);
 }
 
 template <int W>

@@ -20,19 +20,24 @@ namespace tvc::cpu {
 // packed (b_rs = NR, zero-padded) or B itself when its rows are contiguous. Each element's sum
 // runs over k in order. Each kernel has a second form for an A read in place along its rows
 // (contiguous), MR full rows: element [k][i] at a[i * a_ks + k], a_ks then A's row stride.
+// The 7-row kernels (GemmRowsKernelF32), while they run, also fetch kc cache lines from `ahead`
+// on into L2 (one per step of k) for a later call: a prefetch, which never faults (B's panel
+// itself where nothing is due). The others ignore `ahead`.
 using GemmMicroKernelF32 = void (*)(int64_t kc, const float* a, int64_t a_ks, const float* b, int64_t b_rs, float beta,
-                                    float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
+                                    float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n, const float* ahead);
 using GemmMicroKernelF64 = void (*)(int64_t kc, const double* a, int64_t a_ks, const double* b, int64_t b_rs,
-                                    double beta, double* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
+                                    double beta, double* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n,
+                                    const double* ahead);
 
 // The bfloat16 micro-kernel: C = Ap @ Bp + beta * C as above, in float32, over kp pairs of k.
 // Each 32-bit element holds the bfloat16 bits of two consecutive k (the even one in the low
 // half; a zero pair past K's end): Ap's pair [p][i] at a[p * a_ks + i] (A's row i, packed: a_ks
 // = MR; the rows form: at a[i * a_ks + p]), Bp's pair [p][j] at b[p * b_rs + j] (B's column j).
 // Each pair adds its odd then its even product to the sum (AVX512_BF16's vdpbf16ps; products are
-// exact in float32), pairs in order.
+// exact in float32), pairs in order; `ahead` ignored.
 using GemmMicroKernelBF16 = void (*)(int64_t kp, const uint32_t* a, int64_t a_ks, const uint32_t* b, int64_t b_rs,
-                                     float beta, float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n);
+                                     float beta, float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n,
+                                     const uint32_t* ahead);
 
 // A micro-kernel and the cache blocking that suits it: the A micro-panel (kc x mr) stays in L1,
 // the packed B block (kc x nc) in L2, the packed A block (mc x kc) in L3.
@@ -49,10 +54,11 @@ struct GemmKernelF32 {
 // The 7-row kernel's form for a convolution's input read in place through offsets (an implicit
 // im2col): the A micro-panel's element [k][i] is a[k_offsets[k] + i * step] (a: the tile's first
 // position in a zero-padded input; k_offsets: where each k's tap and channel sit from there;
-// step: the stride between the tile's positions), otherwise as GemmMicroKernelF32.
+// step: the stride between the tile's positions), otherwise as GemmMicroKernelF32 (`ahead`
+// included).
 using GemmMicroKernelOffsetsF32 = void (*)(int64_t kc, const float* a, const int64_t* k_offsets, int64_t step,
                                            const float* b, int64_t b_rs, float beta, float* c, int64_t c_rs,
-                                           int64_t c_cs, int64_t m, int64_t n);
+                                           int64_t c_cs, int64_t m, int64_t n, const float* ahead);
 // A float32 micro-kernel whose tiles have MR = 7 rows, for a C whose rows are a convolution's
 // output positions (7x7, 14x14, 28x28 and 56x56 maps are whole multiples of 7) and whose columns
 // are its output channels, with its A-through-offsets form (micro_offsets, and narrow_offsets
