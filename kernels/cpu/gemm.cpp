@@ -190,6 +190,11 @@ void pack_b(int64_t kc, int64_t nc, int64_t nr, const BFloat16* B, int64_t rs, i
 // Up to this many rows of C, B is read in place where it can be (see gemm_blocked); measured
 // on Zen 4: 3-8% faster at 64 and 128 rows, mixed at 256, slower beyond.
 constexpr int64_t kBInPlaceRows = 128;
+// Unless a K block of B's rows spans more than this many bytes (each step of k a new row, and
+// across that span a new page for every few rows): measured on Sapphire Rapids, a 1x1 convolution
+// of 256 -> 64 channels at 56x56 (rows 12.5 KiB apart, 3.2 MB a block) took 1.5x the time with B
+// in place; 64 -> 64 there (0.8 MB) and 512 -> 128 at 28x28 (1.2 MB) the same either way.
+constexpr int64_t kBInPlaceBlockBytes = int64_t{1} << 20;
 // Up to this many columns of C, A is read in place where it can be (see gemm_blocked): along
 // its columns (measured on Zen 4), or along its rows (a convolution's weights; measured on
 // Sapphire Rapids: 25-28% faster at 49 columns, 7-15% at 196 and 392, mixed at 784, slower at
@@ -246,7 +251,8 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
   // a 32-bit word of the row: K and the row stride even, A 4-byte aligned).
   // The 7-row kernel's B comes packed whole (gemm_rows_of_7), and its A is read in place.
   constexpr bool rows_kernel = std::is_same_v<Kernel, GemmRowsKernelF32>;
-  const bool b_in_place = std::is_same_v<T, P> && b_cs == 1 && M <= kBInPlaceRows;
+  const bool b_in_place = std::is_same_v<T, P> && b_cs == 1 && M <= kBInPlaceRows &&
+                          KC * b_rs * static_cast<int64_t>(sizeof(T)) <= kBInPlaceBlockBytes;
   const bool a_in_place = std::is_same_v<T, P> && a_rs == 1 && (N <= kAInPlaceColumns || rows_kernel);
   const bool pairs_are_words =
       per == 1 || (K % per == 0 && a_rs % per == 0 && reinterpret_cast<uintptr_t>(A) % alignof(P) == 0);
