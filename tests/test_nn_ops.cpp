@@ -105,6 +105,12 @@ TEST(NnOps, Conv2dForwardAndGradientsMatchTorch) {
       {{2, 16, 17, 16}, {24, 16, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1, false, DType::Float64},
       {{3, 16, 9, 9}, {32, 16, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
       {{2, 16, 9, 9}, {80, 16, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
+      // strided 1x1 without padding (the pointwise paths over every stride-th row and column):
+      // odd map, two groups, channels-last with unequal strides, float64
+      {{2, 6, 9, 8}, {5, 6, 1, 1}, true, {2, 2}, {0, 0}, {1, 1}, 1},
+      {{1, 8, 9, 9}, {4, 4, 1, 1}, true, {2, 2}, {0, 0}, {1, 1}, 2},
+      {{2, 6, 7, 10}, {4, 6, 1, 1}, false, {2, 3}, {0, 0}, {1, 1}, 1, true},
+      {{2, 3, 7, 6}, {4, 3, 1, 1}, true, {3, 2}, {0, 0}, {2, 2}, 1, false, DType::Float64},
   };
   std::ostringstream code;
   struct Ours {

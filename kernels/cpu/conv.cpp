@@ -1262,6 +1262,16 @@ void few_channel_rows_forward(const Operand<const float>& x, const float* w, con
 template <typename T>
 void conv_forward(const Operand<const T>& x, const Tensor& weight, const Epilogue<T>& e, const Operand<T>& y,
                   const ConvGeom& g) {
+  if (g.kh == 1 && g.kw == 1 && g.ph == 0 && g.pw == 0 && (g.sh > 1 || g.sw > 1)) {
+    // A strided 1x1 convolution without padding (ResNet's downsampling) is the pointwise one of
+    // the input's every stride-th row and column, a view the pointwise paths gather densely: the
+    // same sums. Measured on Sapphire Rapids, 1 thread, 256 -> 512 channels from 56x56: batch 8
+    // 22.1 -> 13.0 ms, batch 1 2.48 -> 1.33 ms (it copied the whole input, padded, and read it
+    // through offsets).
+    ConvGeom pointwise = g;
+    pointwise.H = g.Ho, pointwise.W = g.Wo, pointwise.sh = pointwise.sw = 1;
+    return conv_forward(Operand<const T>{x.p, {x.s[0], x.s[1], x.s[2] * g.sh, x.s[3] * g.sw}}, weight, e, y, pointwise);
+  }
   const T* w = weight.data_ptr<T>();
   if (g.Cg == 1 && g.G > 1) return depthwise_forward(x, w, e, y, g);
   if constexpr (std::is_same_v<T, float>) {
