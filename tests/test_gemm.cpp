@@ -682,20 +682,24 @@ TEST(ConvEpilogue, ChannelsKernelGivesTheRowKernelsBitsPerChannel) {
 // same bits on every instruction set: stride 1 and 2, with and without padding, rows around the
 // vector widths, an epilogue, a channels-last input, several samples.
 TEST(ConvRows, FewChannelRowsGiveTheBitsOfIm2colAndGemm) {
-  const Tensor x = randn({2, 3, 23, 37}), w = randn({9, 3, 3, 3}), scale = randn({9}), shift = randn({9});
-  for_each_isa([&] {
-    for (int64_t stride : {1, 2})
-      for (int64_t pad : {0, 1})
-        for (const Tensor& in : {x, x.contiguous(MemoryFormat::ChannelsLast)}) {
-          auto conv = [&](int64_t o) {
-            return conv2d_epilogue(in, w.narrow(0, 0, o), scale.narrow(0, 0, o), shift.narrow(0, 0, o), Tensor(),
-                                   EpilogueActivation::ReLU6, {stride, stride}, {pad, pad});
-          };
-          NoGradGuard no_grad;
-          const Tensor rows = conv(8), gemm = conv(9).narrow(1, 0, 8);
-          EXPECT_EQ(max(abs(rows - gemm)).item<float>(), 0.f) << "stride " << stride << " padding " << pad;
-        }
-  });
+  // 3x3 windows, and 7x7 as ResNet's stem (K = 147, more k than a 3x3's 27).
+  const Tensor x = randn({2, 3, 23, 37}), scale = randn({9}), shift = randn({9});
+  for (const Tensor& w : {randn({9, 3, 3, 3}), randn({9, 3, 7, 7})})
+    for_each_isa([&] {
+      const int64_t k = w.shape()[2];
+      for (int64_t stride : {1, 2})
+        for (int64_t pad : {int64_t{0}, k / 2})
+          for (const Tensor& in : {x, x.contiguous(MemoryFormat::ChannelsLast)}) {
+            auto conv = [&](int64_t o) {
+              return conv2d_epilogue(in, w.narrow(0, 0, o), scale.narrow(0, 0, o), shift.narrow(0, 0, o), Tensor(),
+                                     EpilogueActivation::ReLU6, {stride, stride}, {pad, pad});
+            };
+            NoGradGuard no_grad;
+            const Tensor rows = conv(8), gemm = conv(9).narrow(1, 0, 8);
+            EXPECT_EQ(max(abs(rows - gemm)).item<float>(), 0.f)
+                << "kernel " << k << " stride " << stride << " padding " << pad;
+          }
+    });
 }
 
 // Elementwise ops cut long rows into pieces when there are fewer rows than threads (a dense

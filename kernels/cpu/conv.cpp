@@ -1203,14 +1203,16 @@ void position_rows_forward(const Operand<const float>& x, const float* wt, const
 // sums then get the epilogue on their way into y (epilogue_into, as gemm's blocks). Measured on
 // Zen 4, 2 threads, against im2col + gemm (alternating): 3x3 stride 2 from 224x224 to 16, 24 and
 // 32 channels 0.60-0.79x the time at batch 1, 0.74-0.96x at batch 8; VGG's 3x3 stride 1 to 64
-// channels 0.72x at batch 1, 1.05x at batch 8 (taken anyway). ResNet's 7x7 stem stays on the
-// position rows (0.96-0.99x here, no gain). Pointwise convolutions of few channels (a
+// channels 0.72x at batch 1, 1.05x at batch 8 (taken anyway). ResNet's 7x7 stem too, rather than
+// the position rows (which give the same bits): 0.96-0.99x on Zen 4; on Sapphire Rapids, 2
+// threads, 0.87-0.89x at batch 1 and 0.80-0.89x at batch 8 (1 thread 0.83-0.89x and 0.98-1.12x).
+// Pointwise convolutions of few channels (a
 // squeeze-excitation's 4 -> 96 on a 1x1 map) keep gemm, whose smallest products are plain dot
 // products (rounded otherwise than the micro-kernel's sums made here).
 constexpr int64_t kFewChannels = 4;
 bool use_few_channel_rows(const ConvGeom& g) {
   return g.G == 1 && g.C <= kFewChannels && !is_pointwise(g) && g.O % kConvRowsChannels == 0 && g.dh == 1 &&
-         g.dw == 1 && (g.sw == 1 || g.sw == 2) && g.sh == g.sw && !use_position_rows(g);
+         g.dw == 1 && (g.sw == 1 || g.sw == 2) && g.sh == g.sw;
 }
 
 void few_channel_rows_forward(const Operand<const float>& x, const float* w, const Epilogue<float>& e,
