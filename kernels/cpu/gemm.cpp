@@ -10,7 +10,9 @@
 // Packing copies through the operands' strides, so transposed or strided A and B need no copy
 // beforehand; partial tiles are zero-padded in the packs and written back through a row
 // buffer. With few rows of C (as in convolutions) B is read in place when its rows are
-// contiguous. A column-major C is computed as C^T = B^T @ A^T.
+// contiguous and a K block of them spans little memory. The 7-row kernels (a convolution's
+// positions as C's rows, B a weight packed once) also fetch the next B block into L2 while they
+// run. A column-major C is computed as C^T = B^T @ A^T.
 //
 // Threads split C into a grid of rectangles aligned to MR x NR tiles; each thread runs the
 // blocked algorithm on its rectangle with its own packing buffers. K is never split and the KC
