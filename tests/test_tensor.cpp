@@ -412,8 +412,8 @@ TEST(Storage, DerivedDataLivesWhileTheContentsAreUnchanged) {
 }
 
 // Large CPU blocks go back to a cache when their tensor dies and serve the next request of their
-// size or up to 1/8 smaller (a model's activations then reuse their pages); the limit bounds what
-// is kept, and empty_cpu_cache gives it all back.
+// size up to twice it, the most recently kept first (a model's activations then reuse memory
+// still in cache); the limit bounds what is kept, and empty_cpu_cache gives it all back.
 TEST(Storage, LargeBlocksAreKeptForReuse) {
   empty_cpu_cache();
   const size_t limit = cpu_cache_limit();
@@ -432,24 +432,33 @@ TEST(Storage, LargeBlocksAreKeptForReuse) {
     EXPECT_EQ(cpu_cached_bytes(), 0u);
   }
   {
-    Tensor smaller = empty({n - n / 10});  // within 1/8: the same block again
-    EXPECT_EQ(smaller.raw_data(), first);
-    smaller.fill_(1.0);
-    EXPECT_EQ(sum(smaller).item<double>(), double(n - n / 10));
+    Tensor half = empty({n / 2});  // half the size: the same block again
+    EXPECT_EQ(half.raw_data(), first);
+    half.fill_(1.0);
+    EXPECT_EQ(sum(half).item<double>(), double(n / 2));
   }
   EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 4);  // the block keeps its own size
   {
-    Tensor half = empty({n / 2});  // much smaller: a block of its own
-    EXPECT_NE(half.raw_data(), first);
+    Tensor smaller = empty({n / 2 - 16});  // less than half: a block of its own
+    EXPECT_NE(smaller.raw_data(), first);
     EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 4);
   }
-  EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 6);
+  EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 6 - 64);
   {
-    Tensor small = empty({1000});  // below 1 MiB: never kept
+    // Two blocks that fit: the one kept last.
+    Tensor a = empty({n}), b = empty({n});
+    const void* kept_last = a.raw_data();
+    b = Tensor();
+    a = Tensor();
+    Tensor again = empty({n * 3 / 4});
+    EXPECT_EQ(again.raw_data(), kept_last);
   }
-  EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 6);
+  {
+    Tensor small = empty({30000});  // below 128 KiB: never kept
+  }
+  EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 10 - 64);
   set_cpu_cache_limit(size_t(n) * 5);  // frees the largest blocks beyond the limit
-  EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 2);
+  EXPECT_EQ(cpu_cached_bytes(), size_t(n) * 2 - 64);
   set_cpu_cache_limit(0);
   EXPECT_EQ(cpu_cached_bytes(), 0u);
   { Tensor t = empty({n}); }

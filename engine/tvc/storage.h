@@ -85,10 +85,11 @@ class Storage {
 void set_keep_derived_data(bool keep);
 bool keep_derived_data();
 
-// Large CPU blocks (1 MiB and up) that tensors free are kept for reuse, so that a model's
-// activations do not fault their pages in afresh on every call: a block is reused for a request
-// of its size or up to 1/8 smaller, and at most cpu_cache_limit() bytes are kept (by default a
-// quarter of the physical memory, at most 4 GiB; 0 keeps none). Thread-safe.
+// Large CPU blocks (128 KiB and up) that tensors free are kept for reuse, so that a model's
+// activations do not fault their pages in afresh on every call: a request takes the most recently
+// kept block of its size up to twice its size (likely still in the processor's cache), and at most
+// cpu_cache_limit() bytes are kept (by default a quarter of the physical memory, at most 4 GiB; 0
+// keeps none). Thread-safe.
 void set_cpu_cache_limit(size_t bytes);  // also frees what is kept beyond the new limit
 size_t cpu_cache_limit();
 size_t cpu_cached_bytes();  // kept now, not in use by any tensor
