@@ -95,6 +95,14 @@ TEST(NnOps, Conv2dForwardAndGradientsMatchTorch) {
       {{2, 6, 4, 6}, {4, 6, 1, 1}, false, {1, 1}, {0, 0}, {1, 1}, 1, true},
       {{2, 3, 7, 6}, {4, 3, 3, 3}, true, {2, 1}, {1, 0}, {1, 2}, 1, false, DType::Float64},
       {{3, 4, 6, 5}, {4, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 4, true, DType::Float64},
+      // depthwise channels-last in whole blocks of 16 channels, rows of 16 outputs and more (read
+      // in place): 3x3 stride 1 and 2, 5x5 stride 2, dilated, and a 7x7 window over a 5x16 map
+      // (every row cut at the top or bottom, 6 of 16 columns at the edges)
+      {{2, 32, 5, 18}, {32, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 32, true},
+      {{1, 16, 7, 33}, {16, 1, 3, 3}, false, {2, 2}, {1, 1}, {1, 1}, 16, true},
+      {{1, 48, 6, 35}, {48, 1, 5, 5}, true, {2, 2}, {2, 2}, {1, 1}, 48, true},
+      {{1, 16, 6, 20}, {16, 1, 3, 3}, true, {1, 1}, {2, 2}, {2, 2}, 16, true},
+      {{1, 16, 5, 16}, {16, 1, 7, 7}, true, {1, 1}, {3, 3}, {1, 1}, 16, true},
       // weight gradients summed transposed (16 to K output channels per group): maps of 256+
       // positions in bands, pointwise, two groups, channels-last, float64; small maps (one GEMM
       // over all threads) with up to 64 channels; and small maps with more, summed as dY @ X^T
@@ -329,7 +337,10 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
       {"depthwise channel blocks", {4, 68, 7, 7}, {68, 1, 5, 5}, {1, 1}, {2, 2}, 68},
       {"depthwise channel blocks stride 2", {4, 72, 9, 8}, {72, 1, 3, 3}, {2, 2}, {1, 1}, 72},
       // input rows of a whole tile and more: transposed row by row
-      {"depthwise channel blocks wide rows", {2, 136, 5, 20}, {136, 1, 3, 3}, {1, 1}, {1, 1}, 136}};
+      {"depthwise channel blocks wide rows", {2, 136, 5, 20}, {136, 1, 3, 3}, {1, 1}, {1, 1}, 136},
+      // whole blocks and rows of 16 outputs and more: channels-last ones read in place
+      {"depthwise whole blocks", {2, 32, 6, 20}, {32, 1, 3, 3}, {1, 1}, {1, 1}, 32},
+      {"depthwise whole blocks stride 2", {1, 48, 9, 34}, {48, 1, 5, 5}, {2, 2}, {2, 2}, 48}};
   const EpilogueActivation acts[] = {EpilogueActivation::None, EpilogueActivation::ReLU, EpilogueActivation::ReLU6,
                                      EpilogueActivation::SiLU, EpilogueActivation::Hardswish};
   for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16})
@@ -371,6 +382,50 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) { return a.shape() == b.shape() && a.to_vector() == b.to_vector(); }
+
+// A channels-last depthwise convolution read in place (whole blocks of 16 channels, rows of 16
+// outputs and more) leaves out the taps over the padding; the NCHW paths add them as zeros: the
+// same sums, the same bits, for the conv2d_epilogue cases of fused activations too.
+TEST(NnOps, DepthwiseChannelsLastGivesTheBitsOfNchw) {
+  struct Case {
+    Shape x;
+    int64_t k, stride, padding, dilation;
+  };
+  for (const Case& c : {Case{{2, 32, 5, 18}, 3, 1, 1, 1}, Case{{1, 48, 6, 35}, 5, 2, 2, 1},
+                        Case{{1, 16, 6, 20}, 3, 1, 2, 2}, Case{{1, 16, 5, 16}, 7, 1, 3, 1}}) {
+    const int64_t C = c.x[1];
+    const Tensor x = randn_of(c.x, DType::Float32, 3), w = randn_of({C, 1, c.k, c.k}, DType::Float32, 4);
+    const Tensor scale = randn_of({C}, DType::Float32, 5), shift = randn_of({C}, DType::Float32, 6);
+    const Tensor x_cl = x.contiguous(MemoryFormat::ChannelsLast);
+    NoGradGuard no_grad;
+    const std::string where = cat_str("x ", shape_str(c.x), " k ", c.k, " stride ", c.stride);
+    EXPECT_TRUE(
+        same_bits(conv2d(x_cl, w, shift, {c.stride, c.stride}, {c.padding, c.padding}, {c.dilation, c.dilation}, C),
+                  conv2d(x, w, shift, {c.stride, c.stride}, {c.padding, c.padding}, {c.dilation, c.dilation}, C)))
+        << where;
+    for (EpilogueActivation act : {EpilogueActivation::ReLU6, EpilogueActivation::SiLU})
+      EXPECT_TRUE(same_bits(conv2d_epilogue(x_cl, w, scale, shift, Tensor(), act, {c.stride, c.stride},
+                                            {c.padding, c.padding}, {c.dilation, c.dilation}, C),
+                            conv2d_epilogue(x, w, scale, shift, Tensor(), act, {c.stride, c.stride},
+                                            {c.padding, c.padding}, {c.dilation, c.dilation}, C)))
+          << where << " " << to_string(act);
+  }
+}
+
+// A global average pool of a dense channels-last input reads it along its rows, many channels at
+// a time, with the planes' order of sums: the same bits as the NCHW input's, for adaptive and
+// plain average pooling, chunks of channels whole and partial, float32 and float64.
+TEST(NnOps, GlobalAveragePoolOfChannelsLastGivesTheBitsOfNchw) {
+  for (DType dt : {DType::Float32, DType::Float64})
+    for (const Shape& shape : {Shape{3, 96, 9, 11}, Shape{2, 200, 5, 7}, Shape{1, 70, 1, 13}, Shape{2, 16, 3, 3}}) {
+      const Tensor x = randn_of(shape, dt, 7), x_cl = x.contiguous(MemoryFormat::ChannelsLast);
+      NoGradGuard no_grad;
+      EXPECT_TRUE(same_bits(adaptive_avg_pool2d(x_cl, {1, 1}), adaptive_avg_pool2d(x, {1, 1})))
+          << shape_str(shape) << " " << dtype_name(dt);
+      EXPECT_TRUE(same_bits(avg_pool2d(x_cl, {shape[2], shape[3]}), avg_pool2d(x, {shape[2], shape[3]})))
+          << shape_str(shape) << " " << dtype_name(dt);
+    }
+}
 
 // A Linear's result is a tensor of its own, not a view of the kernel's output: an in-place ReLU
 // on it under autograd (VGG's classifier, Linear then ReLU(inplace=True)) runs, with the

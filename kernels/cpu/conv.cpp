@@ -671,6 +671,83 @@ void depthwise_channel_blocks(const Operand<const float>& x, const float* w, con
   });
 }
 
+// Float32 depthwise convolutions of a channels-last input into a channels-last output, with
+// whole blocks of kDepthwiseBlock channels and no residual: each (sample, output row, channel
+// block) is one call of the instruction set's kernel (depthwise_channels) reading the input in
+// place, its epilogue in registers, its stores straight into y. Taps that fall outside the input
+// are left out (rows above or below: the window's other rows; the few positions at the left and
+// right ends: one call each over the taps inside), so nothing is copied or padded. The items run
+// sample by sample, row by row, the channel blocks innermost: the input rows a thread reads stay
+// in its cache for the next output rows. Measured on Sapphire Rapids, 2 threads, batch 1, against
+// the channel blocks (which copy every block's input into a padded buffer): MobileNet v2's 3x3
+// layers at 112x112 0.43x the time (32 channels) and 0.36x (96, stride 2), 56x56 0.65x (144) and
+// 0.33x (144, stride 2), 28x28 0.2x (192); on 14x14 and 7x7 maps 1.5x and 2.4x (the calls per row
+// and the edges weigh more), so shorter rows keep the blocks.
+constexpr int64_t kDepthwiseInPlaceRow = 16;
+bool use_depthwise_channels_last(const ConvGeom& g, const Operand<const float>& x, const Operand<float>& y,
+                                 const Epilogue<float>& rest) {
+  return g.Og == 1 && g.O % kDepthwiseBlock == 0 && g.Wo >= kDepthwiseInPlaceRow && x.s[1] == 1 && y.s[1] == 1 &&
+         !rest.residual;
+}
+
+void depthwise_channels_last(const Operand<const float>& x, const float* w, const Epilogue<float>& rest,
+                             const float* first, const Operand<float>& y, const ConvGeom& g) {
+  note_kernel_path("depthwise channels-last");
+  constexpr int64_t L = kDepthwiseBlock;
+  const int64_t taps = g.kh * g.kw, blocks = g.O / L;
+  std::vector<float> wl(blocks * taps * L), zeros(L, 0.f);  // each block's weights (taps, L)
+  for (int64_t o = 0; o < g.O; ++o)
+    for (int64_t t = 0; t < taps; ++t) wl[(o / L * taps + t) * L + o % L] = w[o * taps + t];
+  // Output columns [lo, hi) have every tap inside the input's width.
+  auto inside = [&](int64_t ow) { return ow * g.sw - g.pw >= 0 && ow * g.sw - g.pw + (g.kw - 1) * g.dw < g.W; };
+  int64_t lo = 0;
+  while (lo < g.Wo && !inside(lo)) ++lo;
+  int64_t hi = lo;
+  while (hi < g.Wo && inside(hi)) ++hi;
+  const RowActivation act = row_activation(rest.activation);
+  parallel_for(g.N * g.Ho * blocks, g.Wo * taps * L, [&](int64_t b, int64_t end) {
+    std::vector<int64_t> offsets(taps), some_offsets(taps);
+    std::vector<float> some_w(taps * L);
+    for (int64_t it = b; it < end; ++it) {
+      const int64_t n = it / (g.Ho * blocks), oh = it / blocks % g.Ho, o0 = it % blocks * L;
+      const float* xr = x.p + n * x.s[0] + o0;  // tap (i, j) of column ow at xr + offsets[t] + ow * step
+      float* yr = y.p + n * y.s[0] + oh * y.s[2] + o0;
+      const float* wb = wl.data() + o0 * taps;
+      const float* start = first ? first + o0 : zeros.data();
+      const float* scale = rest.scale ? rest.scale + o0 : nullptr;
+      const float* shift = rest.scale && rest.shift ? rest.shift + o0 : nullptr;
+      const int64_t step = g.sw * x.s[3];
+      // The window's rows inside the input: taps [i0 * kw, i1 * kw), their weights contiguous.
+      int64_t i0 = 0, i1 = g.kh;
+      while (i0 < i1 && oh * g.sh - g.ph + i0 * g.dh < 0) ++i0;
+      while (i1 > i0 && oh * g.sh - g.ph + (i1 - 1) * g.dh >= g.H) --i1;
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = 0; j < g.kw; ++j)
+          offsets[i * g.kw + j] = (oh * g.sh - g.ph + i * g.dh) * x.s[2] + (j * g.dw - g.pw) * x.s[3];
+      const int64_t rows_taps = (i1 - i0) * g.kw;
+      if (hi > lo)
+        depthwise_channels(hi - lo, rows_taps, xr + lo * step, offsets.data() + i0 * g.kw, step, wb + i0 * g.kw * L,
+                           start, scale, shift, act, yr + lo * y.s[3], y.s[3]);
+      // A column at an end: over the taps whose columns are inside.
+      auto edge = [&](int64_t ow) {
+        int64_t count = 0;
+        for (int64_t i = i0; i < i1; ++i)
+          for (int64_t j = 0; j < g.kw; ++j) {
+            const int64_t iw = ow * g.sw - g.pw + j * g.dw;
+            if (iw < 0 || iw >= g.W) continue;
+            some_offsets[count] = offsets[i * g.kw + j];
+            std::copy_n(wb + (i * g.kw + j) * L, L, some_w.data() + count * L);
+            ++count;
+          }
+        depthwise_channels(1, count, xr + ow * step, some_offsets.data(), step, some_w.data(), start, scale, shift, act,
+                           yr + ow * y.s[3], y.s[3]);
+      };
+      for (int64_t ow = 0; ow < lo; ++ow) edge(ow);
+      for (int64_t ow = hi; ow < g.Wo; ++ow) edge(ow);
+    }
+  });
+}
+
 template <typename T>
 void depthwise_forward(const Operand<const T>& x, const T* w, const Epilogue<T>& e, const Operand<T>& y,
                        const ConvGeom& g) {
@@ -678,6 +755,7 @@ void depthwise_forward(const Operand<const T>& x, const T* w, const Epilogue<T>&
   const Epilogue<T>& rest = start.rest;
   const T* first = start.first;
   if constexpr (std::is_same_v<T, float>) {
+    if (use_depthwise_channels_last(g, x, y, rest)) return depthwise_channels_last(x, w, rest, first, y, g);
     if (use_depthwise_channel_blocks(g, x)) return depthwise_channel_blocks(x, w, rest, first, y, g);
     if (flat_depthwise(g)) {
       note_kernel_path("depthwise rows");

@@ -2,7 +2,8 @@
 //
 // Shape legend: N batch, C channels, H,W input size, Ho,Wo output size. Every (n, c) plane is
 // pooled independently by one thread, reading and writing through the tensors' strides (so
-// channels-last operands work as they are). Max pooling returns int64 indices h*W + w into each
+// channels-last operands work as they are; a global average of a channels-last input reads many
+// channels at a time instead). Max pooling returns int64 indices h*W + w into each
 // input plane; its backward (shared with adaptive max pooling) scatters through them. Window
 // rules follow PyTorch's CPU kernels exactly, including the last window under ceil_mode and the
 // NaN rule of max pooling (a NaN wins).
@@ -243,6 +244,37 @@ struct MaxForward {
   }
 };
 
+// The average of every whole plane of a dense channels-last x (a global average pool), into y's
+// (n, c) elements: each channel's positions summed in order into 8 partial sums combined as
+// sum_in_lanes combines them (the same bits as the planes' path), kGlobalChannels channels at a
+// time, so that x is read along its rows rather than one channel at a time across all of them.
+constexpr int64_t kGlobalChannels = 64;
+template <typename T, typename C>
+void global_average_channels_last(const Tensor& x, const Tensor& y, const PlaneGeom& g, C divisor) {
+  // chunks of equal width (a multiple of 16 channels where that fits)
+  const int64_t chunks = (g.C + kGlobalChannels - 1) / kGlobalChannels, positions = g.H * g.W;
+  const int64_t width = std::min(kGlobalChannels, ((g.C + chunks - 1) / chunks + 15) / 16 * 16);
+  const T* xp = static_cast<const T*>(x.raw_data());
+  T* yp = static_cast<T*>(y.raw_data());
+  parallel_for(g.N * chunks, positions * kGlobalChannels, [&](int64_t b, int64_t e) {
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t n = it / chunks, c0 = it % chunks * width, count = std::min(width, g.C - c0);
+      C acc[8][kGlobalChannels] = {};
+      const T* xn = xp + n * x.strides()[0] + c0;
+      for (int64_t q = 0; q < positions; ++q) {
+        C* a = acc[q % 8];
+        const T* row = xn + q * g.C;
+        for (int64_t c = 0; c < count; ++c) a[c] += static_cast<C>(row[c]);
+      }
+      for (int64_t c = 0; c < count; ++c) {
+        const C sum =
+            ((acc[0][c] + acc[1][c]) + (acc[2][c] + acc[3][c])) + ((acc[4][c] + acc[5][c]) + (acc[6][c] + acc[7][c]));
+        yp[n * y.strides()[0] + (c0 + c) * y.strides()[1]] = static_cast<T>(sum / divisor);
+      }
+    }
+  });
+}
+
 // in = (x) -> out (averages).
 struct AvgForward {
   template <typename T, WindowFn window>
@@ -252,6 +284,11 @@ struct AvgForward {
     using C = compute_t<T>;
     PlaneGeom g = plane_geom(x, y);
     int64_t xs2 = x.strides()[2], xs3 = x.strides()[3], ys2 = y.strides()[2], ys3 = y.strides()[3];
+    if (g.Ho == 1 && g.Wo == 1 && g.H * g.W > 0 && x.strides()[1] == 1 && xs3 == g.C && xs2 == g.W * g.C) {
+      const Window win = window(p, g, 0, 0);
+      if (win.h0 == 0 && win.h1 == g.H && win.w0 == 0 && win.w1 == g.W)
+        return global_average_channels_last<T, C>(x, y, g, static_cast<C>(win.divisor));
+    }
     for_planes(g, plane_work(p, g), [&](int64_t n, int64_t c) {
       const T* xp = plane_ptr<T>(x, n, c);
       T* yp = plane_ptr<T>(y, n, c);
