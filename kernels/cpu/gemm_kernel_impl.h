@@ -73,6 +73,13 @@ struct AOffsets {
   int64_t step;
   float operator()(int64_t k, int i) const { return a[k_offsets[k] + i * step]; }
 };
+// The same with step 1 (a stride-1 convolution's positions), known when compiled: the rows are
+// fixed displacements from one address per k rather than a chain of additions.
+struct AOffsetsUnitStep {
+  const float* __restrict a;
+  const int64_t* __restrict k_offsets;
+  float operator()(int64_t k, int i) const { return a[k_offsets[k] + i]; }
+};
 
 // The micro-kernel (GemmMicroKernelF32/F64/BF16, GemmMicroKernelOffsetsF32): MR elements of an A
 // panel are broadcast (read through the accessor A), NR = NV * W columns of B are held in NV
@@ -137,6 +144,9 @@ template <int W, int MR, int NV>
 void gemm_micro_kernel_offsets(int64_t kc, const float* __restrict a, const int64_t* __restrict k_offsets, int64_t step,
                                const float* __restrict b, int64_t b_rs, float beta, float* __restrict c, int64_t c_rs,
                                int64_t c_cs, int64_t m, int64_t n, const float* ahead) {
+  if (step == 1)
+    return micro_kernel<float, float, W, MR, NV, FmaStep, true>(kc, AOffsetsUnitStep{a, k_offsets}, b, b_rs, beta, c,
+                                                                c_rs, c_cs, m, n, ahead);
   micro_kernel<float, float, W, MR, NV, FmaStep, true>(kc, AOffsets{a, k_offsets, step}, b, b_rs, beta, c, c_rs, c_cs,
                                                        m, n, ahead);
 }
