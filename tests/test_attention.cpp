@@ -282,6 +282,24 @@ TEST(AttentionOp, RowBlocksGiveTheBitsOfTheWholeProducts) {
   EXPECT_LT(relative_error(out, matmul(softmax(matmul(heads, heads.transpose(2, 3)), -1), heads)), 1e-6);
 }
 
+// Masked pairs (-100, as Swin's shifted windows) get weights in the denormal range, which the
+// kernel reads and makes as zeros (a microcode assist each otherwise): the output keeps the bits of
+// the composed ops, which keep the denormals, and the thread's own arithmetic keeps them after.
+TEST(AttentionOp, MaskedPairsGiveTheBitsOfTheComposedOps) {
+  const Tensor q = randn_of({2, 49, 32}, 18), k = randn_of({2, 49, 32}, 19), v = randn_of({2, 49, 32}, 20);
+  std::vector<float> masked;
+  for (double r : randn_of({49, 49}, 21).to_vector()) masked.push_back(r < 0 ? -100.f : 0.f);
+  const Tensor mask = tensor(masked, Shape{49, 49});
+  const Tensor weights = softmax(matmul(q, k.transpose(1, 2)) + mask, -1);
+  int64_t denormals = 0;
+  for (double w : weights.to_vector()) denormals += w > 0 && w < 1.17549435e-38;
+  ASSERT_GT(denormals, 100);  // the case the kernel meets
+  EXPECT_EQ(max(abs(attention(q, k, v, Tensor(), mask) - matmul(weights, v))).item<float>(), 0.f);
+  // This thread still makes denormals (1e-41 here) after the kernel.
+  const Tensor tiny = tensor(std::vector<float>{1e-38f, 2e-38f}), small = tensor(std::vector<float>{1e-3f, 1e-3f});
+  EXPECT_GT(min(tiny * small).item<double>(), 0.0);
+}
+
 TEST(AttentionOp, ErrorsNameTheTensor) {
   const Tensor q = randn_of({2, 3, 4}, 14);
   EXPECT_NE(test::error_of([&] {
