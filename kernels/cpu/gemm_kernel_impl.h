@@ -417,7 +417,7 @@ float dot(int64_t n, const float* a, const float* b) {
 // NonPositive (x <= 0 or NaN, as sigmoid's e^-|x|) the overflow side is left out, and below
 // -103.97208 the result is e^-103.97208 scaled as the rest (0 or 2^-149).
 template <int W, bool NonPositive = false>
-typename FloatVector<W>::type exp_lanes(typename FloatVector<W>::type x) {
+[[gnu::always_inline]] inline typename FloatVector<W>::type exp_lanes(typename FloatVector<W>::type x) {
   typedef typename FloatVector<W>::type V;
   typedef typename IntVector<W>::type I;
   const V hi = V{} + 88.72283935546875f, lo = V{} - 103.972084045410f;
@@ -535,6 +535,17 @@ void map_lanes(int64_t n, const float* x, float* y, F f) {
   V last;
   __builtin_memcpy(&last, x + n - W, sizeof(V));
   int64_t i = 0;
+  // Two vectors at a time, each function inlined: their chains interleave (gelu: 0.93x the time).
+  constexpr int U = 2;
+  for (; i + U * W <= n; i += U * W) {
+    V v[U];
+#pragma GCC unroll 8
+    for (int u = 0; u < U; ++u) __builtin_memcpy(&v[u], x + i + u * W, sizeof(V));
+#pragma GCC unroll 8
+    for (int u = 0; u < U; ++u) v[u] = f(v[u]);
+#pragma GCC unroll 8
+    for (int u = 0; u < U; ++u) __builtin_memcpy(y + i + u * W, &v[u], sizeof(V));
+  }
   for (; i + W <= n; i += W) {
     V v;
     __builtin_memcpy(&v, x + i, sizeof(V));
@@ -596,7 +607,7 @@ void softmax_f32(int64_t n, const float* x, float* y) {
 // sigmoid(x) = 1 / (1 + z) for x >= 0 and z / (1 + z) below, with z = e^-|x|: z never overflows,
 // so the tiny results of very negative x keep their precision.
 template <int W>
-typename FloatVector<W>::type sigmoid_lanes(typename FloatVector<W>::type x) {
+[[gnu::always_inline]] inline typename FloatVector<W>::type sigmoid_lanes(typename FloatVector<W>::type x) {
   typedef typename FloatVector<W>::type V;
   const V z = exp_lanes<W, true>(x < 0 ? x : -x);  // NaN stays NaN
   return quotient_lanes<W>(x < 0 ? z : V{} + 1.0f, 1.0f + z);
@@ -620,7 +631,7 @@ void silu_f32(int64_t n, const float* x, float* y) {
 // exact sum; the sum with P by Fast2Sum), since its rounding alone, times e^..., would cost z^2
 // ulps. x is clamped to [-20, 20], where Phi is 0 and 1 in float.
 template <int W>
-typename FloatVector<W>::type normal_cdf_lanes(typename FloatVector<W>::type x) {
+[[gnu::always_inline]] inline typename FloatVector<W>::type normal_cdf_lanes(typename FloatVector<W>::type x) {
   typedef typename FloatVector<W>::type V;
   typedef typename IntVector<W>::type I;
   V xc = x > 20.0f ? V{} + 20.0f : x;  // NaN stays NaN
