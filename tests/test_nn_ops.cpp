@@ -872,6 +872,29 @@ TEST(NnOps, PoolingMatchesTorch) {
          return avg_pool2d(x, {4, 4}, Pair{3, 3}, {2, 2}, true, true);
        },
        {1, 2, 6, 7}},
+      // 2x2 blocks at stride 2 (the blocks' own path): an odd width left out, channels-last, and
+      // adaptive pooling to half the size; under ceil_mode a last partial window (the windows' path)
+      {"F.avg_pool2d(x, 2)",
+       [](const Tensor& x) {
+         return avg_pool2d(x, {2, 2});
+       },
+       {2, 5, 8, 9}},
+      {"F.avg_pool2d(x, 2, divisor_override=3)",
+       [](const Tensor& x) {
+         return avg_pool2d(x, {2, 2}, std::nullopt, {0, 0}, false, true, 3);
+       },
+       {2, 4, 6, 6},
+       true},
+      {"F.adaptive_avg_pool2d(x, (3, 4))",
+       [](const Tensor& x) {
+         return adaptive_avg_pool2d(x, {3, 4});
+       },
+       {2, 3, 6, 8}},
+      {"F.avg_pool2d(x, 2, ceil_mode=True)",
+       [](const Tensor& x) {
+         return avg_pool2d(x, {2, 2}, std::nullopt, {0, 0}, true);
+       },
+       {1, 3, 7, 7}},
       {"F.adaptive_avg_pool2d(x, (3, 5))",
        [](const Tensor& x) {
          return adaptive_avg_pool2d(x, {3, 5});

@@ -275,6 +275,47 @@ void global_average_channels_last(const Tensor& x, const Tensor& y, const PlaneG
   });
 }
 
+// Whether every window is the 2x2 block at (2 oh, 2 ow) with one divisor (average pooling of
+// kernel 2, stride 2 and no padding; adaptive pooling to half the size): DenseNet's transitions.
+// A window's rows depend on oh only and its columns on ow only.
+bool windows_are_2x2_blocks(const Pool2dParams& p, const PlaneGeom& g, WindowFn window) {
+  if (g.Ho == 0 || g.Wo == 0) return false;
+  const double divisor = window(p, g, 0, 0).divisor;
+  for (int64_t oh = 0; oh < g.Ho; ++oh) {
+    const Window win = window(p, g, oh, 0);
+    if (win.h0 != 2 * oh || win.h1 != 2 * oh + 2 || win.divisor != divisor) return false;
+  }
+  for (int64_t ow = 0; ow < g.Wo; ++ow) {
+    const Window win = window(p, g, 0, ow);
+    if (win.w0 != 2 * ow || win.w1 != 2 * ow + 2 || win.divisor != divisor) return false;
+  }
+  return true;
+}
+
+// The averages of 2x2 blocks (see windows_are_2x2_blocks), plane by plane, with the sums the
+// windows' path makes (each row's pair as sum_in_lanes sums two values: from zero, in lanes 0
+// and 1, then with the six zero lanes; the rows from zero, in order): the same bits, without a
+// window's bounds and a loop per output.
+template <typename T, typename C>
+void average_2x2_blocks(const Tensor& x, const Tensor& y, const PlaneGeom& g, C divisor) {
+  const int64_t xs2 = x.strides()[2], xs3 = x.strides()[3], ys2 = y.strides()[2], ys3 = y.strides()[3];
+  auto pair = [](const T* v, int64_t step) {
+    return (((C(0) + static_cast<C>(v[0])) + (C(0) + static_cast<C>(v[step]))) + C(0)) + C(0);
+  };
+  for_planes(g, 4 * g.Ho * g.Wo, [&](int64_t n, int64_t c) {
+    const T* xp = plane_ptr<T>(x, n, c);
+    T* yp = plane_ptr<T>(y, n, c);
+    for (int64_t oh = 0; oh < g.Ho; ++oh) {
+      const T* top = xp + 2 * oh * xs2;
+      const T* bottom = top + xs2;
+      T* yr = yp + oh * ys2;
+      for (int64_t ow = 0; ow < g.Wo; ++ow)
+        yr[ow * ys3] =
+            static_cast<T>(((C(0) + pair(top + 2 * ow * xs3, xs3)) + pair(bottom + 2 * ow * xs3, xs3)) / divisor);
+    }
+  });
+}
+
 // in = (x) -> out (averages).
 struct AvgForward {
   template <typename T, WindowFn window>
@@ -289,6 +330,8 @@ struct AvgForward {
       if (win.h0 == 0 && win.h1 == g.H && win.w0 == 0 && win.w1 == g.W)
         return global_average_channels_last<T, C>(x, y, g, static_cast<C>(win.divisor));
     }
+    if (windows_are_2x2_blocks(p, g, window))
+      return average_2x2_blocks<T, C>(x, y, g, static_cast<C>(window(p, g, 0, 0).divisor));
     for_planes(g, plane_work(p, g), [&](int64_t n, int64_t c) {
       const T* xp = plane_ptr<T>(x, n, c);
       T* yp = plane_ptr<T>(y, n, c);
