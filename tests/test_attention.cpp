@@ -15,6 +15,7 @@
 #include "test_helpers.h"
 #include "torch_golden.h"
 #include "tvc/autograd.h"
+#include "tvc/internal/kernel.h"
 #include "tvc/nn/attention.h"
 #include "tvc/nn/init.h"
 
@@ -283,20 +284,41 @@ TEST(AttentionOp, RowBlocksGiveTheBitsOfTheWholeProducts) {
 }
 
 // Masked pairs (-100, as Swin's shifted windows) get weights in the denormal range, which the
-// kernel reads and makes as zeros (a microcode assist each otherwise): the output keeps the bits of
-// the composed ops, which keep the denormals, and the thread's own arithmetic keeps them after.
+// kernel and the backward read and make as zeros (a microcode assist each otherwise), on every
+// thread they use: the output and the gradients keep the bits of the composed ops, which keep the
+// denormals, and the caller's arithmetic keeps them after.
 TEST(AttentionOp, MaskedPairsGiveTheBitsOfTheComposedOps) {
-  const Tensor q = randn_of({2, 49, 32}, 18), k = randn_of({2, 49, 32}, 19), v = randn_of({2, 49, 32}, 20);
+  const Tensor q = randn_of({4, 49, 32}, 18).requires_grad_(), k = randn_of({4, 49, 32}, 19).requires_grad_(),
+               v = randn_of({4, 49, 32}, 20).requires_grad_(), r = randn_of({4, 49, 32}, 22);
   std::vector<float> masked;
-  for (double r : randn_of({49, 49}, 21).to_vector()) masked.push_back(r < 0 ? -100.f : 0.f);
+  for (double x : randn_of({49, 49}, 21).to_vector()) masked.push_back(x < 0 ? -100.f : 0.f);
   const Tensor mask = tensor(masked, Shape{49, 49});
   const Tensor weights = softmax(matmul(q, k.transpose(1, 2)) + mask, -1);
   int64_t denormals = 0;
   for (double w : weights.to_vector()) denormals += w > 0 && w < 1.17549435e-38;
   ASSERT_GT(denormals, 100);  // the case the kernel meets
-  EXPECT_EQ(max(abs(attention(q, k, v, Tensor(), mask) - matmul(weights, v))).item<float>(), 0.f);
+  const Tensor composed = matmul(weights, v), fused = attention(q, k, v, Tensor(), mask);
+  EXPECT_EQ(max(abs(fused - composed)).item<float>(), 0.f);
+  const std::vector<Tensor> composed_grads = grad({sum(composed * r)}, {q, k, v});
+  const std::vector<Tensor> fused_grads = grad({sum(fused * r)}, {q, k, v});
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(max(abs(fused_grads[i] - composed_grads[i])).item<float>(), 0.f) << i;
   // This thread still makes denormals (1e-41 here) after the kernel.
   const Tensor tiny = tensor(std::vector<float>{1e-38f, 2e-38f}), small = tensor(std::vector<float>{1e-3f, 1e-3f});
+  EXPECT_GT(min(tiny * small).item<double>(), 0.0);
+}
+
+// A parallel region's workers take the floating-point mode of the thread that starts it: with
+// denormals flushed on the caller, a product of many elements (split over threads) has none.
+TEST(AttentionOp, KernelThreadsTakeTheCallersFloatMode) {
+  const int64_t n = int64_t{1} << 20;
+  const Tensor tiny = full({n}, 1e-38), small = full({n}, 1e-3);
+  EXPECT_GT(min(tiny * small).item<double>(), 0.0);
+  Tensor flushed;
+  {
+    const DenormalsAsZero no_denormals;
+    flushed = tiny * small;
+  }
+  EXPECT_EQ(max(flushed).item<double>(), 0.0);  // read here, where a denormal is read as such
   EXPECT_GT(min(tiny * small).item<double>(), 0.0);
 }
 

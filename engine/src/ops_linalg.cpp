@@ -106,6 +106,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   SavedTensor sq(q), sk(k), sv(v), sb(bias), sm(mask);
   autograd::record("AttentionBackward0", {q, k, v, bias, mask}, {out}, [=](const GradList& g) -> GradList {
     const char* name = "AttentionBackward0";
+    const DenormalsAsZero no_denormals;  // the masked pairs' weights, as in the forward kernel
     const Tensor qs = sq.unpack(name), ks = sk.unpack(name), vs = sv.unpack(name);
     Tensor s = matmul(qs, ks.transpose(-2, -1));
     if (has_bias) s = add(s, sb.unpack(name));

@@ -664,27 +664,6 @@ void bmm_kernel(const KernelArgs& args) {
   }
 }
 
-// Denormal numbers read and made as zeros on this thread while in scope (the x86 MXCSR's DAZ and
-// FTZ flags, restored after). Attention's weights of masked pairs (a score of -100 below the
-// row's maximum: e^-100 ~ 4e-44) are denormals, and every multiply of one by a value to its
-// weighted sum took a microcode assist: Swin's shifted windows took 5x the time of the others
-// (Sapphire Rapids). A weight under 2^-126 times a value adds less than a unit in the last place of
-// any sum of other weights times values, so the results keep their bits but where a whole sum
-// lies in the denormal range.
-class DenormalsAsZero {
- public:
-#if defined(__x86_64__) || defined(__i386__)
-  DenormalsAsZero() : saved_(__builtin_ia32_stmxcsr()) {
-    __builtin_ia32_ldmxcsr(saved_ | kFlushToZero | kDenormalsAreZero);
-  }
-  ~DenormalsAsZero() { __builtin_ia32_ldmxcsr(saved_); }
-
- private:
-  static constexpr unsigned kFlushToZero = 1u << 15, kDenormalsAreZero = 1u << 6;
-  unsigned saved_;
-#endif
-};
-
 // Attention's scores are made and used in blocks of rows of at most this many (L, S) elements,
 // each block on one thread: a whole (L, S) for ViT's 197 tokens and Swin's 49 (a 197 x 197 block
 // is 152 KiB in float32, kept in L2 between its two products).
@@ -692,6 +671,7 @@ constexpr int64_t kAttentionScores = int64_t{1} << 16;
 
 // in = (q, k, v, [bias], [mask]) -> out (kernel.h, AttentionParams).
 void attention_kernel(const KernelArgs& args) {
+  const DenormalsAsZero no_denormals;  // the masked pairs' weights (kernel.h)
   const AttentionParams& p = args.p<AttentionParams>();
   const Tensor& q = args.in[0];
   const Tensor& k = args.in[1];
@@ -728,7 +708,6 @@ void attention_kernel(const KernelArgs& args) {
       }
     };
     parallel_for(batch * blocks, rows * S * (D + Dv), [&](int64_t first, int64_t last) {
-      const DenormalsAsZero no_denormals;
       T* scores = thread_scratch<T, 14>(rows * S);
       for (int64_t it = first; it < last; ++it) {
         const int64_t b = it / blocks, r0 = it % blocks * rows, m = std::min(rows, L - r0);

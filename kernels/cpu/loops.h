@@ -92,12 +92,14 @@ void dispatch_numeric(DType dtype, Op op, F&& f) {
 inline constexpr int64_t kParallelGrain = 32768;
 
 // Carries the first exception thrown inside an OpenMP region to the thread that started it: an
-// exception that leaves a region ends the program. Each thread runs its work through run();
-// after the region, rethrow() raises that exception on the calling thread.
+// exception that leaves a region ends the program. Each thread runs its work through run(), in
+// the floating-point mode of the thread that made this (float_mode); after the region,
+// rethrow() raises that exception on the calling thread.
 class RegionErrors {
  public:
   template <typename F>
   void run(F&& work) noexcept {
+    const FloatModeScope caller_mode(mode_);
     try {
       work();
     } catch (...) {
@@ -110,6 +112,7 @@ class RegionErrors {
   }
 
  private:
+  const unsigned mode_ = float_mode();
   std::mutex mutex_;
   std::exception_ptr first_;
 };
