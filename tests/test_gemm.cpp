@@ -278,7 +278,9 @@ TEST(Gemm, RowsOf7KernelGivesTheBitsOfGemm) {
 // gives the bits of gemm_rows_of_7 on the explicit matrix those offsets describe, with 1, 2 and 3
 // threads (3 split panels' tiles between threads unevenly): stride 1 and 2, N with each narrow
 // tail and past a panel, K across KC blocks (a 3x3 window over 10 to 150 channels), several
-// samples; its epilogue sees every 7-row tile once.
+// samples; its epilogue sees every 7-row tile once. Also over a range of tiles (two calls, the
+// second's epilogue told its tiles' rows), and without offsets (a pointwise convolution's
+// channels at a stride, the 7 positions of a tile contiguous).
 TEST(Gemm, RowsOf7OffsetsGiveTheBitsOfTheExplicitColumns) {
   struct Shape4 {
     int64_t samples, channels, map, stride, N;
@@ -326,14 +328,63 @@ TEST(Gemm, RowsOf7OffsetsGiveTheBitsOfTheExplicitColumns) {
                 for (int64_t j = j0; j < j0 + n; ++j) ++(*c.seen)[i * c.ld + j];
             },
             &ctx};
-        cpu::gemm_rows_of_7_offsets(tiles, starts.data(), N, K, padded.data(), offsets.data(), s.stride, panels.data(),
-                                    got.data(), N, 1, &count);
+        const cpu::RowsOf7Input in{padded.data(), starts.data(), offsets.data(), 0, s.stride};
+        cpu::gemm_rows_of_7_offsets(0, tiles, in, N, K, panels.data(), got.data(), N, 1, &count);
         ASSERT_EQ(got, want) << "channels " << s.channels << " map " << s.map << " stride " << s.stride << " N " << N
                              << " threads " << t;
         EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), M * N) << "N " << N << " threads " << t;
+        std::fill(got.begin(), got.end(), NAN);
+        std::fill(seen.begin(), seen.end(), 0);
+        const int64_t half = tiles / 2 + 1;
+        cpu::gemm_rows_of_7_offsets(half, tiles, in, N, K, panels.data(), got.data(), N, 1, &count);
+        EXPECT_TRUE(std::isnan(got[0]));  // the first call's tiles: not written by the second
+        cpu::gemm_rows_of_7_offsets(0, half, in, N, K, panels.data(), got.data(), N, 1, &count);
+        ASSERT_EQ(got, want) << "in two ranges, channels " << s.channels << " N " << N << " threads " << t;
+        EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), M * N) << "in two ranges, N " << N << " threads " << t;
         ++checked;
       }
     }
+  });
+  set_num_threads(threads);
+  if (cpu::has_rows_of_7_kernel()) {
+    EXPECT_GT(checked, 0);
+  }
+}
+
+// Without offsets: A's element [7 t + i][k] at a[tile_starts[t] + i + k * k_stride] (a pointwise
+// convolution's NCHW input, several samples, channel stride k_stride), as the explicit matrix
+// gives it through gemm_rows_of_7, with 1 and 2 threads, K across KC blocks, N with a narrow tail.
+TEST(Gemm, RowsOf7WithoutOffsetsGiveTheBitsOfTheExplicitColumns) {
+  const int64_t samples = 2, P = 49, tiles = samples * P / 7, M = 7 * tiles;
+  const int threads = get_num_threads();
+  int checked = 0;
+  for_each_isa([&] {
+    if (!cpu::has_rows_of_7_kernel()) return;
+    for (const int64_t K : {24, 400})
+      for (const int64_t N : {16, 80}) {
+        std::mt19937 gen(static_cast<uint32_t>(K + N));
+        std::uniform_real_distribution<float> dist(-1.f, 1.f);
+        std::vector<float> x(static_cast<size_t>(samples * K * P));
+        for (float& v : x) v = dist(gen);
+        std::vector<int64_t> starts(tiles);
+        for (int64_t t = 0; t < tiles; ++t) starts[t] = t * 7 / P * K * P + t * 7 % P;
+        std::vector<float> a(static_cast<size_t>(M * K));
+        for (int64_t r = 0; r < M; ++r)
+          for (int64_t k = 0; k < K; ++k) a[r * K + k] = x[starts[r / 7] + r % 7 + k * P];
+        Matrix<float> b(K, N, Layout::RowMajor, gen);
+        std::vector<float> panels(static_cast<size_t>(cpu::rows_of_7_packed_floats(K, N)), NAN);
+        cpu::pack_rows_of_7_b(K, N, b.buf.data(), b.rs, b.cs, panels.data());
+        for (int t : {1, 2}) {
+          set_num_threads(t);
+          apply_num_threads();  // the kernel is called directly, not through an op that applies it
+          std::vector<float> want(static_cast<size_t>(M * N), NAN), got(static_cast<size_t>(M * N), NAN);
+          cpu::gemm_rows_of_7(M, N, K, a.data(), K, 1, panels.data(), want.data(), N, 1, 0.f);
+          cpu::gemm_rows_of_7_offsets(0, tiles, {x.data(), starts.data(), nullptr, P, 1}, N, K, panels.data(),
+                                      got.data(), N, 1);
+          ASSERT_EQ(got, want) << "K " << K << " N " << N << " threads " << t;
+          ++checked;
+        }
+      }
   });
   set_num_threads(threads);
   if (cpu::has_rows_of_7_kernel()) {

@@ -713,6 +713,49 @@ TEST(NnOps, Conv2dPositionRowsMatchFloat64) {
     }
 }
 
+// The position rows split each product over the threads in a grid of tiles by output-channel panels
+// (each thread padding the input rows its own windows read, storing its own sums): the same bits
+// on 1, 2 and 3 threads, for a split by tiles (one panel; a 7x7 map's 7 tiles unevenly), by panels
+// (a weight larger than the input), a channels-last input (its positions at a step) and a strided
+// 1x1 convolution (its input a view of every other row and column).
+TEST(NnOps, Conv2dPositionRowsGiveTheSameBitsOnAnyThreads) {
+  struct Case {
+    Shape x;
+    int64_t O, k, stride;
+    bool channels_last;
+  };
+  const int threads = get_num_threads();
+  NoGradGuard no_grad;
+  for (const Case& c : {Case{{1, 128, 14, 14}, 32, 3, 1, false}, Case{{1, 64, 7, 7}, 24, 3, 1, false},
+                        Case{{1, 160, 7, 7}, 300, 1, 1, false}, Case{{2, 256, 14, 14}, 80, 1, 1, true},
+                        Case{{1, 64, 14, 14}, 48, 3, 1, true}, Case{{1, 256, 28, 28}, 96, 1, 2, false}}) {
+    const std::string where =
+        cat_str(c.x, " O ", c.O, " k ", c.k, " stride ", c.stride, c.channels_last ? " channels-last" : "");
+    const Tensor x = randn_of(c.x, DType::Float32, 1)
+                         .contiguous(c.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous);
+    const Tensor w = randn_of({c.O, c.x[1], c.k, c.k}, DType::Float32, 2), b = randn_of({c.O}, DType::Float32, 3);
+    const std::array<int64_t, 2> pad{c.k / 2, c.k / 2}, stride{c.stride, c.stride};
+    Tensor want;
+    for (int t : {1, 2, 3}) {
+      set_num_threads(t);
+      KernelProfiler profiler;
+      const Tensor y = conv2d(x, w, b, stride, pad);
+      ASSERT_EQ(profiler.records().size(), 1u) << where;
+      if (!cpu::has_rows_of_7_kernel()) continue;
+      EXPECT_EQ(profiler.records()[0].path.rfind("position rows gemm", 0), 0u) << where;
+      if (t == 1)
+        want = y;
+      else
+        EXPECT_TRUE(same_bits(y, want)) << where << " threads " << t;
+    }
+    EXPECT_LE(relative_error(want.to(DType::Float64),
+                             conv2d(x.to(DType::Float64), w.to(DType::Float64), b.to(DType::Float64), stride, pad)),
+              2e-6)
+        << where;
+  }
+  set_num_threads(threads);
+}
+
 // The weight forms kept with the weight's storage (7x7 maps: the packed W^T of the position rows
 // where the CPU has them; 24x24: Winograd's transformed weights) follow every change of the
 // weight: an in-place op, a copy into it, a write through its pointer followed by bump_version,

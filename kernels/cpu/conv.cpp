@@ -1152,15 +1152,15 @@ bool winograd_backward_input(const Operand<const float>& dy, const float* w, con
 //   C (cols, O) = columns^T (cols, K) @ W^T (K, O),
 // W^T packed once and kept with the weight's storage when the weight cannot change while the
 // result is used (weight_form.h), else packed for the call; columns^T is read in place, from the
-// input itself (pointwise) or through offsets into a zero-padded copy (position_rows_input). A
-// channels-last y is C itself; else C goes back to (channels, positions) in blocks of
-// channels and positions through epilogue_into: a pass over the output that the standard path does not make, so the
-// path is taken where the multiply-adds the standard tiles waste on padding columns, (padded - cols) * K per output
-// channel, are at least kPositionRowsWaste per padded column. The sums are those of the standard path bit for bit
-// (gemm_rows_of_7). Measured on Zen 4, 2 threads, batch 1, against the standard path: 0.59-0.91x the time at 7x7 and
-// 14x14 with K of 160 to 4608 (ResNet's and DenseNet's last stages, MobileNet's and EfficientNet's 1x1 convolutions
-// there), 0.96x with K = 256 at 14x14; slower where it is not taken: 1.24x with K = 64 at 14x14, 1.15-2.5x on 28x28 and
-// 56x56 maps, whose tiles waste little.
+// input itself (pointwise) or through offsets into a zero-padded copy (position_rows_input), each
+// tile 7 positions of one output row (Wo a multiple of 7). A channels-last y is C itself; else C goes back to
+// (channels, positions) in blocks of channels and positions through epilogue_into: a pass over the output that the
+// standard path does not make, so the path is taken where the multiply-adds the standard tiles waste on padding
+// columns, (padded - cols) * K per output channel, are at least kPositionRowsWaste per padded column. The sums are
+// those of the standard path bit for bit (gemm_rows_of_7). Measured on Zen 4, 2 threads, batch 1, against the standard
+// path: 0.59-0.91x the time at 7x7 and 14x14 with K of 160 to 4608 (ResNet's and DenseNet's last stages, MobileNet's
+// and EfficientNet's 1x1 convolutions there), 0.96x with K = 256 at 14x14; slower where it is not taken: 1.24x with K =
+// 64 at 14x14, 1.15-2.5x on 28x28 and 56x56 maps, whose tiles waste little.
 constexpr int64_t kPositionRowsWaste = 32;
 // Convolutions with taps read their input in place (position_rows_input), without im2col: with
 // output rows of whole tiles (Wo a multiple of 7) and at least this K they take the path on any
@@ -1172,102 +1172,133 @@ bool use_position_rows(const ConvGeom& g) {
   if (g.G != 1 || g.O < 16 || !has_rows_of_7_kernel()) return false;
   const int64_t cols = samples_per_gemm(g, g.N) * g.P, nr = gemm_tile_columns();
   const int64_t padded = (cols + nr - 1) / nr * nr;
-  if (!is_pointwise(g) && g.Wo % 7 == 0 && g.K >= kPositionRowsOffsetsMinK) return true;
-  return cols % 7 == 0 && (padded - cols) * g.K >= kPositionRowsWaste * padded;
+  if (g.Wo % 7 != 0) return false;
+  if (!is_pointwise(g) && g.K >= kPositionRowsOffsetsMinK) return true;
+  return (padded - cols) * g.K >= kPositionRowsWaste * padded;
 }
 
 // Channels and positions per block of the transposing store.
 constexpr int64_t kPositionRowsStoreChannels = 64, kPositionRowsStoreColumns = 256;
 
-// Where a position-rows GEMM reads its A (cols, K) for samples [n0, n0 + m): the input read in
-// place through offsets (gemm_rows_of_7_offsets) when its windows have taps (an implicit im2col
-// over a zero-padded copy of the input: every 7-row tile is 7 positions of one output row, as Wo
-// is a multiple of 7), else the (K, cols) columns of input_columns, transposed.
+// Where a position-rows GEMM of samples [n0, n0 + m) reads its A (cols, K) (RowsOf7Input: an
+// implicit im2col; every 7-row tile is 7 positions of one output row, as Wo is a multiple of 7): a
+// pointwise convolution reads the input itself in place (its channels at a stride, or through
+// offsets when its positions are not contiguous), one with taps a zero-padded copy of the input's
+// planes through offsets (only the rows its tiles' windows cover are written: position_rows_pad).
 struct PositionRowsInput {
-  Columns<float> columns;  // when offsets is empty
-  const float* padded;
-  std::vector<int64_t> offsets, tile_starts;
-};
-PositionRowsInput position_rows_input(const Operand<const float>& x, int64_t n0, int64_t m, const ConvGeom& g) {
-  PositionRowsInput in{};
-  if (is_pointwise(g) || g.Wo % 7 != 0) {
-    in.columns = input_columns(x, n0, m, 0, g);
-    return in;
+  int64_t plane, Wp;                          // the padded copy's plane and row (taps)
+  int64_t step;                               // between a tile's positions
+  int64_t k_stride;                           // between channels, without offsets
+  std::vector<int64_t> offsets, tile_starts;  // per k (or none), per tile
+  RowsOf7Input at(const float* a) const {
+    return {a, tile_starts.data(), offsets.empty() ? nullptr : offsets.data(), k_stride, step};
   }
-  const int64_t Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw, plane = Hp * Wp;
-  float* padded = thread_scratch<float, 0>(m * g.C * plane);
-  parallel_for(m * g.C, plane + g.H * g.W, [&](int64_t q0, int64_t q1) {  // writes and reads
-    for (int64_t q = q0; q < q1; ++q) {
-      float* dst = padded + q * plane;
-      const float* src = x.p + (n0 + q / g.C) * x.s[0] + q % g.C * x.s[1];
-      std::fill(dst, dst + g.ph * Wp, 0.f);
-      std::fill(dst + (g.ph + g.H) * Wp, dst + plane, 0.f);
-      for (int64_t h = 0; h < g.H; ++h) {
-        float* row = dst + (g.ph + h) * Wp;
-        std::fill(row, row + g.pw, 0.f);
-        std::fill(row + g.pw + g.W, row + Wp, 0.f);
-        if (x.s[3] == 1)
-          std::copy_n(src + h * x.s[2], g.W, row + g.pw);
-        else
-          for (int64_t w = 0; w < g.W; ++w) row[g.pw + w] = src[h * x.s[2] + w * x.s[3]];
-      }
-    }
-  });
-  in.padded = padded;
-  in.offsets.resize(g.K);
-  for (int64_t c = 0, k = 0; c < g.C; ++c)
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j, ++k) in.offsets[k] = c * plane + i * g.dh * Wp + j * g.dw;
+};
+PositionRowsInput position_rows_input(const Operand<const float>& x, int64_t m, const ConvGeom& g) {
+  PositionRowsInput in{};
+  const bool pointwise = is_pointwise(g);
+  in.Wp = g.W + 2 * g.pw, in.plane = (g.H + 2 * g.ph) * in.Wp;
+  in.step = pointwise ? x.s[3] : g.sw;
+  in.k_stride = x.s[1];
+  const int64_t sample = pointwise ? x.s[0] : g.C * in.plane, row = pointwise ? x.s[2] : g.sh * in.Wp,
+                column = pointwise ? x.s[3] : g.sw;
+  if (!pointwise || in.step != 1) {
+    in.offsets.resize(g.K);
+    for (int64_t c = 0, k = 0; c < g.C; ++c)
+      for (int64_t i = 0; i < g.kh; ++i)
+        for (int64_t j = 0; j < g.kw; ++j, ++k)
+          in.offsets[k] = pointwise ? c * x.s[1] : c * in.plane + i * g.dh * in.Wp + j * g.dw;
+  }
   in.tile_starts.resize(m * g.P / 7);
   for (int64_t t = 0; t < static_cast<int64_t>(in.tile_starts.size()); ++t) {
     const int64_t s = t * 7 / g.P, p = t * 7 % g.P;
-    in.tile_starts[t] = s * g.C * plane + p / g.Wo * g.sh * Wp + p % g.Wo * g.sw;
+    in.tile_starts[t] = s * sample + p / g.Wo * row + p % g.Wo * column;
   }
   return in;
 }
 
+// Writes into `padded` (laid out as position_rows_input's plane and Wp, samples [n0, n0 + m)) the
+// rows that the windows of output positions [q0, q1) (counted from sample n0's first) read: the
+// input's rows, zero-padded, and the padding rows among them.
+void position_rows_pad(const Operand<const float>& x, int64_t n0, int64_t q0, int64_t q1, const PositionRowsInput& in,
+                       const ConvGeom& g, float* padded) {
+  for (int64_t s = q0 / g.P; s * g.P < q1; ++s) {
+    const int64_t first = std::max(q0 - s * g.P, int64_t{0}) / g.Wo,
+                  last = (std::min(q1 - s * g.P, g.P) - 1) / g.Wo;                      // output rows
+    const int64_t r0 = first * g.sh, r1 = last * g.sh + (g.kh - 1) * g.dh + 1;          // padded rows [r0, r1)
+    const int64_t h0 = std::max(r0 - g.ph, int64_t{0}), h1 = std::min(r1 - g.ph, g.H);  // input rows
+    for (int64_t c = 0; c < g.C; ++c) {
+      const float* src = x.p + (n0 + s) * x.s[0] + c * x.s[1];
+      float* dst = padded + (s * g.C + c) * in.plane;
+      std::fill(dst + r0 * in.Wp, dst + r1 * in.Wp, 0.f);  // one call, not three a row: these rows are short
+      for (int64_t h = h0; h < h1; ++h) {
+        float* out = dst + (g.ph + h) * in.Wp + g.pw;
+        if (x.s[3] == 1)
+          std::copy_n(src + h * x.s[2], g.W, out);
+        else
+          for (int64_t w = 0; w < g.W; ++w) out[w] = src[h * x.s[2] + w * x.s[3]];
+      }
+    }
+  }
+}
+
+// Each GEMM item is split over the threads (when the items themselves are not) as gemm splits its
+// products, in a grid of tiles (positions) by panels of output channels (gemm_thread_grid), and
+// each thread makes its rectangle's share of everything: the padded rows its windows read, its
+// sums, their transposing store into y. So no thread waits for another between the three, and
+// each reads what it wrote from its own cache.
 void position_rows_forward(const Operand<const float>& x, const float* wt, const Epilogue<float>& e,
                            const Operand<float>& y, const ConvGeom& g) {
-  const int64_t nb = samples_per_gemm(g, g.N), batches = (g.N + nb - 1) / nb;
+  const int64_t nb = samples_per_gemm(g, g.N), batches = (g.N + nb - 1) / nb, nr = rows_of_7_tile_columns();
+  const int64_t panels = (g.O + nr - 1) / nr;
   note_kernel_path(nb > 1 ? "position rows gemm, samples side by side" : "position rows gemm");
   for_items(batches, nb * g.O * g.K * g.P, [&](int64_t b, int64_t end) {
     for (int64_t it = b; it < end; ++it) {
-      const int64_t n0 = it * nb, m = std::min(nb, g.N - n0), cols = m * g.P;
-      const PositionRowsInput in = position_rows_input(x, n0, m, g);
-      // C (cols, O) = A (cols, K) @ W^T, the epilogue (if any) on each finished block.
-      auto multiply = [&](float* c, int64_t c_rs, const GemmEpilogue<float>* epilogue) {
-        if (!in.offsets.empty())
-          return gemm_rows_of_7_offsets(cols / 7, in.tile_starts.data(), g.O, g.K, in.padded, in.offsets.data(), g.sw,
-                                        wt, c, c_rs, 1, epilogue);
-        gemm_rows_of_7(cols, g.O, g.K, in.columns.p, in.columns.cs, in.columns.rs, wt, c, c_rs, 1, 0.f, epilogue);
-      };
-      if (y.s[1] == 1 && y.s[2] == g.Wo * y.s[3] && (m == 1 || y.s[0] == g.P * y.s[3])) {
-        // Channels-last: C is y itself.
-        const GemmOutput<float> block_out{&e, n0, 0, g.Wo, g.P};
-        const GemmEpilogue<float> epilogue{epilogue_gemm_block_positions, &block_out};
-        multiply(y.p + n0 * y.s[0], y.s[3], e.is_identity() ? nullptr : &epilogue);
-        continue;
-      }
-      float* sums = thread_scratch<float, 1>(cols * g.O);
-      multiply(sums, g.O, nullptr);
-      // Back to (channels, positions) in blocks of channels and of positions, each block's rows
-      // runs of positions for epilogue_into.
+      const int64_t n0 = it * nb, m = std::min(nb, g.N - n0), cols = m * g.P, tiles = cols / 7;
+      const PositionRowsInput in = position_rows_input(x, m, g);
+      const bool channels_last = y.s[1] == 1 && y.s[2] == g.Wo * y.s[3] && (m == 1 || y.s[0] == g.P * y.s[3]);
+      // Channels-last: C (cols, O) is y itself, else a block of sums stored into y transposed.
+      float* sums = channels_last ? nullptr : thread_scratch<float, 1>(cols * g.O);
       const ConvBlockOutput<float, float> out{&e, y, n0, 0, g.P, g.Wo};
-      const int64_t blocks = (g.O + kPositionRowsStoreChannels - 1) / kPositionRowsStoreChannels,
-                    chunks = (cols + kPositionRowsStoreColumns - 1) / kPositionRowsStoreColumns;
-      parallel_for(blocks * chunks, kPositionRowsStoreChannels * kPositionRowsStoreColumns,
-                   [&](int64_t q0, int64_t q1) {
-                     float* t = thread_scratch<float, 11>(kPositionRowsStoreChannels * kPositionRowsStoreColumns +
-                                                          16);  // transpose_copy's slack
-                     for (int64_t q = q0; q < q1; ++q) {
-                       const int64_t o0 = q / chunks * kPositionRowsStoreChannels,
-                                     count = std::min(kPositionRowsStoreChannels, g.O - o0);
-                       const int64_t j0 = q % chunks * kPositionRowsStoreColumns,
-                                     len = std::min(kPositionRowsStoreColumns, cols - j0);
-                       transpose_copy(count, len, sums + j0 * g.O + o0, g.O, t, len);
-                       epilogue_into<float, float>(&out, t, len, 1, o0, count, j0, len);
-                     }
-                   });
+      // Tiles [t0, t1) of output channels [c0, c1).
+      auto rectangle = [&](int64_t t0, int64_t t1, int64_t c0, int64_t c1) {
+        const float* a = x.p + n0 * x.s[0];
+        if (!is_pointwise(g)) {
+          float* padded = thread_scratch<float, 0>(m * g.C * in.plane);
+          position_rows_pad(x, n0, 7 * t0, 7 * t1, in, g, padded);
+          a = padded;
+        }
+        if (channels_last) {
+          const GemmOutput<float> block_out{&e, n0, c0, g.Wo, g.P};
+          const GemmEpilogue<float> epilogue{epilogue_gemm_block_positions, &block_out};
+          gemm_rows_of_7_offsets(t0, t1, in.at(a), c1 - c0, g.K, wt + c0 * g.K, y.p + n0 * y.s[0] + c0, y.s[3], 1,
+                                 e.is_identity() ? nullptr : &epilogue);
+          return;
+        }
+        gemm_rows_of_7_offsets(t0, t1, in.at(a), c1 - c0, g.K, wt + c0 * g.K, sums + c0, g.O, 1, nullptr);
+        // Back to (channels, positions) in blocks of channels and of positions, each block's
+        // rows runs of positions for epilogue_into.
+        float* t = thread_scratch<float, 11>(kPositionRowsStoreChannels * kPositionRowsStoreColumns +
+                                             16);  // transpose_copy's slack
+        for (int64_t o0 = c0; o0 < c1; o0 += kPositionRowsStoreChannels)
+          for (int64_t j0 = 7 * t0; j0 < 7 * t1; j0 += kPositionRowsStoreColumns) {
+            const int64_t count = std::min(kPositionRowsStoreChannels, c1 - o0),
+                          len = std::min(kPositionRowsStoreColumns, 7 * t1 - j0);
+            transpose_copy(count, len, sums + j0 * g.O + o0, g.O, t, len);
+            epilogue_into<float, float>(&out, t, len, 1, o0, count, j0, len);
+          }
+      };
+      const int64_t team = std::min(available_threads(), tiles * panels);
+      const GemmGrid grid = gemm_thread_grid(team, tiles, panels, 7, nr);
+      parallel_for(team, 7 * tiles * g.K * g.O / team, [&](int64_t q0, int64_t q1) {
+        for (int64_t q = q0; q < q1; ++q) {
+          const int64_t i = q / grid.tn, j = q % grid.tn;
+          const int64_t t0 = tiles * i / grid.tm, t1 = tiles * (i + 1) / grid.tm;
+          const int64_t c0 = std::min(g.O, panels * j / grid.tn * nr),
+                        c1 = std::min(g.O, panels * (j + 1) / grid.tn * nr);
+          if (t0 < t1 && c0 < c1) rectangle(t0, t1, c0, c1);
+        }
+      });
     }
   });
 }

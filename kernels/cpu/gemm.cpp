@@ -349,13 +349,10 @@ constexpr int64_t kSmallGemm = 8 * 8 * 8;
 // Each thread gets at least this many multiply-adds.
 constexpr int64_t kGemmWorkPerThread = int64_t{1} << 18;
 
-// The thread grid tm x tn (tm * tn = threads) that minimises the largest share: compute in
-// tiles plus the packing that a thread does for its rectangle.
-struct Grid {
-  int64_t tm, tn;
-};
-Grid thread_grid(int64_t threads, int64_t mtiles, int64_t ntiles, int64_t mr, int64_t nr) {
-  Grid best{1, threads};
+}  // namespace
+
+GemmGrid gemm_thread_grid(int64_t threads, int64_t mtiles, int64_t ntiles, int64_t mr, int64_t nr) {
+  GemmGrid best{1, threads};
   double best_cost = -1;
   for (int64_t tm = 1; tm <= threads; ++tm) {
     if (threads % tm != 0) continue;
@@ -367,6 +364,8 @@ Grid thread_grid(int64_t threads, int64_t mtiles, int64_t ntiles, int64_t mr, in
   }
   return best;
 }
+
+namespace {
 
 // Few rows of C (a linear layer's batch) times a B whose columns are contiguous (x @ W^T with W
 // row-major), or one column of C (a matrix-vector product, as a squeeze-excitation block's 1x1
@@ -409,7 +408,7 @@ void gemm_packed(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, 
                                   std::min<int64_t>(omp_get_max_threads(), mtiles * ntiles));
 #endif
   auto run = [&](int64_t t, int64_t team) {
-    Grid g = thread_grid(team, mtiles, ntiles, kn.mr, kn.nr);
+    GemmGrid g = gemm_thread_grid(team, mtiles, ntiles, kn.mr, kn.nr);
     int64_t ti = t / g.tn, tj = t % g.tn;
     int64_t m0 = std::min(M, mtiles * ti / g.tm * kn.mr);
     int64_t m1 = std::min(M, mtiles * (ti + 1) / g.tm * kn.mr);
@@ -460,6 +459,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_c
 }
 bool has_rows_of_7_kernel() { return active_kernels().f32_rows7.mr != 0; }
 int64_t gemm_tile_columns() { return active_kernels().f32.nr; }
+int64_t rows_of_7_tile_columns() { return active_kernels().f32_rows7.nr; }
 int64_t rows_of_7_packed_floats(int64_t K, int64_t N) {
   const int64_t nr = active_kernels().f32_rows7.nr;
   return (N + nr - 1) / nr * nr * K;
@@ -476,11 +476,11 @@ void gemm_rows_of_7(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_r
   gemm_any(M, N, K, A, a_rs, a_cs, b_panels, 0, 0, C, c_rs, c_cs, beta, BlockSink<float>{epilogue, false},
            GemmTile::rows_of_7);
 }
-void gemm_rows_of_7_offsets(int64_t tiles, const int64_t* tile_starts, int64_t N, int64_t K, const float* a,
-                            const int64_t* k_offsets, int64_t step, const float* b_panels, float* C, int64_t c_rs,
-                            int64_t c_cs, const GemmEpilogue<float>* epilogue) {
+void gemm_rows_of_7_offsets(int64_t first_tile, int64_t last_tile, const RowsOf7Input& in, int64_t N, int64_t K,
+                            const float* b_panels, float* C, int64_t c_rs, int64_t c_cs,
+                            const GemmEpilogue<float>* epilogue) {
   const GemmRowsKernelF32& kn = active_kernels().f32_rows7;
-  const int64_t panels = (N + kn.nr - 1) / kn.nr, KC = std::min(K, kn.kc);
+  const int64_t panels = (N + kn.nr - 1) / kn.nr, KC = std::min(K, kn.kc), tiles = last_tile - first_tile;
   const BlockSink<float> sink{epilogue, false};
   // Tiles by column panel, panel by panel: a thread's consecutive tiles share their B panel, and
   // they run through it one K block at a time (each tile's blocks in order, each summed from zero,
@@ -490,10 +490,12 @@ void gemm_rows_of_7_offsets(int64_t tiles, const int64_t* tile_starts, int64_t N
   // from memory would otherwise stall the micro-kernel.
   parallel_for(panels * tiles, kn.mr * kn.nr * K, [&](int64_t q0, int64_t q1) {
     for (int64_t panel = q0 / tiles; panel * tiles < q1; ++panel) {
-      const int64_t t0 = std::max(q0 - panel * tiles, int64_t{0}), t1 = std::min(q1 - panel * tiles, tiles);
+      const int64_t t0 = first_tile + std::max(q0 - panel * tiles, int64_t{0}),
+                    t1 = first_tile + std::min(q1 - panel * tiles, tiles);
       const int64_t j0 = panel * kn.nr, n = std::min(kn.nr, N - j0), vectors = (n + kn.lanes - 1) / kn.lanes;
-      const GemmMicroKernelOffsetsF32 micro =
-          vectors < kn.nr / kn.lanes ? kn.narrow_offsets[vectors - 1] : kn.micro_offsets;
+      const bool narrow = vectors < kn.nr / kn.lanes;
+      const GemmMicroKernelOffsetsF32 micro = narrow ? kn.narrow_offsets[vectors - 1] : kn.micro_offsets;
+      const GemmMicroKernelF32 micro_columns = narrow ? kn.narrow[vectors - 1] : kn.micro;
       const float* b = b_panels + j0 * K;
       for (int64_t pc = 0; pc < K; pc += KC) {
         const int64_t kc = std::min(KC, K - pc);
@@ -501,10 +503,16 @@ void gemm_rows_of_7_offsets(int64_t tiles, const int64_t* tile_starts, int64_t N
         // panel whatever memory follows: a prefetch never faults).
         const float* next = pc + KC < K ? b + (pc + KC) * kn.nr : b + K * kn.nr;
         const int64_t next_floats = (pc + KC < K ? std::min(KC, K - pc - KC) : std::min(KC, K)) * kn.nr;
-        for (int64_t t = t0; t < t1; ++t)
-          micro(kc, a + tile_starts[t], k_offsets + pc, step, b + pc * kn.nr, kn.nr, pc == 0 ? 0.f : 1.f,
-                C + t * kn.mr * c_rs + j0 * c_cs, c_rs, c_cs, kn.mr, n,
-                next + std::min((t - t0) * kc * kFloatsPerLine, next_floats));
+        for (int64_t t = t0; t < t1; ++t) {
+          float* c = C + t * kn.mr * c_rs + j0 * c_cs;
+          const float* ahead = next + std::min((t - t0) * kc * kFloatsPerLine, next_floats);
+          if (in.k_offsets)
+            micro(kc, in.a + in.tile_starts[t], in.k_offsets + pc, in.step, b + pc * kn.nr, kn.nr, pc == 0 ? 0.f : 1.f,
+                  c, c_rs, c_cs, kn.mr, n, ahead);
+          else
+            micro_columns(kc, in.a + in.tile_starts[t] + pc * in.k_stride, in.k_stride, b + pc * kn.nr, kn.nr,
+                          pc == 0 ? 0.f : 1.f, c, c_rs, c_cs, kn.mr, n, ahead);
+        }
       }
       for (int64_t t = t0; t < t1; ++t) sink(C + t * kn.mr * c_rs + j0 * c_cs, c_rs, c_cs, t * kn.mr, kn.mr, j0, n);
     }

@@ -26,6 +26,14 @@ template <typename T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
           int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const GemmEpilogue<T>* epilogue = nullptr);
 
+// The thread grid tm x tn (tm * tn = threads) over a C of mtiles x ntiles tiles of mr x nr that
+// minimises the largest share: compute in tiles plus the packing (or reading) of A's rows and B's
+// columns that a thread does for its rectangle.
+struct GemmGrid {
+  int64_t tm, tn;
+};
+GemmGrid gemm_thread_grid(int64_t threads, int64_t mtiles, int64_t ntiles, int64_t mr, int64_t nr);
+
 // The float32 form on the instruction set's 7-row micro-kernel (GemmRowsKernelF32: C's rows in
 // sevens, its last columns in narrower tiles), for a C whose rows are a convolution's output
 // positions and its columns output channels, with B packed beforehand (a weight, packed once):
@@ -34,21 +42,32 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_c
 // in blocks of the same KC: products of more than 8 * 8 * 8 multiply-adds with more than 8 rows),
 // so the two agree bit for bit. Only where has_rows_of_7_kernel() (AVX-512).
 bool has_rows_of_7_kernel();
-int64_t gemm_tile_columns();  // the columns of gemm's float32 tiles (NR) on the active instruction set
+int64_t gemm_tile_columns();       // the columns of gemm's float32 tiles (NR) on the active instruction set
+int64_t rows_of_7_tile_columns();  // the 7-row tiles' columns (NR); the panels are NR columns wide
 int64_t rows_of_7_packed_floats(int64_t K, int64_t N);
 void pack_rows_of_7_b(int64_t K, int64_t N, const float* B, int64_t b_rs, int64_t b_cs, float* b_panels);
 void gemm_rows_of_7(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* b_panels,
                     float* C, int64_t c_rs, int64_t c_cs, float beta, const GemmEpilogue<float>* epilogue = nullptr);
 
-// gemm_rows_of_7 over an A read in place through offsets (a convolution's zero-padded input as
-// its own im2col): C (7 * tiles, N) = A (7 * tiles, K) @ B, beta 0, with
+// Where gemm_rows_of_7_offsets reads A, in place (a convolution's input, zero-padded where its
+// windows have taps, as its own im2col): every 7-row tile is 7 positions at a step from one start,
 //   A[7 t + i][k] = a[tile_starts[t] + i * step + k_offsets[k]]   (i < 7),
-// every such element readable, and B packed by pack_rows_of_7_b. Each element of C gets the sums
-// gemm_rows_of_7 gives it for the same A (in K blocks of the same size, in order), the epilogue on
-// each finished 7-row tile. Only where has_rows_of_7_kernel().
-void gemm_rows_of_7_offsets(int64_t tiles, const int64_t* tile_starts, int64_t N, int64_t K, const float* a,
-                            const int64_t* k_offsets, int64_t step, const float* b_panels, float* C, int64_t c_rs,
-                            int64_t c_cs, const GemmEpilogue<float>* epilogue = nullptr);
+// or, without k_offsets (step 1), a[tile_starts[t] + i + k * k_stride]: a pointwise convolution's
+// input channels, read as gemm_rows_of_7 reads the columns of an A with contiguous columns.
+struct RowsOf7Input {
+  const float* a;
+  const int64_t* tile_starts;  // per tile
+  const int64_t* k_offsets;    // per k, or null
+  int64_t k_stride, step;
+};
+// gemm_rows_of_7 over an A read through `in`: the tiles [first_tile, last_tile) of
+// C (7 * tiles, N) = A (7 * tiles, K) @ B, beta 0, every element of A they read readable, B packed
+// by pack_rows_of_7_b. Each element of C gets the sums gemm_rows_of_7 gives it for the same A (in
+// K blocks of the same size, in order), the epilogue on each finished 7-row tile. Only where
+// has_rows_of_7_kernel().
+void gemm_rows_of_7_offsets(int64_t first_tile, int64_t last_tile, const RowsOf7Input& in, int64_t N, int64_t K,
+                            const float* b_panels, float* C, int64_t c_rs, int64_t c_cs,
+                            const GemmEpilogue<float>* epilogue = nullptr);
 
 // The same for bfloat16 A and B with float32 sums into a float32 C (bfloat16 products are exact
 // in float32; the micro-kernel adds them in pairs of k, see gemm_kernels.h GemmMicroKernelBF16).

@@ -146,6 +146,15 @@ T* thread_scratch(int64_t elements) {
   return reinterpret_cast<T*>((p + 63) & ~uintptr_t{63});
 }
 
+// The threads a parallel region started here would have: 1 inside one (parallel_for then runs its
+// body on the calling thread).
+inline int64_t available_threads() {
+#ifdef _OPENMP
+  if (!omp_in_parallel()) return omp_get_max_threads();
+#endif
+  return 1;
+}
+
 // Runs body(begin, end) over [0, n) split into contiguous chunks, one per thread.
 template <typename F>
 void parallel_for(int64_t n, int64_t work_per_item, F&& body) {
