@@ -278,14 +278,16 @@ TEST(Gemm, RowsOf7KernelGivesTheBitsOfGemm) {
 // gives the bits of gemm_rows_of_7 on the explicit matrix those offsets describe, with 1, 2 and 3
 // threads (3 split panels' tiles between threads unevenly): stride 1 and 2, N with each narrow
 // tail and past a panel, K across KC blocks (a 3x3 window over 10 to 150 channels), several
-// samples; its epilogue sees every 7-row tile once. Also over a range of tiles (two calls, the
+// samples, panels of one and two vectors (their tiles two at a time, an odd one alone); its
+// epilogue sees every 7-row tile once. Also over a range of tiles (two calls, the
 // second's epilogue told its tiles' rows), and without offsets (a pointwise convolution's
 // channels at a stride, the 7 positions of a tile contiguous).
 TEST(Gemm, RowsOf7OffsetsGiveTheBitsOfTheExplicitColumns) {
   struct Shape4 {
     int64_t samples, channels, map, stride, N;
   };
-  const Shape4 shapes[] = {{1, 150, 14, 1, 40}, {2, 10, 7, 1, 100}, {1, 64, 15, 2, 17}, {3, 20, 14, 2, 64}};
+  const Shape4 shapes[] = {{1, 150, 14, 1, 40}, {2, 10, 7, 1, 100}, {1, 64, 15, 2, 17},
+                           {3, 20, 14, 2, 64},  {1, 30, 7, 1, 9},   {1, 50, 14, 1, 32}};
   const int threads = get_num_threads();
   int checked = 0;
   for_each_isa([&] {

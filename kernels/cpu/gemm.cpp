@@ -496,6 +496,8 @@ void gemm_rows_of_7_offsets(int64_t first_tile, int64_t last_tile, const RowsOf7
       const bool narrow = vectors < kn.nr / kn.lanes;
       const GemmMicroKernelOffsetsF32 micro = narrow ? kn.narrow_offsets[vectors - 1] : kn.micro_offsets;
       const GemmMicroKernelF32 micro_columns = narrow ? kn.narrow[vectors - 1] : kn.micro;
+      // Panels of one or two vectors take their tiles two at a time (through offsets).
+      const GemmMicroKernelOffsetsPairF32 pair = vectors <= 2 && in.k_offsets ? kn.pair_offsets[vectors - 1] : nullptr;
       const float* b = b_panels + j0 * K;
       for (int64_t pc = 0; pc < K; pc += KC) {
         const int64_t kc = std::min(KC, K - pc);
@@ -506,7 +508,11 @@ void gemm_rows_of_7_offsets(int64_t first_tile, int64_t last_tile, const RowsOf7
         for (int64_t t = t0; t < t1; ++t) {
           float* c = C + t * kn.mr * c_rs + j0 * c_cs;
           const float* ahead = next + std::min((t - t0) * kc * kFloatsPerLine, next_floats);
-          if (in.k_offsets)
+          if (pair && t + 1 < t1) {
+            pair(kc, in.a + in.tile_starts[t], in.a + in.tile_starts[t + 1], in.k_offsets + pc, in.step, b + pc * kn.nr,
+                 kn.nr, pc == 0 ? 0.f : 1.f, c, c_rs, c_cs, n, ahead);
+            ++t;  // the pair's second tile
+          } else if (in.k_offsets)
             micro(kc, in.a + in.tile_starts[t], in.k_offsets + pc, in.step, b + pc * kn.nr, kn.nr, pc == 0 ? 0.f : 1.f,
                   c, c_rs, c_cs, kn.mr, n, ahead);
           else

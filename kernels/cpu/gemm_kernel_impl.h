@@ -80,6 +80,18 @@ struct AOffsetsUnitStep {
   const int64_t* __restrict k_offsets;
   float operator()(int64_t k, int i) const { return a[k_offsets[k] + i]; }
 };
+// Two tiles' positions (GemmMicroKernelOffsetsPairF32): rows 0-6 from a0, 7-13 from a1.
+template <bool UnitStep>
+struct AOffsetsPair {
+  const float* __restrict a0;
+  const float* __restrict a1;
+  const int64_t* __restrict k_offsets;
+  int64_t step;
+  float operator()(int64_t k, int i) const {
+    const int64_t at = k_offsets[k] + (i % 7) * (UnitStep ? 1 : step);
+    return i < 7 ? a0[at] : a1[at];
+  }
+};
 
 // The micro-kernel (GemmMicroKernelF32/F64/BF16, GemmMicroKernelOffsetsF32): MR elements of an A
 // panel are broadcast (read through the accessor A), NR = NV * W columns of B are held in NV
@@ -149,6 +161,19 @@ void gemm_micro_kernel_offsets(int64_t kc, const float* __restrict a, const int6
                                                                 c_rs, c_cs, m, n, ahead);
   micro_kernel<float, float, W, MR, NV, FmaStep, true>(kc, AOffsets{a, k_offsets, step}, b, b_rs, beta, c, c_rs, c_cs,
                                                        m, n, ahead);
+}
+
+// See GemmMicroKernelOffsetsPairF32 (7-row tiles).
+template <int W, int NV>
+void gemm_micro_kernel_offsets_pair(int64_t kc, const float* __restrict a0, const float* __restrict a1,
+                                    const int64_t* __restrict k_offsets, int64_t step, const float* __restrict b,
+                                    int64_t b_rs, float beta, float* __restrict c, int64_t c_rs, int64_t c_cs,
+                                    int64_t n, const float* ahead) {
+  if (step == 1)
+    return micro_kernel<float, float, W, 14, NV, FmaStep, true>(kc, AOffsetsPair<true>{a0, a1, k_offsets, 1}, b, b_rs,
+                                                                beta, c, c_rs, c_cs, 14, n, ahead);
+  micro_kernel<float, float, W, 14, NV, FmaStep, true>(kc, AOffsetsPair<false>{a0, a1, k_offsets, step}, b, b_rs, beta,
+                                                       c, c_rs, c_cs, 14, n, ahead);
 }
 
 // One step of a bfloat16 dot product in W float lanes, as AVX512_BF16's vdpbf16ps does it: each

@@ -59,12 +59,22 @@ struct GemmKernelF32 {
 using GemmMicroKernelOffsetsF32 = void (*)(int64_t kc, const float* a, const int64_t* k_offsets, int64_t step,
                                            const float* b, int64_t b_rs, float beta, float* c, int64_t c_rs,
                                            int64_t c_cs, int64_t m, int64_t n, const float* ahead);
+// Two 7-row tiles of a GemmMicroKernelOffsetsF32 at once, one after the other in C (14 rows from
+// c): the first tile's positions from a0, the second's from a1, both through the same k_offsets
+// and step; its C tile's columns n <= the form's vectors of lanes. Twice the rows a loaded B vector
+// serves, for panels of few output channels (one or two vectors); each element's arithmetic as in
+// the one-tile form.
+using GemmMicroKernelOffsetsPairF32 = void (*)(int64_t kc, const float* a0, const float* a1, const int64_t* k_offsets,
+                                               int64_t step, const float* b, int64_t b_rs, float beta, float* c,
+                                               int64_t c_rs, int64_t c_cs, int64_t n, const float* ahead);
 // A float32 micro-kernel whose tiles have MR = 7 rows, for a C whose rows are a convolution's
 // output positions (7x7, 14x14, 28x28 and 56x56 maps are whole multiples of 7) and whose columns
 // are its output channels, with its A-through-offsets form (micro_offsets, and narrow_offsets
-// for the last columns as narrow). All null (mr 0) where the instruction set has none.
+// for the last columns as narrow; pair_offsets[v - 1] two tiles at once for panels of v vectors,
+// v = 1, 2). All null (mr 0) where the instruction set has none.
 struct GemmRowsKernelF32 : GemmKernelF32 {
   GemmMicroKernelOffsetsF32 micro_offsets, narrow_offsets[3];
+  GemmMicroKernelOffsetsPairF32 pair_offsets[2];
 };
 struct GemmKernelF64 {
   int64_t mr, nr, kc, mc, nc;
