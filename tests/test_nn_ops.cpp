@@ -230,7 +230,9 @@ TEST(NnOps, Conv1dAndUnbatchedConv2dMatchTorch) {
 TEST(NnOps, Conv2dDoesNotDependOnThreadCount) {
   int threads = get_num_threads();
   // Batch 9 splits samples over threads; batch 1 leaves the threads to the GEMM.
-  // 7x7 maps of 64 channels take the positions as rows where the CPU has that kernel.
+  // 7x7 maps of 64 channels take the positions as rows where the CPU has that kernel; 28x28 maps
+  // of 16 channels Winograd, in rounds of 2 samples each thread its own at batch 9 (forward and
+  // input gradient), one round split over the threads at batch 1.
   auto run = [](int n, int64_t batch, int64_t channels, int64_t h, int64_t w_) {
     set_num_threads(n);
     Tensor x = randn_of({batch, channels, h, w_}, DType::Float32, 7).requires_grad_();
@@ -241,7 +243,8 @@ TEST(NnOps, Conv2dDoesNotDependOnThreadCount) {
     return std::vector<std::vector<double>>{y.to_vector(), x.grad().to_vector(), w.grad().to_vector()};
   };
   for (int64_t batch : {9, 1})
-    for (const auto& [channels, h, w] : {std::array<int64_t, 3>{8, 10, 9}, std::array<int64_t, 3>{64, 7, 7}}) {
+    for (const auto& [channels, h, w] :
+         {std::array<int64_t, 3>{8, 10, 9}, std::array<int64_t, 3>{64, 7, 7}, std::array<int64_t, 3>{16, 28, 28}}) {
       auto one = run(1, batch, channels, h, w), three = run(3, batch, channels, h, w);
       for (size_t i = 0; i < one.size(); ++i)
         EXPECT_EQ(one[i], three[i]) << "batch " << batch << ", map " << h << "x" << w << ", tensor " << i;

@@ -1057,6 +1057,7 @@ void winograd_weights(const float* w, const ConvGeom& g, float* u) {
 }
 
 // y = the convolution by the weights transformed by winograd_weights.
+constexpr int64_t kWinogradOwnRoundsChannels = 4;
 void winograd_forward(const Operand<const float>& x, const float* u, const Epilogue<float>& e, const Operand<float>& y,
                       const ConvGeom& g) {
   const WinogradF43& kn = winograd_f43();
@@ -1066,57 +1067,67 @@ void winograd_forward(const Operand<const float>& x, const float* u, const Epilo
   const int64_t Hp = 4 * th + 2;                          // padded plane: Hp rows of row_len
   const int64_t u_stride = winograd_u_stride(g);
   note_kernel_path(nb > 1 ? "winograd F(4x4,3x3), samples side by side" : "winograd F(4x4,3x3)");
-  // The calling thread's scratch (kept between calls: no fresh pages), shared with the others
-  // while it waits for them; every element is written before it is read (m's 16 extra floats are
-  // read past its end by the output transform's last vector, and dropped).
-  float* const v = thread_scratch<float, 8>(36 * g.C * cols);
-  float* const m = thread_scratch<float, 9>(36 * g.O * cols + 16);
-  for (int64_t n0 = 0; n0 < g.N; n0 += nb) {
-    const int64_t ns = std::min(nb, g.N - n0), used = ns * T;  // samples and columns of this round
-    // V[xi] (C, cols): sample s's tiles at columns s * T + t.
-    parallel_for(ns * g.C, Hp * row_len, [&](int64_t b, int64_t end) {
-      // The padding is the same for every plane: zeroed once, each plane overwrites the rest.
-      float* plane = thread_scratch<float, 0>(Hp * row_len);
-      std::fill(plane, plane + Hp * row_len, 0.f);
-      const float* rows[6];
-      for (int64_t it = b; it < end; ++it) {
-        const int64_t s = it / g.C, c = it % g.C;
-        const float* xc = x.p + (n0 + s) * x.s[0] + c * x.s[1];
-        for (int64_t ih = 0; ih < g.H; ++ih) {
-          float* dst = plane + (ih + g.ph) * row_len + g.pw;
-          const float* src = xc + ih * x.s[2];
-          if (x.s[3] == 1)
-            std::copy(src, src + g.W, dst);
-          else
-            for (int64_t iw = 0; iw < g.W; ++iw) dst[iw] = src[iw * x.s[3]];
-        }
-        for (int64_t i = 0; i < th; ++i) {
-          for (int j = 0; j < 6; ++j) rows[j] = plane + (4 * i + j) * row_len;
-          kn.input(tw, rows, v + c * cols + s * T + i * tw, g.C * cols);
-        }
-      }
-    });
-    parallel_for(36, g.O * g.C * used, [&](int64_t x0, int64_t x1) {
-      for (int64_t xi = x0; xi < x1; ++xi)
-        gemm<float>(g.O, used, g.C, u + xi * u_stride, 1, g.O, v + xi * g.C * cols, cols, 1, m + xi * g.O * cols, cols,
-                    1, 0.f);
-    });
-    parallel_for(ns * g.O, 36 * T, [&](int64_t b, int64_t end) {
-      float* buf = thread_scratch<float, 1>(4 * row_len);
-      float* rows[4] = {buf, buf + row_len, buf + 2 * row_len, buf + 3 * row_len};
-      for (int64_t it = b; it < end; ++it) {
-        const int64_t s = it / g.O, o = it % g.O, n = n0 + s;
-        float* yo = y.p + n * y.s[0] + o * y.s[1];
-        for (int64_t i = 0; i < th; ++i) {
-          kn.output(tw, m + o * cols + s * T + i * tw, g.O * cols, rows);
-          for (int64_t a = 0; a < 4 && 4 * i + a < g.Ho; ++a) {
-            const int64_t oh = 4 * i + a;
-            store_output_row(e, n, o, oh, g.Wo, rows[a], yo, y.s);
+  // Rounds of nb samples: each thread its own rounds where there are enough and the transformed
+  // weights are not the larger part (each thread's data stays in its caches, no thread waits for
+  // another, but each reads all of U), else round by round, each split over the threads.
+  const int64_t rounds = (g.N + nb - 1) / nb;
+  auto run = [&](int64_t r0, int64_t r1) {
+    // The thread's scratch (kept between calls: no fresh pages), shared with the others while it
+    // waits for them; every element is written before it is read (m's 16 extra floats are read past
+    // its end by the output transform's last vector, and dropped).
+    float* const v = thread_scratch<float, 8>(36 * g.C * cols);
+    float* const m = thread_scratch<float, 9>(36 * g.O * cols + 16);
+    for (int64_t n0 = r0 * nb; n0 < std::min(g.N, r1 * nb); n0 += nb) {
+      const int64_t ns = std::min(nb, g.N - n0), used = ns * T;  // samples and columns of this round
+      // V[xi] (C, cols): sample s's tiles at columns s * T + t.
+      parallel_for(ns * g.C, Hp * row_len, [&](int64_t b, int64_t end) {
+        // The padding is the same for every plane: zeroed once, each plane overwrites the rest.
+        float* plane = thread_scratch<float, 0>(Hp * row_len);
+        std::fill(plane, plane + Hp * row_len, 0.f);
+        const float* rows[6];
+        for (int64_t it = b; it < end; ++it) {
+          const int64_t s = it / g.C, c = it % g.C;
+          const float* xc = x.p + (n0 + s) * x.s[0] + c * x.s[1];
+          for (int64_t ih = 0; ih < g.H; ++ih) {
+            float* dst = plane + (ih + g.ph) * row_len + g.pw;
+            const float* src = xc + ih * x.s[2];
+            if (x.s[3] == 1)
+              std::copy(src, src + g.W, dst);
+            else
+              for (int64_t iw = 0; iw < g.W; ++iw) dst[iw] = src[iw * x.s[3]];
+          }
+          for (int64_t i = 0; i < th; ++i) {
+            for (int j = 0; j < 6; ++j) rows[j] = plane + (4 * i + j) * row_len;
+            kn.input(tw, rows, v + c * cols + s * T + i * tw, g.C * cols);
           }
         }
-      }
-    });
-  }
+      });
+      parallel_for(36, g.O * g.C * used, [&](int64_t x0, int64_t x1) {
+        for (int64_t xi = x0; xi < x1; ++xi)
+          gemm<float>(g.O, used, g.C, u + xi * u_stride, 1, g.O, v + xi * g.C * cols, cols, 1, m + xi * g.O * cols,
+                      cols, 1, 0.f);
+      });
+      parallel_for(ns * g.O, 36 * T, [&](int64_t b, int64_t end) {
+        float* buf = thread_scratch<float, 1>(4 * row_len);
+        float* rows[4] = {buf, buf + row_len, buf + 2 * row_len, buf + 3 * row_len};
+        for (int64_t it = b; it < end; ++it) {
+          const int64_t s = it / g.O, o = it % g.O, n = n0 + s;
+          float* yo = y.p + n * y.s[0] + o * y.s[1];
+          for (int64_t i = 0; i < th; ++i) {
+            kn.output(tw, m + o * cols + s * T + i * tw, g.O * cols, rows);
+            for (int64_t a = 0; a < 4 && 4 * i + a < g.Ho; ++a) {
+              const int64_t oh = 4 * i + a;
+              store_output_row(e, n, o, oh, g.Wo, rows[a], yo, y.s);
+            }
+          }
+        }
+      });
+    }
+  };
+  if (g.O <= kWinogradOwnRoundsChannels * cols)
+    for_items(rounds, 36 * g.O * g.C * cols, run);
+  else
+    run(0, rounds);
 }
 
 // The input gradient of a float32 3x3 stride-1 convolution (one group, no dilation, padding up to
