@@ -989,7 +989,8 @@ TEST(NnOps, PoolingMatchesTorch) {
 }
 
 // Inference skips the indices and reduces each window's rows first: the values must equal the
-// indexed scan's (what a tensor requiring grad gets) exactly, NaNs in the windows included.
+// indexed scan's (what a tensor requiring grad gets) exactly, NaNs in the windows included; on
+// maps narrower than a vector and wide enough for the instruction set's vectors (max_into).
 TEST(NnOps, MaxPoolWithoutIndicesEqualsTheIndexedPath) {
   using Pair = std::array<int64_t, 2>;
   struct Config {
@@ -1002,27 +1003,30 @@ TEST(NnOps, MaxPoolWithoutIndicesEqualsTheIndexedPath) {
                                        {{2, 3}, {2, 1}, {1, 1}, {2, 1}, true, false, DType::Float64},
                                        {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, true, DType::Float32},
                                        {{3, 2}, {1, 3}, {1, 0}, {1, 2}, false, false, DType::Float32}};
-  for (size_t i = 0; i < configs.size(); ++i) {
-    const Config& c = configs[i];
-    Tensor x = randn_of({2, 3, 11, 9}, c.dtype, 90 + i);
-    x.select(0, 0).select(0, 1).select(0, 3).select(0, 4).fill_(std::nan(""));  // inside
-    x.select(0, 1).select(0, 2).select(0, 0).select(0, 8).fill_(std::nan(""));  // on the border
-    if (c.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
-    Tensor fast;
-    {
-      NoGradGuard no_grad;
-      fast = max_pool2d(x, c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
+  for (const Shape& shape : {Shape{2, 3, 11, 9}, Shape{2, 3, 33, 45}})
+    for (size_t i = 0; i < configs.size(); ++i) {
+      const Config& c = configs[i];
+      Tensor x = randn_of(shape, c.dtype, 90 + i);
+      x.select(0, 0).select(0, 1).select(0, 3).select(0, 4).fill_(std::nan(""));                       // inside
+      x.select(0, 1).select(0, 2).select(0, 0).select(0, 8).fill_(std::nan(""));                       // on the border
+      if (shape[3] > 40) x.select(0, 0).select(0, 2).select(0, 20).select(0, 30).fill_(std::nan(""));  // in a vector
+      if (c.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+      Tensor fast;
+      {
+        NoGradGuard no_grad;
+        fast = max_pool2d(x, c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
+      }
+      Tensor indexed = max_pool2d(x.detach().requires_grad_(), c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
+      ASSERT_EQ(fast.shape(), indexed.shape()) << "config " << i;
+      std::vector<double> a = fast.to_vector(), b = indexed.detach().to_vector();
+      int nans = 0;
+      for (size_t j = 0; j < a.size(); ++j) {
+        nans += std::isnan(b[j]);
+        EXPECT_TRUE(a[j] == b[j] || (std::isnan(a[j]) && std::isnan(b[j])))
+            << "config " << i << " shape " << shape << ", output " << j;
+      }
+      EXPECT_GT(nans, 0) << "config " << i << " shape " << shape << ": the NaNs reach some window";
     }
-    Tensor indexed = max_pool2d(x.detach().requires_grad_(), c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
-    ASSERT_EQ(fast.shape(), indexed.shape()) << "config " << i;
-    std::vector<double> a = fast.to_vector(), b = indexed.detach().to_vector();
-    int nans = 0;
-    for (size_t j = 0; j < a.size(); ++j) {
-      nans += std::isnan(b[j]);
-      EXPECT_TRUE(a[j] == b[j] || (std::isnan(a[j]) && std::isnan(b[j]))) << "config " << i << ", output " << j;
-    }
-    EXPECT_GT(nans, 0) << "config " << i << ": the NaNs reach some window";
-  }
 }
 
 // The indexed path (training) on inputs full of ties (ReLU zeros, values on a coarse grid) and

@@ -552,6 +552,10 @@ int64_t conv_rows_lanes() { return active_kernels().f32.lanes; }
 
 void even_copy(int64_t n, const float* src, float* dst) { active_kernels().even_copy(n, src, dst); }
 
+void max_into(int64_t n, const float* src, int64_t stride, float* dst) {
+  active_kernels().max_into(n, src, stride, dst);
+}
+
 float dot(int64_t n, const float* a, const float* b) { return active_kernels().dot(n, a, b); }
 
 void epilogue_row(int64_t n, const float* x, float* y, const float* scale, const float* shift, const float* residual,

@@ -104,6 +104,10 @@ void transpose_copy(int64_t k_n, int64_t cols, const float* src, int64_t src_ld,
 // kernel (gemm_kernels.h, EvenCopyF32).
 void even_copy(int64_t n, const float* src, float* dst);
 
+// A max pool's running maximum with the active instruction set's kernel (gemm_kernels.h,
+// MaxIntoF32): dst[i] = src[i * stride] where that is greater or a NaN, for i < n.
+void max_into(int64_t n, const float* src, int64_t stride, float* dst);
+
 // The active instruction set's Winograd F(4x4, 3x3) transforms (gemm_kernels.h, WinogradF43).
 const WinogradF43& winograd_f43();
 

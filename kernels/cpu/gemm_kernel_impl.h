@@ -324,6 +324,29 @@ void even_copy(int64_t n, const float* src, float* dst) {
   for (; i < n; ++i) dst[i] = src[2 * i];
 }
 
+// See MaxIntoF32.
+template <int W>
+void max_into(int64_t n, const float* src, int64_t stride, float* dst) {
+  typedef typename FloatVector<W>::type V;
+  auto take = [](V acc, V v) { return (v > acc) | (v != v) ? v : acc; };
+  int64_t i = 0;
+  if (stride == 1)
+    for (; i + W <= n; i += W) {
+      const V r = take(load_lanes<W>(dst + i), load_lanes<W>(src + i));
+      __builtin_memcpy(dst + i, &r, sizeof(r));
+    }
+  else if (stride == 2)
+    for (; i + W < n; i += W) {  // the last vector's odd lane 2W - 1 is at most 2n - 3
+      const V r =
+          take(load_lanes<W>(dst + i), even_lanes<W>(load_lanes<W>(src + 2 * i), load_lanes<W>(src + 2 * i + W)));
+      __builtin_memcpy(dst + i, &r, sizeof(r));
+    }
+  for (; i < n; ++i) {
+    const float v = src[i * stride];
+    dst[i] = v > dst[i] || v != v ? v : dst[i];
+  }
+}
+
 template <int W>
 void pack_transposed(int64_t k_n, int64_t cols, const float* src, int64_t src_ld, float* dst, int64_t dst_ld) {
   typedef typename FloatVector<W>::type V;

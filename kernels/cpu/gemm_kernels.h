@@ -140,6 +140,11 @@ using PackTransposedF32 = void (*)(int64_t k_n, int64_t cols, const float* src, 
 //   dst[i] = src[2 * i] for i < n,
 // reading src[0 .. 2n - 2] only.
 using EvenCopyF32 = void (*)(int64_t n, const float* src, float* dst);
+// A max pool's running maximum (its window's rows column by column, then its columns), the NaN rule
+// of PyTorch's scan (a greater value or a NaN replaces):
+//   dst[i] = src[i * stride] > dst[i] || src[i * stride] is NaN ? src[i * stride] : dst[i]
+// for i < n, reading src[0 .. (n - 1) * stride] only; vectorised for strides 1 and 2.
+using MaxIntoF32 = void (*)(int64_t n, const float* src, int64_t stride, float* dst);
 // Winograd F(4x4, 3x3) (Lavin and Gray's transforms): a 3x3 correlation computed per 4x4 output
 // tile as A^T [(G g G^T) . (B^T d B)] A from its 6x6 input tile d, element (k, l) of the 6x6
 // products being xi = 6k + l (k along rows).
@@ -218,6 +223,7 @@ struct GemmKernels {
   LayerNormBackwardRowF32 layer_norm_backward;
   PackTransposedF32 pack_transposed;
   EvenCopyF32 even_copy;
+  MaxIntoF32 max_into;
   WinogradF43 winograd;
 };
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu_kernels.h"
+#include "gemm.h"
 #include "loops.h"
 
 namespace tvc::cpu {
@@ -149,7 +150,9 @@ void max_plane(const T* xp, int64_t xs2, int64_t xs3, const Pool2dParams& p, con
     std::fill(row, row + g.W, lowest);
     for (int64_t h = rows.h0; h < rows.h1; h += rows.dh) {
       const T* xrow = xp + h * xs2;
-      if (xs3 == 1)  // contiguous rows: a loop the compiler vectorises
+      if constexpr (std::is_same_v<T, float>)
+        max_into(g.W, xrow, xs3, row);  // the instruction set's kernel, the same rule
+      else if (xs3 == 1)                // contiguous rows: a loop the compiler vectorises
         for (int64_t w = 0; w < g.W; ++w) take(row[w], static_cast<C>(xrow[w]));
       else
         for (int64_t w = 0; w < g.W; ++w) take(row[w], static_cast<C>(xrow[w * xs3]));
@@ -157,7 +160,10 @@ void max_plane(const T* xp, int64_t xs2, int64_t xs3, const Pool2dParams& p, con
     std::fill(best, best + g.Wo, lowest);
     for (int64_t j = 0; j < p.kernel[1]; ++j) {
       const C* from = rows_max + j * dilation;
-      for (int64_t ow = 0; ow < g.Wo; ++ow) take(best[ow], from[ow * stride]);
+      if constexpr (std::is_same_v<C, float>)
+        max_into(g.Wo, from, stride, best);
+      else
+        for (int64_t ow = 0; ow < g.Wo; ++ow) take(best[ow], from[ow * stride]);
     }
     if (!ip) {
       for (int64_t ow = 0; ow < g.Wo; ++ow) yp[oh * ys2 + ow * ys3] = static_cast<T>(best[ow]);
