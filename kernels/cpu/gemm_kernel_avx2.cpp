@@ -23,6 +23,7 @@ extern const GemmKernels gemm_kernels_avx2 = {
     {8, 12, fma_peak_loop<8, 12>},
     depthwise_row<8>,
     depthwise_channels<8>,
+    nullptr,
     conv_rows_f32<8, 4>,
     dot<8>,
     exp_f32<8>,

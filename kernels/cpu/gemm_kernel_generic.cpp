@@ -23,6 +23,7 @@ extern const GemmKernels gemm_kernels_generic = {
     {4, 12, fma_peak_loop<4, 12>},
     depthwise_row<4>,
     depthwise_channels<4>,
+    nullptr,
     conv_rows_f32<4, 4>,
     dot<4>,
     exp_f32<4>,
