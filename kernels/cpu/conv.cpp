@@ -749,95 +749,59 @@ void depthwise_channels_last(const Operand<const float>& x, const float* w, cons
   });
 }
 
-// Float32 depthwise convolutions on dense NCHW planes without a residual, of stride 1 whose output
-// map is the input's ("same" padding), or of stride 2 whose output map is the input's halved
-// (rounded up: padding half the window), no dilation there: each channel plane by the instruction
-// set's kernel (depthwise_plane, AVX-512), in vectors of consecutive output positions across its
-// rows, the taps outside the map masked off (each tap's offsets and masks per vector made once per
-// geometry). Stride 1 reads the plane in place; stride 2 first splits it into its four phases
-// (even and odd rows by even and odd columns, each a plane of the output's size, in the thread's
-// scratch), where every tap of every output position is at a fixed offset from the position. So
-// nothing is transposed into channel blocks and back. Each element gets the channel blocks'
-// arithmetic (the sums from the bias in tap order, the padding's w * 0 included; the epilogue in
-// registers).
-// Measured on Sapphire Rapids, 2 threads, against the channel blocks: stride 1 on MobileNet v3's
-// and EfficientNet-B0's layers at batch 8 0.47-0.8x the time (3x3 at 14x14 to 112x112, 5x5 at 14x14
-// and 28x28), 1.15x for 5x5 at 7x7 (few vectors a plane; taken, the networks' time is less);
-// stride 2 0.89x from 112x112 (3x3), 1.1-2x from 56x56, 28x28 and 14x14 (the phases' copies row
-// by row cost more than they save there): taken for outputs at least kDepthwisePhasesMinWidth wide.
-constexpr int64_t kDepthwisePhasesMinWidth = 32;
+// Float32 depthwise convolutions of stride 1 whose output map is the input's ("same" padding) on
+// dense NCHW planes, without a residual: each channel plane by the instruction set's kernel
+// (depthwise_plane, AVX-512) read in place, in vectors of consecutive positions across its rows,
+// the taps outside the map masked off (each tap's masks per vector made once per call), so
+// nothing is transposed, padded or copied. Each element gets the channel blocks' arithmetic (the
+// sums from the bias in tap order, the padding's w * 0 included; the epilogue in registers).
 bool use_depthwise_planes(const ConvGeom& g, const Operand<const float>& x, const Operand<float>& y,
                           const Epilogue<float>& rest) {
-  const bool same = g.sh == 1 && g.sw == 1 && g.Ho == g.H && g.Wo == g.W;
-  const bool halved = g.sh == 2 && g.sw == 2 && g.dh == 1 && g.dw == 1 && g.kh % 2 == 1 && g.kw % 2 == 1 &&
-                      g.ph == g.kh / 2 && g.pw == g.kw / 2 && g.Ho == (g.H + 1) / 2 && g.Wo == (g.W + 1) / 2 &&
-                      g.Wo >= kDepthwisePhasesMinWidth;
-  return has_depthwise_plane_kernel() && g.Og == 1 && (same || halved) && x.s[3] == 1 && x.s[2] == g.W && y.s[3] == 1 &&
-         y.s[2] == g.Wo && !rest.residual;
-}
-
-// Where each tap of each output position of depthwise_planes sits: offsets[t] from the position
-// (in the plane, or in its four phases for stride 2), and the masks of the taps inside the map,
-// masks[v * taps + t] for vector v. The calling thread keeps the last few it made (a network's
-// layers repeat theirs every forward pass).
-struct DepthwisePlaneTaps {
-  std::array<int64_t, 9> key;
-  std::vector<int64_t> offsets;
-  std::vector<uint16_t> masks;
-};
-const DepthwisePlaneTaps& depthwise_plane_taps(const ConvGeom& g) {
-  constexpr int64_t L = kDepthwisePlaneLanes;
-  thread_local std::vector<DepthwisePlaneTaps> kept;
-  const std::array<int64_t, 9> key{g.H, g.W, g.kh, g.kw, g.dh, g.dw, g.ph, g.pw, g.sh};
-  auto found = std::find_if(kept.begin(), kept.end(), [&](const DepthwisePlaneTaps& k) { return k.key == key; });
-  if (found != kept.end()) return *found;
-  const int64_t taps = g.kh * g.kw, vectors = (g.P + L - 1) / L, s = g.sh;
-  DepthwisePlaneTaps made{key, std::vector<int64_t>(taps), std::vector<uint16_t>(vectors * taps)};
-  for (int64_t i = 0, t = 0; i < g.kh; ++i)
-    for (int64_t j = 0; j < g.kw; ++j, ++t) {
-      const int64_t di = i * g.dh - g.ph, dj = j * g.dw - g.pw;  // from the position times the stride
-      if (s == 1) {
-        made.offsets[t] = di * g.W + dj;
-      } else {  // phase (row parity, column parity) of the tap, then its place in that phase
-        const int64_t pr = di & 1, pc = dj & 1;
-        made.offsets[t] = (pr * 2 + pc) * g.P + (di - pr) / 2 * g.Wo + (dj - pc) / 2;
-      }
-      for (int64_t q = 0, oh = 0, ow = 0; q < g.P; ++q) {  // output position q at row oh, column ow
-        const int64_t h = oh * s + di, c = ow * s + dj;
-        if (h >= 0 && h < g.H && c >= 0 && c < g.W)
-          made.masks[q / L * taps + t] |= static_cast<uint16_t>(1u << (q % L));
-        if (++ow == g.Wo) ow = 0, ++oh;
-      }
-    }
-  constexpr size_t kKept = 32;
-  if (kept.size() == kKept) kept.erase(kept.begin());
-  kept.push_back(std::move(made));
-  return kept.back();
+  return has_depthwise_plane_kernel() && g.Og == 1 && g.sh == 1 && g.sw == 1 && g.Ho == g.H && g.Wo == g.W &&
+         x.s[3] == 1 && x.s[2] == g.W && y.s[3] == 1 && y.s[2] == g.Wo && !rest.residual;
 }
 
 void depthwise_planes(const Operand<const float>& x, const float* w, const Epilogue<float>& rest, const float* first,
                       const Operand<float>& y, const ConvGeom& g) {
-  note_kernel_path(g.sh == 1 ? "depthwise planes" : "depthwise planes, phases");
-  const int64_t taps = g.kh * g.kw;
-  const DepthwisePlaneTaps& at = depthwise_plane_taps(g);
+  note_kernel_path("depthwise planes");
+  constexpr int64_t L = kDepthwisePlaneLanes;
+  const int64_t taps = g.kh * g.kw, vectors = (g.P + L - 1) / L;
+  // The masks depend on the geometry only: the calling thread keeps the last few it made (a
+  // network's layers repeat theirs every forward pass).
+  struct Masks {
+    std::array<int64_t, 8> key;
+    std::vector<int64_t> offsets;
+    std::vector<uint16_t> bits;
+  };
+  thread_local std::vector<Masks> kept;
+  const std::array<int64_t, 8> key{g.H, g.W, g.kh, g.kw, g.dh, g.dw, g.ph, g.pw};
+  auto found = std::find_if(kept.begin(), kept.end(), [&](const Masks& m) { return m.key == key; });
+  if (found == kept.end()) {
+    Masks m{key, std::vector<int64_t>(taps), std::vector<uint16_t>(vectors * taps)};
+    for (int64_t i = 0, t = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j, ++t) {
+        const int64_t di = i * g.dh - g.ph, dj = j * g.dw - g.pw;
+        m.offsets[t] = di * g.W + dj;
+        for (int64_t q = 0, h = 0, c = 0; q < g.P; ++q) {  // position q at row h, column c
+          if (h + di >= 0 && h + di < g.H && c + dj >= 0 && c + dj < g.W)
+            m.bits[q / L * taps + t] |= static_cast<uint16_t>(1u << (q % L));
+          if (++c == g.W) c = 0, ++h;
+        }
+      }
+    constexpr size_t kKeptMasks = 32;
+    if (kept.size() == kKeptMasks) kept.erase(kept.begin());
+    kept.push_back(std::move(m));
+    found = kept.end() - 1;
+  }
+  const std::vector<int64_t>& offsets = found->offsets;
+  const std::vector<uint16_t>& masks = found->bits;
   const RowActivation act = row_activation(rest.activation);
   parallel_for(g.N * g.O, g.P * taps, [&](int64_t b, int64_t end) {
-    float* phases = g.sh == 1 ? nullptr : thread_scratch<float, 0>(4 * g.P);
     for (int64_t it = b; it < end; ++it) {
       const int64_t n = it / g.O, o = it % g.O;
-      const float* plane = x.p + n * x.s[0] + o * x.s[1];
-      if (phases) {
-        // Input row h's even columns go to phase (h % 2, 0), its odd ones to (h % 2, 1), row h / 2.
-        for (int64_t h = 0; h < g.H; ++h) {
-          float* row = phases + (h % 2 * 2) * g.P + h / 2 * g.Wo;
-          even_copy(g.Wo, plane + h * g.W, row);
-          even_copy(g.W / 2, plane + h * g.W + 1, row + g.P);
-        }
-        plane = phases;
-      }
       const float scale_shift[2] = {rest.scale ? rest.scale[o] : 0.f, rest.scale && rest.shift ? rest.shift[o] : 0.f};
-      depthwise_plane(g.P, taps, plane, at.offsets.data(), at.masks.data(), w + o * taps, first ? first[o] : 0.f,
-                      rest.scale ? scale_shift : nullptr, act, y.p + n * y.s[0] + o * y.s[1]);
+      depthwise_plane(g.P, taps, x.p + n * x.s[0] + o * x.s[1], offsets.data(), masks.data(), w + o * taps,
+                      first ? first[o] : 0.f, rest.scale ? scale_shift : nullptr, act, y.p + n * y.s[0] + o * y.s[1]);
     }
   });
 }
