@@ -336,7 +336,8 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
       // rows of 16 and more: the epilogue row by row on the way out
       {"depthwise wide rows", {1, 3, 6, 40}, {3, 1, 3, 3}, {1, 1}, {1, 1}, 3},
       {"depthwise wide stride 2", {2, 3, 9, 36}, {3, 1, 5, 5}, {2, 2}, {2, 2}, 3},
-      // blocks of 16 channels (a partial one; at least 16 blocks, two per thread up to 8 threads)
+      // blocks of 16 channels (a partial one; at least 16 blocks, two per thread up to 8 threads;
+      // float32 NCHW stride 1 without a residual: the planes where the CPU has their kernel)
       {"depthwise channel blocks", {4, 68, 7, 7}, {68, 1, 5, 5}, {1, 1}, {2, 2}, 68},
       {"depthwise channel blocks stride 2", {4, 72, 9, 8}, {72, 1, 3, 3}, {2, 2}, {1, 1}, 72},
       // input rows of a whole tile and more: transposed row by row
