@@ -56,18 +56,9 @@ void depthwise_plane_act(int64_t P, int64_t taps, const float* x, const int64_t*
 // See DepthwisePlaneF32.
 void depthwise_plane(int64_t P, int64_t taps, const float* x, const int64_t* offsets, const uint16_t* masks,
                      const float* w, float start, const float* scale_shift, RowActivation act, float* y) {
-  switch (act) {
-    case RowActivation::none:
-      return depthwise_plane_act<RowActivation::none>(P, taps, x, offsets, masks, w, start, scale_shift, y);
-    case RowActivation::relu:
-      return depthwise_plane_act<RowActivation::relu>(P, taps, x, offsets, masks, w, start, scale_shift, y);
-    case RowActivation::relu6:
-      return depthwise_plane_act<RowActivation::relu6>(P, taps, x, offsets, masks, w, start, scale_shift, y);
-    case RowActivation::silu:
-      return depthwise_plane_act<RowActivation::silu>(P, taps, x, offsets, masks, w, start, scale_shift, y);
-    case RowActivation::hardswish:
-      return depthwise_plane_act<RowActivation::hardswish>(P, taps, x, offsets, masks, w, start, scale_shift, y);
-  }
+  with_activation(act, [&]<RowActivation Act>() {
+    depthwise_plane_act<Act>(P, taps, x, offsets, masks, w, start, scale_shift, y);
+  });
 }
 
 }  // namespace

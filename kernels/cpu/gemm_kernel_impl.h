@@ -328,7 +328,7 @@ void even_copy(int64_t n, const float* src, float* dst) {
 template <int W>
 void max_into(int64_t n, const float* src, int64_t stride, float* dst) {
   typedef typename FloatVector<W>::type V;
-  auto take = [](V acc, V v) { return (v > acc) | (v != v) ? v : acc; };
+  auto take = [](V acc, V v) { return ((v > acc) | (v != v)) ? v : acc; };
   int64_t i = 0;
   if (stride == 1)
     for (; i + W <= n; i += W) {
@@ -889,22 +889,29 @@ void epilogue_lanes(int64_t n, const float* x, float* y, const float* scale, con
   }
 }
 
+// Calls f.template operator()<Act>() with act as a compile-time constant: each kernel's form for
+// one activation.
+template <typename F>
+void with_activation(RowActivation act, F&& f) {
+  switch (act) {
+    case RowActivation::none:
+      return f.template operator()<RowActivation::none>();
+    case RowActivation::relu:
+      return f.template operator()<RowActivation::relu>();
+    case RowActivation::relu6:
+      return f.template operator()<RowActivation::relu6>();
+    case RowActivation::silu:
+      return f.template operator()<RowActivation::silu>();
+    case RowActivation::hardswish:
+      return f.template operator()<RowActivation::hardswish>();
+  }
+}
+
 // See EpilogueRowF32.
 template <int W>
 void epilogue_f32(int64_t n, const float* x, float* y, const float* scale, const float* shift, const float* residual,
                   RowActivation act) {
-  switch (act) {
-    case RowActivation::none:
-      return epilogue_lanes<W, RowActivation::none, false>(n, x, y, scale, shift, residual);
-    case RowActivation::relu:
-      return epilogue_lanes<W, RowActivation::relu, false>(n, x, y, scale, shift, residual);
-    case RowActivation::relu6:
-      return epilogue_lanes<W, RowActivation::relu6, false>(n, x, y, scale, shift, residual);
-    case RowActivation::silu:
-      return epilogue_lanes<W, RowActivation::silu, false>(n, x, y, scale, shift, residual);
-    case RowActivation::hardswish:
-      return epilogue_lanes<W, RowActivation::hardswish, false>(n, x, y, scale, shift, residual);
-  }
+  with_activation(act, [&]<RowActivation Act>() { epilogue_lanes<W, Act, false>(n, x, y, scale, shift, residual); });
 }
 
 // See EpilogueChannelsF32.
@@ -918,19 +925,9 @@ template <int W>
 void epilogue_channels_f32(int64_t rows, int64_t n, const float* x, int64_t x_rs, float* y, int64_t y_rs,
                            const float* scale, const float* shift, const float* residual, int64_t r_rs,
                            RowActivation act) {
-  switch (act) {
-    case RowActivation::none:
-      return epilogue_channel_rows<W, RowActivation::none>(rows, n, x, x_rs, y, y_rs, scale, shift, residual, r_rs);
-    case RowActivation::relu:
-      return epilogue_channel_rows<W, RowActivation::relu>(rows, n, x, x_rs, y, y_rs, scale, shift, residual, r_rs);
-    case RowActivation::relu6:
-      return epilogue_channel_rows<W, RowActivation::relu6>(rows, n, x, x_rs, y, y_rs, scale, shift, residual, r_rs);
-    case RowActivation::silu:
-      return epilogue_channel_rows<W, RowActivation::silu>(rows, n, x, x_rs, y, y_rs, scale, shift, residual, r_rs);
-    case RowActivation::hardswish:
-      return epilogue_channel_rows<W, RowActivation::hardswish>(rows, n, x, x_rs, y, y_rs, scale, shift, residual,
-                                                                r_rs);
-  }
+  with_activation(act, [&]<RowActivation Act>() {
+    epilogue_channel_rows<W, Act>(rows, n, x, x_rs, y, y_rs, scale, shift, residual, r_rs);
+  });
 }
 
 // G output positions from ow of a channel block (see DepthwiseChannelsF32): kDepthwiseBlock / W
@@ -992,23 +989,9 @@ template <int W>
 void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step, const float* w,
                         const float* bias, const float* scale, const float* shift, RowActivation act, float* y,
                         int64_t y_step) {
-  switch (act) {
-    case RowActivation::none:
-      return depthwise_channels_act<W, RowActivation::none>(n, taps, x, offsets, step, w, bias, scale, shift, y,
-                                                            y_step);
-    case RowActivation::relu:
-      return depthwise_channels_act<W, RowActivation::relu>(n, taps, x, offsets, step, w, bias, scale, shift, y,
-                                                            y_step);
-    case RowActivation::relu6:
-      return depthwise_channels_act<W, RowActivation::relu6>(n, taps, x, offsets, step, w, bias, scale, shift, y,
-                                                             y_step);
-    case RowActivation::silu:
-      return depthwise_channels_act<W, RowActivation::silu>(n, taps, x, offsets, step, w, bias, scale, shift, y,
-                                                            y_step);
-    case RowActivation::hardswish:
-      return depthwise_channels_act<W, RowActivation::hardswish>(n, taps, x, offsets, step, w, bias, scale, shift, y,
-                                                                 y_step);
-  }
+  with_activation(act, [&]<RowActivation Act>() {
+    depthwise_channels_act<W, Act>(n, taps, x, offsets, step, w, bias, scale, shift, y, y_step);
+  });
 }
 
 // ---------------------------------------------------------------- layer norm
