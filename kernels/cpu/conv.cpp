@@ -750,19 +750,20 @@ void depthwise_channels_last(const Operand<const float>& x, const float* w, cons
 }
 
 // Float32 depthwise convolutions of stride 1 whose output map is the input's ("same" padding) on
-// dense NCHW planes, without a residual: each channel plane by the instruction set's kernel
-// (depthwise_plane, AVX-512) read in place, in vectors of consecutive positions across its rows,
-// the taps outside the map masked off (each tap's masks per vector made once per geometry and
-// kept), so nothing is transposed, padded or copied. Each element gets the channel blocks' arithmetic (the
-// sums from the bias in tap order, the padding's w * 0 included; the epilogue in registers).
+// dense NCHW planes, without a residual: each run of a sample's channel planes by the instruction
+// set's kernel (depthwise_planes, AVX-512, two planes at a time) read in place, in vectors of
+// consecutive positions across its rows, the taps outside the map masked off (each tap's masks per
+// vector made once per geometry and kept), so nothing is transposed, padded or copied. Each
+// element gets the channel blocks' arithmetic (the sums from the bias in tap order, the padding's
+// w * 0 included; the epilogue in registers).
 bool use_depthwise_planes(const ConvGeom& g, const Operand<const float>& x, const Operand<float>& y,
                           const Epilogue<float>& rest) {
-  return has_depthwise_plane_kernel() && g.Og == 1 && g.sh == 1 && g.sw == 1 && g.Ho == g.H && g.Wo == g.W &&
+  return has_depthwise_planes_kernel() && g.Og == 1 && g.sh == 1 && g.sw == 1 && g.Ho == g.H && g.Wo == g.W &&
          x.s[3] == 1 && x.s[2] == g.W && y.s[3] == 1 && y.s[2] == g.Wo && !rest.residual;
 }
 
-void depthwise_planes(const Operand<const float>& x, const float* w, const Epilogue<float>& rest, const float* first,
-                      const Operand<float>& y, const ConvGeom& g) {
+void depthwise_planes_forward(const Operand<const float>& x, const float* w, const Epilogue<float>& rest,
+                              const float* first, const Operand<float>& y, const ConvGeom& g) {
   note_kernel_path("depthwise planes");
   constexpr int64_t L = kDepthwisePlaneLanes;
   const int64_t taps = g.kh * g.kw, vectors = (g.P + L - 1) / L;
@@ -784,7 +785,7 @@ void depthwise_planes(const Operand<const float>& x, const float* w, const Epilo
         m.offsets[t] = di * g.W + dj;
         for (int64_t q = 0, h = 0, c = 0; q < g.P; ++q) {  // position q at row h, column c
           if (h + di >= 0 && h + di < g.H && c + dj >= 0 && c + dj < g.W)
-            m.bits[q / L * taps + t] |= static_cast<uint16_t>(1u << (q % L));
+            m.bits[t * vectors + q / L] |= static_cast<uint16_t>(1u << (q % L));
           if (++c == g.W) c = 0, ++h;
         }
       }
@@ -797,11 +798,13 @@ void depthwise_planes(const Operand<const float>& x, const float* w, const Epilo
   const std::vector<uint16_t>& masks = found->bits;
   const RowActivation act = row_activation(rest.activation);
   parallel_for(g.N * g.O, g.P * taps, [&](int64_t b, int64_t end) {
-    for (int64_t it = b; it < end; ++it) {
-      const int64_t n = it / g.O, o = it % g.O;
-      const float scale_shift[2] = {rest.scale ? rest.scale[o] : 0.f, rest.scale && rest.shift ? rest.shift[o] : 0.f};
-      depthwise_plane(g.P, taps, x.p + n * x.s[0] + o * x.s[1], offsets.data(), masks.data(), w + o * taps,
-                      first ? first[o] : 0.f, rest.scale ? scale_shift : nullptr, act, y.p + n * y.s[0] + o * y.s[1]);
+    for (int64_t it = b; it < end;) {  // in runs of channels inside one sample
+      const int64_t n = it / g.O, o = it % g.O, planes = std::min(end - it, g.O - o);
+      depthwise_planes(DepthwisePlanes{
+          planes, g.P, taps, x.p + n * x.s[0] + o * x.s[1], x.s[1], offsets.data(), masks.data(), w + o * taps,
+          first ? first + o : nullptr, rest.scale ? rest.scale + o : nullptr,
+          rest.scale && rest.shift ? rest.shift + o : nullptr, act, y.p + n * y.s[0] + o * y.s[1], y.s[1]});
+      it += planes;
     }
   });
 }
@@ -814,7 +817,7 @@ void depthwise_forward(const Operand<const T>& x, const T* w, const Epilogue<T>&
   const T* first = start.first;
   if constexpr (std::is_same_v<T, float>) {
     if (use_depthwise_channels_last(g, x, y, rest)) return depthwise_channels_last(x, w, rest, first, y, g);
-    if (use_depthwise_planes(g, x, y, rest)) return depthwise_planes(x, w, rest, first, y, g);
+    if (use_depthwise_planes(g, x, y, rest)) return depthwise_planes_forward(x, w, rest, first, y, g);
     if (use_depthwise_channel_blocks(g, x)) return depthwise_channel_blocks(x, w, rest, first, y, g);
     if (flat_depthwise(g)) {
       note_kernel_path("depthwise rows");

@@ -540,12 +540,9 @@ void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* 
   active_kernels().depthwise_channels(n, taps, x, offsets, step, w, bias, scale, shift, act, y, y_step);
 }
 
-bool has_depthwise_plane_kernel() { return active_kernels().depthwise_plane != nullptr; }
+bool has_depthwise_planes_kernel() { return active_kernels().depthwise_planes != nullptr; }
 
-void depthwise_plane(int64_t P, int64_t taps, const float* x, const int64_t* offsets, const uint16_t* masks,
-                     const float* w, float start, const float* scale_shift, RowActivation act, float* y) {
-  active_kernels().depthwise_plane(P, taps, x, offsets, masks, w, start, scale_shift, act, y);
-}
+void depthwise_planes(const DepthwisePlanes& d) { active_kernels().depthwise_planes(d); }
 
 void transpose_copy(int64_t k_n, int64_t cols, const float* src, int64_t src_ld, float* dst, int64_t dst_ld) {
   active_kernels().pack_transposed(k_n, cols, src, src_ld, dst, dst_ld);

@@ -94,13 +94,12 @@ void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* 
                         const float* bias, const float* scale, const float* shift, RowActivation act, float* y,
                         int64_t y_step);
 
-// A channel plane of a stride-1 "same" depthwise convolution read in place with the active
-// instruction set's kernel (gemm_kernels.h, DepthwisePlaneF32), where it has one
-// (has_depthwise_plane_kernel: AVX-512), in vectors of kDepthwisePlaneLanes positions.
-bool has_depthwise_plane_kernel();
+// Channel planes of a stride-1 "same" depthwise convolution read in place with the active
+// instruction set's kernel (gemm_kernels.h, DepthwisePlanesF32), where it has one
+// (has_depthwise_planes_kernel: AVX-512), in vectors of kDepthwisePlaneLanes positions.
+bool has_depthwise_planes_kernel();
 constexpr int64_t kDepthwisePlaneLanes = 16;
-void depthwise_plane(int64_t P, int64_t taps, const float* x, const int64_t* offsets, const uint16_t* masks,
-                     const float* w, float start, const float* scale_shift, RowActivation act, float* y);
+void depthwise_planes(const DepthwisePlanes& d);
 
 // A transposing copy with the active instruction set's kernel (gemm_kernels.h, PackTransposedF32):
 //   dst[k * dst_ld + j] = src[j * src_ld + k] for j < cols, k < k_n

@@ -7,57 +7,76 @@
 namespace tvc::cpu {
 namespace {
 
-// R vectors of positions from vector v0 of a DepthwisePlaneF32 plane, R sums in registers (R
-// independent chains over the taps).
-template <int R, RowActivation Act>
-void depthwise_plane_vectors(int64_t v0, int64_t P, int64_t taps, const float* x, const int64_t* offsets,
-                             const uint16_t* masks, const float* w, float start, const float* scale_shift, float* y) {
+// R vectors of positions from vector v0 of Planes (1 or 2) planes of a DepthwisePlanesF32 call
+// from plane i, Planes * R sums in registers (independent chains over the taps): each tap's masks
+// are loaded once for the planes together.
+template <int R, int Planes, RowActivation Act>
+void depthwise_plane_vectors(int64_t v0, int64_t i, const DepthwisePlanes& d) {
   typedef FloatVector<16>::type V;
-  V acc[R];
+  const float* x[Planes];
+  const float* w[Planes];
+  V acc[Planes][R], scale[Planes], shift[Planes];
+#pragma GCC unroll 2
+  for (int p = 0; p < Planes; ++p) {
+    x[p] = d.x + (i + p) * d.x_stride;
+    w[p] = d.w + (i + p) * d.taps;
+    scale[p] = (V)_mm512_set1_ps(d.scale ? d.scale[i + p] : 0.f);
+    shift[p] = (V)_mm512_set1_ps(d.shift ? d.shift[i + p] : 0.f);
+    const V start = (V)_mm512_set1_ps(d.start ? d.start[i + p] : 0.f);
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) acc[r] = V{} + start;
-  for (int64_t t = 0; t < taps; ++t) {
-    const V wv = V{} + w[t];
+    for (int r = 0; r < R; ++r) acc[p][r] = start;
+  }
+  const int64_t vectors = (d.P + 15) / 16;
+  for (int64_t t = 0; t < d.taps; ++t) {
+    const uint16_t* masks = d.masks + t * vectors + v0;
+    const int64_t from = v0 * 16 + d.offsets[t];
+    V wv[Planes];
+#pragma GCC unroll 2
+    for (int p = 0; p < Planes; ++p) wv[p] = (V)_mm512_set1_ps(w[p][t]);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const int64_t q = (v0 + r) * 16;
-      acc[r] += wv * (V)_mm512_maskz_loadu_ps(masks[(v0 + r) * taps + t], x + (q + offsets[t]));
+      const __mmask16 mask = masks[r];
+#pragma GCC unroll 2
+      for (int p = 0; p < Planes; ++p) acc[p][r] += wv[p] * (V)_mm512_maskz_loadu_ps(mask, x[p] + from + r * 16);
     }
   }
+#pragma GCC unroll 2
+  for (int p = 0; p < Planes; ++p) {
+    float* y = d.y + (i + p) * d.y_stride;
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    V v = acc[r];
-    if (scale_shift) v = v * (V{} + scale_shift[0]) + (V{} + scale_shift[1]);
-    v = activation_lanes<16, Act>(v);
-    const int64_t q = (v0 + r) * 16;
-    if (q + 16 <= P)
-      __builtin_memcpy(y + q, &v, sizeof(V));
-    else
-      _mm512_mask_storeu_ps(y + q, static_cast<__mmask16>((1u << (P - q)) - 1), (__m512)v);
+    for (int r = 0; r < R; ++r) {
+      V v = acc[p][r];
+      if (d.scale) v = v * scale[p] + shift[p];  // one FMA, as EpilogueRowF32's
+      v = activation_lanes<16, Act>(v);
+      const int64_t q = (v0 + r) * 16;
+      if (q + 16 <= d.P)
+        __builtin_memcpy(y + q, &v, sizeof(V));
+      else
+        _mm512_mask_storeu_ps(y + q, static_cast<__mmask16>((1u << (d.P - q)) - 1), (__m512)v);
+    }
   }
 }
 
-template <RowActivation Act>
-void depthwise_plane_act(int64_t P, int64_t taps, const float* x, const int64_t* offsets, const uint16_t* masks,
-                         const float* w, float start, const float* scale_shift, float* y) {
-  using Vectors = void (*)(int64_t, int64_t, int64_t, const float*, const int64_t*, const uint16_t*, const float*,
-                           float, const float*, float*);
-  static constexpr Vectors last[7] = {depthwise_plane_vectors<1, Act>, depthwise_plane_vectors<2, Act>,
-                                      depthwise_plane_vectors<3, Act>, depthwise_plane_vectors<4, Act>,
-                                      depthwise_plane_vectors<5, Act>, depthwise_plane_vectors<6, Act>,
-                                      depthwise_plane_vectors<7, Act>};
-  const int64_t vectors = (P + 15) / 16;
+// Planes planes from plane i: blocks of 8 vectors, then the rest (up to 7) as one block.
+template <int Planes, RowActivation Act>
+void depthwise_planes_from(int64_t i, const DepthwisePlanes& d) {
+  using Vectors = void (*)(int64_t, int64_t, const DepthwisePlanes&);
+  static constexpr Vectors last[7] = {depthwise_plane_vectors<1, Planes, Act>, depthwise_plane_vectors<2, Planes, Act>,
+                                      depthwise_plane_vectors<3, Planes, Act>, depthwise_plane_vectors<4, Planes, Act>,
+                                      depthwise_plane_vectors<5, Planes, Act>, depthwise_plane_vectors<6, Planes, Act>,
+                                      depthwise_plane_vectors<7, Planes, Act>};
+  const int64_t vectors = (d.P + 15) / 16;
   int64_t v = 0;
-  for (; v + 8 <= vectors; v += 8)
-    depthwise_plane_vectors<8, Act>(v, P, taps, x, offsets, masks, w, start, scale_shift, y);
-  if (v < vectors) last[vectors - v - 1](v, P, taps, x, offsets, masks, w, start, scale_shift, y);
+  for (; v + 8 <= vectors; v += 8) depthwise_plane_vectors<8, Planes, Act>(v, i, d);
+  if (v < vectors) last[vectors - v - 1](v, i, d);
 }
 
-// See DepthwisePlaneF32.
-void depthwise_plane(int64_t P, int64_t taps, const float* x, const int64_t* offsets, const uint16_t* masks,
-                     const float* w, float start, const float* scale_shift, RowActivation act, float* y) {
-  with_activation(act, [&]<RowActivation Act>() {
-    depthwise_plane_act<Act>(P, taps, x, offsets, masks, w, start, scale_shift, y);
+// See DepthwisePlanesF32: two planes at a time (the last alone when their count is odd).
+void depthwise_planes(const DepthwisePlanes& d) {
+  with_activation(d.act, [&]<RowActivation Act>() {
+    int64_t i = 0;
+    for (; i + 2 <= d.planes; i += 2) depthwise_planes_from<2, Act>(i, d);
+    if (i < d.planes) depthwise_planes_from<1, Act>(i, d);
   });
 }
 
@@ -95,7 +114,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
     {16, 24, fma_peak_loop<16, 24>},
     depthwise_row<16>,
     depthwise_channels<16>,
-    depthwise_plane,
+    depthwise_planes,
     conv_rows_f32<16, 8>,
     dot<16>,
     exp_f32<16>,

@@ -127,17 +127,28 @@ constexpr int64_t kDepthwiseBlock = 16;
 using DepthwiseChannelsF32 = void (*)(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step,
                                       const float* w, const float* bias, const float* scale, const float* shift,
                                       RowActivation act, float* y, int64_t y_step);
-// A whole channel plane of a float32 depthwise convolution of stride 1 whose output map is its
-// input's (H x W, "same" padding), the plane dense (P = H * W positions, rows of W) and read in
-// place, in vectors of the instruction set's 16 lanes of consecutive positions q:
-//   y[q] = act((start + w[0] * x[q + offsets[0]] + ... + w[taps-1] * x[q + offsets[taps-1]])
-//              * scale_shift[0] + scale_shift[1])   (scale_shift null: act(the sum))
+// Whole channel planes of a float32 depthwise convolution of stride 1 whose output map is its
+// input's (H x W, "same" padding), each plane dense (P = H * W positions, rows of W) and read in
+// place, in vectors of the instruction set's 16 lanes of consecutive positions q. Plane i (of
+// `planes`) reads x + i * x_stride, writes y + i * y_stride, has weights w + i * taps and
+//   y[q] = act((start[i] + w[0] * x[q + offsets[0]] + ... + w[taps-1] * x[q + offsets[taps-1]])
+//              * scale[i] + shift[i])   (start null: 0; scale null: act(the sum); shift null: 0)
 // summed in tap order from start, where the lanes of vector v whose tap t falls outside the map
-// (bit l of masks[v * taps + t] clear, for position 16 v + l) add w[t] * 0, as a zero-padded
-// input's would, and read nothing; the epilogue's arithmetic is EpilogueRowF32's. AVX-512 only.
-using DepthwisePlaneF32 = void (*)(int64_t P, int64_t taps, const float* x, const int64_t* offsets,
-                                   const uint16_t* masks, const float* w, float start, const float* scale_shift,
-                                   RowActivation act, float* y);
+// (bit l of masks[t * vectors + v] clear, for position 16 v + l; vectors = ceil(P / 16)) add
+// w[t] * 0, as a zero-padded input's would, and read nothing; the epilogue's arithmetic is
+// EpilogueRowF32's. AVX-512 only.
+struct DepthwisePlanes {
+  int64_t planes, P, taps;
+  const float* x;
+  int64_t x_stride;
+  const int64_t* offsets;  // (taps)
+  const uint16_t* masks;   // (taps, vectors)
+  const float *w, *start, *scale, *shift;
+  RowActivation act;
+  float* y;
+  int64_t y_stride;
+};
+using DepthwisePlanesF32 = void (*)(const DepthwisePlanes& d);
 // The dot product of n floats a and b (both contiguous), summed in a fixed order.
 using DotF32 = float (*)(int64_t n, const float* a, const float* b);
 // A transposing copy, as the GEMM packs a transposed B (a linear layer's weight, x @ W^T) or a
@@ -223,7 +234,7 @@ struct GemmKernels {
   FmaPeakLoop peak, bf16_peak;
   DepthwiseRowF32 depthwise_row;
   DepthwiseChannelsF32 depthwise_channels;
-  DepthwisePlaneF32 depthwise_plane;  // null where the instruction set has none
+  DepthwisePlanesF32 depthwise_planes;  // null where the instruction set has none
   ConvRowsF32 conv_rows;
   DotF32 dot;
   UnaryF32 exp, sigmoid, silu, gelu;
