@@ -193,10 +193,15 @@ void pack_b(int64_t kc, int64_t nc, int64_t nr, const BFloat16* B, int64_t rs, i
 // on Zen 4: 3-8% faster at 64 and 128 rows, mixed at 256, slower beyond.
 constexpr int64_t kBInPlaceRows = 128;
 // Unless a K block of B's rows spans more than this many bytes (each step of k a new row, and
-// across that span a new page for every few rows): measured on Sapphire Rapids, a 1x1 convolution
-// of 256 -> 64 channels at 56x56 (rows 12.5 KiB apart, 3.2 MB a block) took 1.5x the time with B
-// in place; 64 -> 64 there (0.8 MB) and 512 -> 128 at 28x28 (1.2 MB) the same either way.
-constexpr int64_t kBInPlaceBlockBytes = int64_t{1} << 20;
+// across that span a new page for every few rows): a B not in this core's cache (a layer's input
+// written by the layer before, by both threads, or one that has left the cache) then costs a miss
+// per row and step that no prefetcher follows, where packing reads each row from end to end.
+// Measured on Sapphire Rapids, 2 threads, 1x1 convolutions with inputs not in cache (16 taken in
+// turn): packing 0.65-0.8x the time in place at batch 8 from 28x28 (32 -> 16, 144 -> 32, 192 -> 32,
+// 256 -> 128; 0.1-1.6 MB a block) and at 14x14 (96 -> 64, 192 -> 64; 75-150 KB), at batch 1
+// 0.7-0.95x from 450 KB a block (144 -> 32 at 28x28) up, slower below 150 KB (14x14: 1.1-1.2x, 32
+// -> 16 at 28x28: 1.5x); in MobileNet v2 at batch 8 its 28x28 and 14x14 projections 0.72-0.9x.
+constexpr int64_t kBInPlaceBlockBytes = int64_t{128} << 10;
 // Up to this many columns of C, A is read in place where it can be (see gemm_blocked): along
 // its columns (measured on Zen 4), or along its rows (a convolution's weights; measured on
 // Sapphire Rapids: 25-28% faster at 49 columns, 7-15% at 196 and 392, mixed at 784, slower at
