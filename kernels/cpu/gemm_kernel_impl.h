@@ -55,11 +55,18 @@ void prefetch_tile(const T* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n)
 // Where a micro-kernel reads its A panel's element [k][i] (P: the panels' element type): packed
 // or A's columns (a[k * a_ks + i]), A's rows (a[i * a_ks + k]), or a convolution's input through
 // per-k offsets (a[k_offsets[k] + i * step], GemmMicroKernelOffsetsF32).
+// Read down A's columns, ahead(k) is the cache line after the one step k reads (k's elements of
+// the next rows), which the 7-row kernels ask into L2: for a 1x1 convolution's input read in place,
+// one not in cache would otherwise cost a miss per step of k, which no prefetcher follows across
+// the rows of K. The others have none (through offsets: a convolution's padded copy of its input,
+// just written).
+constexpr int64_t kLineFloats = 16;
 template <typename P>
 struct AColumns {
   const P* __restrict a;
   int64_t a_ks;
   P operator()(int64_t k, int i) const { return a[k * a_ks + i]; }
+  const P* ahead(int64_t k) const { return a + k * a_ks + kLineFloats; }
 };
 template <typename P>
 struct ARowsOf {
@@ -98,7 +105,8 @@ struct AOffsetsPair {
 // vectors of W lanes, the MR x NV accumulators (of T) stay in registers over the kn steps of k,
 // each acc = Step::step(acc, a's element, b vector). P is the panels' element: T itself, or a
 // pair of bfloat16 in 32 bits. With Ahead, each step of k also asks for one cache line of `ahead`
-// (its k-th) to be brought into L2, for a later call (else `ahead` is ignored).
+// (its k-th) to be brought into L2, for a later call (else `ahead` is ignored), and for A's next
+// line (a.ahead(k), where there is one).
 template <typename P, typename T, int W, int MR, int NV, typename Step, bool Ahead, typename A>
 void micro_kernel(int64_t kn, A a, const P* __restrict b, int64_t b_rs, T beta, T* __restrict c, int64_t c_rs,
                   int64_t c_cs, int64_t m, int64_t n, const P* ahead) {
@@ -112,7 +120,10 @@ void micro_kernel(int64_t kn, A a, const P* __restrict b, int64_t b_rs, T beta, 
     for (int v = 0; v < NV; ++v) acc[i][v] = V{};
 #pragma GCC unroll 2
   for (int64_t k = 0; k < kn; ++k) {
-    if constexpr (Ahead) __builtin_prefetch(ahead + k * (64 / sizeof(P)), 0, 2);
+    if constexpr (Ahead) {
+      __builtin_prefetch(ahead + k * (64 / sizeof(P)), 0, 2);
+      if constexpr (requires { a.ahead(k); }) __builtin_prefetch(a.ahead(k), 0, 2);
+    }
     PV bv[NV];
 #pragma GCC unroll 64
     for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + k * b_rs + v * W, sizeof(PV));
