@@ -707,6 +707,30 @@ TEST(NnOps, Conv2dWinogradOnEveryInstructionSet) {
   set_isa(available_isas().back());
 }
 
+// A float32 convolution whose dense output passes 32 MB takes its GEMM's blocks through the thread's
+// sums into y with stores past the caches (stream_rows), in chunks of columns: two samples of an
+// odd-sized map (rows not vector-aligned, chunks across the samples' boundary) give the bits each
+// sample gives alone (20 MB, stored as usual), on every instruction set, with the whole epilogue.
+TEST(NnOps, Conv2dLargeOutputStreamedGivesTheBitsOfSmallOnes) {
+  NoGradGuard no_grad;
+  const Tensor x = randn_of({2, 3, 1001, 1001}, DType::Float32, 21), w = randn_of({5, 3, 1, 1}, DType::Float32, 22);
+  const Tensor scale = randn_of({5}, DType::Float32, 23), shift = randn_of({5}, DType::Float32, 24);
+  auto run = [&](const Tensor& input) {
+    return conv2d_epilogue(input, w, scale, shift, Tensor(), EpilogueActivation::ReLU6, {1, 1}, {0, 0});
+  };
+  for (Isa isa : available_isas()) {
+    set_isa(isa);
+    KernelProfiler profiler;
+    const Tensor both = run(x);
+    ASSERT_EQ(profiler.records().size(), 1u);
+    EXPECT_EQ(profiler.records()[0].path, "pointwise gemm, streamed") << isa_name(isa);
+    for (int64_t n = 0; n < 2; ++n)
+      EXPECT_TRUE(same_bits(both.select(0, n), run(x.narrow(0, n, 1)).select(0, 0)))
+          << isa_name(isa) << " sample " << n;
+  }
+  set_isa(available_isas().back());
+}
+
 // Convolutions whose GEMM has few columns of positions (7x7 and 14x14 maps) take the transposed
 // path with the positions as 7-row tiles where the instruction set has that kernel (AVX-512; the
 // standard path elsewhere): against float64, forward (plain and with the whole epilogue) and

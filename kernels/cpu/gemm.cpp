@@ -560,6 +560,9 @@ void conv_rows(int64_t n, int64_t taps, const float* const* rows, const float* w
 int64_t conv_rows_lanes() { return active_kernels().f32.lanes; }
 
 void even_copy(int64_t n, const float* src, float* dst) { active_kernels().even_copy(n, src, dst); }
+void stream_rows(int64_t rows, int64_t n, const float* src, int64_t src_rs, float* dst, int64_t dst_rs) {
+  active_kernels().stream_rows(rows, n, src, src_rs, dst, dst_rs);
+}
 
 void max_into(int64_t n, const float* src, int64_t stride, float* dst) {
   active_kernels().max_into(n, src, stride, dst);

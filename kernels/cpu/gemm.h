@@ -111,6 +111,10 @@ void transpose_copy(int64_t k_n, int64_t cols, const float* src, int64_t src_ld,
 // kernel (gemm_kernels.h, EvenCopyF32).
 void even_copy(int64_t n, const float* src, float* dst);
 
+// dst[i * dst_rs + j] = src[i * src_rs + j] for i < rows, j < n, stored past the caches where the
+// instruction set can (gemm_kernels.h, StreamRowsF32), visible to every thread on return.
+void stream_rows(int64_t rows, int64_t n, const float* src, int64_t src_rs, float* dst, int64_t dst_rs);
+
 // A max pool's running maximum with the active instruction set's kernel (gemm_kernels.h,
 // MaxIntoF32): dst[i] = src[i * stride] where that is greater or a NaN, for i < n.
 void max_into(int64_t n, const float* src, int64_t stride, float* dst);

@@ -38,6 +38,7 @@ extern const GemmKernels gemm_kernels_avx2 = {
     layer_norm_backward_f32<8>,
     pack_transposed<8>,
     even_copy<8>,
+    stream_rows<8>,
     max_into<8>,
     {winograd_input_f43<8>, winograd_output_f43<8>, winograd_weight_f43<8>},
 };

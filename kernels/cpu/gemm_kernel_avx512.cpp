@@ -129,6 +129,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
     layer_norm_backward_f32<16>,
     pack_transposed<16>,
     even_copy<16>,
+    stream_rows<16>,
     max_into<16>,
     {winograd_input_f43<16>, winograd_output_f43<16>, winograd_weight_f43<16>},
 };
