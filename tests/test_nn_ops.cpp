@@ -326,6 +326,8 @@ TEST(NnOps, Conv2dEpilogueEqualsTheSeparateOps) {
   };
   const std::vector<Case> cases{
       {"pointwise", {2, 6, 5, 7}, {5, 6, 1, 1}, {1, 1}, {0, 0}, 1},
+      // a 1x1 map (squeeze-excitation): one column of contiguous channels, its epilogue in one call
+      {"squeeze-excitation", {2, 40, 1, 1}, {96, 40, 1, 1}, {1, 1}, {0, 0}, 1},
       {"3x3", {1, 4, 9, 8}, {6, 4, 3, 3}, {1, 1}, {1, 1}, 1},
       // several threads and K, N blocks in the GEMM
       {"large", {1, 32, 20, 24}, {80, 32, 3, 3}, {1, 1}, {1, 1}, 1},

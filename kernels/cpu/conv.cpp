@@ -277,7 +277,10 @@ void epilogue_gemm_block(const void* ctx, T* c, int64_t c_rs, int64_t c_cs, int6
                          int64_t cols) {
   const auto& out = *static_cast<const GemmOutput<T>*>(ctx);
   const Epilogue<T>& e = *out.e;
-  if (c_cs == 1) {
+  // One float32 column with its rows contiguous (a 1x1 map's channels: a squeeze-excitation
+  // block) goes as channels-last below, in one call rather than one per element.
+  const bool column = std::is_same_v<T, float> && cols == 1 && c_rs == 1 && channels_last_residual(e);
+  if (c_cs == 1 && !column) {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = j0; j < j0 + cols;) {  // in runs inside one sample
         const int64_t p0 = j % out.P, len = std::min(j0 + cols - j, out.P - p0);
