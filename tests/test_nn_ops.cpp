@@ -418,35 +418,38 @@ TEST(NnOps, DepthwiseChannelsLastGivesTheBitsOfNchw) {
   }
 }
 
-// Stride-1 depthwise convolutions that keep the map's size on dense NCHW planes take the planes
-// path where the CPU has its kernel (AVX-512), in vectors of positions across rows, the taps
-// outside the map masked: against float64 (the bias alone, and the whole epilogue with each
-// activation), maps narrower and wider than a vector and not a multiple of it, 3x3 to 7x7 and a
-// dilated 3x3, several samples, odd channel counts (the kernel takes two planes at a time, the
-// last alone); the same bits on 1, 2 and 3 threads.
+// Stride-1 depthwise convolutions that keep the map's size, and 3x3 ones of stride 2 (inputs up to
+// 8 MB), on dense NCHW planes take the planes paths where the CPU has their kernels (AVX-512), in
+// vectors of positions across rows (of columns, stride 2: two rows to a vector when they have up to
+// 8), the taps outside the map masked: against float64 (the bias alone, and the whole epilogue
+// with each activation), maps narrower and wider than a vector and not a multiple of it, 3x3 to
+// 7x7 and a dilated 3x3, several samples, odd channel counts (the kernels take two planes at a
+// time, the last alone); the same bits on 1, 2 and 3 threads.
 TEST(NnOps, DepthwisePlanesMatchFloat64) {
   struct Case {
     Shape x;
-    int64_t k, dilation;
+    int64_t k, dilation, stride;
   };
   const int threads = get_num_threads();
   NoGradGuard no_grad;
-  for (const Case& c : {Case{{2, 5, 7, 7}, 3, 1}, Case{{1, 6, 14, 14}, 5, 1}, Case{{3, 4, 9, 17}, 3, 1},
-                        Case{{1, 3, 20, 33}, 7, 1}, Case{{2, 4, 11, 13}, 3, 2}}) {
+  for (const Case& c : {Case{{2, 5, 7, 7}, 3, 1, 1}, Case{{1, 6, 14, 14}, 5, 1, 1}, Case{{3, 4, 9, 17}, 3, 1, 1},
+                        Case{{1, 3, 20, 33}, 7, 1, 1}, Case{{2, 4, 11, 13}, 3, 2, 1}, Case{{2, 5, 7, 7}, 3, 1, 2},
+                        Case{{1, 6, 14, 14}, 3, 1, 2}, Case{{3, 3, 9, 17}, 3, 1, 2}, Case{{1, 3, 20, 70}, 3, 1, 2}}) {
     const int64_t C = c.x[1], pad = c.k / 2 * c.dilation;
-    const std::string where = cat_str("x ", shape_str(c.x), " k ", c.k, " dilation ", c.dilation);
+    const std::string where = cat_str("x ", shape_str(c.x), " k ", c.k, " dilation ", c.dilation, " stride ", c.stride);
     const Tensor x = randn_of(c.x, DType::Float32, 11), w = randn_of({C, 1, c.k, c.k}, DType::Float32, 12);
     const Tensor scale = randn_of({C}, DType::Float32, 13), shift = randn_of({C}, DType::Float32, 14);
     const Tensor x64 = x.to(DType::Float64), w64 = w.to(DType::Float64);
-    const Tensor plain64 = conv2d(x64, w64, Tensor(), {1, 1}, {pad, pad}, {c.dilation, c.dilation}, C);
+    const Tensor plain64 = conv2d(x64, w64, Tensor(), {c.stride, c.stride}, {pad, pad}, {c.dilation, c.dilation}, C);
     const Tensor affine64 =
         plain64 * scale.to(DType::Float64).view({1, C, 1, 1}) + shift.to(DType::Float64).view({1, C, 1, 1});
     {
       KernelProfiler profiler;
-      const Tensor y = conv2d(x, w, shift, {1, 1}, {pad, pad}, {c.dilation, c.dilation}, C);
+      const Tensor y = conv2d(x, w, shift, {c.stride, c.stride}, {pad, pad}, {c.dilation, c.dilation}, C);
       ASSERT_EQ(profiler.records().size(), 1u) << where;
       if (cpu::has_depthwise_planes_kernel()) {
-        EXPECT_EQ(profiler.records()[0].path, "depthwise planes") << where;
+        EXPECT_EQ(profiler.records()[0].path, c.stride == 1 ? "depthwise planes" : "depthwise planes, stride 2")
+            << where;
       }
       EXPECT_LE(relative_error(y.to(DType::Float64), plain64 + shift.to(DType::Float64).view({1, C, 1, 1})), 2e-6)
           << where;
@@ -460,8 +463,8 @@ TEST(NnOps, DepthwisePlanesMatchFloat64) {
       Tensor first;
       for (int t : {1, 2, 3}) {
         set_num_threads(t);
-        const Tensor y =
-            conv2d_epilogue(x, w, scale, shift, Tensor(), act, {1, 1}, {pad, pad}, {c.dilation, c.dilation}, C);
+        const Tensor y = conv2d_epilogue(x, w, scale, shift, Tensor(), act, {c.stride, c.stride}, {pad, pad},
+                                         {c.dilation, c.dilation}, C);
         if (t == 1) {
           first = y;
           EXPECT_LE(relative_error(y.to(DType::Float64), want), 4e-6) << where << " " << to_string(act);

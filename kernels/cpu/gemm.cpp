@@ -558,6 +558,8 @@ bool has_depthwise_planes_kernel() { return active_kernels().depthwise_planes !=
 
 void depthwise_planes(const DepthwisePlanes& d) { active_kernels().depthwise_planes(d); }
 
+void depthwise_stride2_planes(const DepthwiseStride2Planes& d) { active_kernels().depthwise_stride2_planes(d); }
+
 void transpose_copy(int64_t k_n, int64_t cols, const float* src, int64_t src_ld, float* dst, int64_t dst_ld) {
   active_kernels().pack_transposed(k_n, cols, src, src_ld, dst, dst_ld);
 }

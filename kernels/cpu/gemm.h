@@ -100,6 +100,9 @@ void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* 
 bool has_depthwise_planes_kernel();
 constexpr int64_t kDepthwisePlaneLanes = 16;
 void depthwise_planes(const DepthwisePlanes& d);
+// The same for stride 2 (gemm_kernels.h, DepthwiseStride2PlanesF32), where the instruction set has
+// it (has_depthwise_planes_kernel).
+void depthwise_stride2_planes(const DepthwiseStride2Planes& d);
 
 // A transposing copy with the active instruction set's kernel (gemm_kernels.h, PackTransposedF32):
 //   dst[k * dst_ld + j] = src[j * src_ld + k] for j < cols, k < k_n

@@ -80,6 +80,119 @@ void depthwise_planes(const DepthwisePlanes& d) {
   });
 }
 
+// The lanes l of a vector of 16 floats from x + s that fall inside [0, W).
+__mmask16 lanes_inside(int64_t s, int64_t W) {
+  const int64_t first = s < 0 ? -s : 0, end = W - s < 16 ? W - s : 16;
+  return end <= first ? 0 : static_cast<__mmask16>(((1u << end) - 1) & ~((1u << first) - 1));
+}
+
+// R vectors of outputs of Planes (1 or 2) planes from plane i of a DepthwiseStride2PlanesF32
+// call, Planes * R sums in registers (independent chains over the taps). Vector r holds output
+// row oh0 + r from column ow0 (16 columns), or with Pair (rows of at most 8) the rows
+// oh0 + 2r and oh0 + 2r + 1 in its two halves. Each tap's inputs are the even lanes of two loads:
+// 32 consecutive columns of the tap's input row, or 16 of each row's. Input rows outside the map
+// (and the rows under a missing last output row) read nothing (their masks cleared) and add w * 0.
+template <int R, int Planes, bool Pair, RowActivation Act>
+void depthwise_stride2_vectors(int64_t oh0, int64_t ow0, int64_t i, const DepthwiseStride2Planes& d) {
+  typedef FloatVector<16>::type V;
+  constexpr int64_t MaxKw = kDepthwiseStride2MaxWidth, Rows = Pair ? 2 : 1;
+  __mmask16 lo[MaxKw], hi[MaxKw];  // the columns inside the map, of each tap column's two loads
+  for (int64_t c = 0; c < d.kw; ++c) {
+    const int64_t s = 2 * ow0 + c - d.pw;
+    lo[c] = lanes_inside(s, d.W);
+    hi[c] = Pair ? lo[c] : lanes_inside(s + 16, d.W);
+  }
+  const float* x[Planes];
+  const float* w[Planes];
+  V acc[Planes][R], scale[Planes], shift[Planes];
+#pragma GCC unroll 2
+  for (int p = 0; p < Planes; ++p) {
+    x[p] = d.x + (i + p) * d.x_stride + 2 * ow0 - d.pw;
+    w[p] = d.w + (i + p) * d.kh * d.kw;
+    scale[p] = (V)_mm512_set1_ps(d.scale ? d.scale[i + p] : 0.f);
+    shift[p] = (V)_mm512_set1_ps(d.shift ? d.shift[i + p] : 0.f);
+    const V start = (V)_mm512_set1_ps(d.start ? d.start[i + p] : 0.f);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[p][r] = start;
+  }
+  for (int64_t t = 0, kr = 0; kr < d.kh; ++kr) {
+    int64_t first[R], second[R];  // where each vector's two loads start (in x[p])
+    __mmask16 first_inside[R], second_inside[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int64_t oh = oh0 + r * Rows, ih = 2 * oh + kr - d.ph, ih2 = Pair ? ih + 2 : ih;
+      const bool in = ih >= 0 && ih < d.H, in2 = ih2 >= 0 && ih2 < d.H && oh + Rows - 1 < d.Ho;
+      first_inside[r] = in ? 0xFFFF : 0;
+      second_inside[r] = in2 ? 0xFFFF : 0;
+      first[r] = in ? ih * d.W : 0;
+      second[r] = in2 ? ih2 * d.W + (Pair ? 0 : 16) : 0;
+    }
+    for (int64_t c = 0; c < d.kw; ++c, ++t) {
+      V wv[Planes];
+#pragma GCC unroll 2
+      for (int p = 0; p < Planes; ++p) wv[p] = (V)_mm512_set1_ps(w[p][t]);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __mmask16 m1 = lo[c] & first_inside[r], m2 = hi[c] & second_inside[r];
+#pragma GCC unroll 2
+        for (int p = 0; p < Planes; ++p) {
+          const V v = even_lanes<16>((V)_mm512_maskz_loadu_ps(m1, x[p] + first[r] + c),
+                                     (V)_mm512_maskz_loadu_ps(m2, x[p] + second[r] + c));
+          acc[p][r] += wv[p] * v;
+        }
+      }
+    }
+  }
+  const int64_t n = d.Wo - ow0 < 16 ? d.Wo - ow0 : 16;
+  const __mmask16 row_lanes = static_cast<__mmask16>((1u << n) - 1);
+#pragma GCC unroll 2
+  for (int p = 0; p < Planes; ++p) {
+    float* y = d.y + (i + p) * d.y_stride + oh0 * d.Wo + ow0;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      V v = acc[p][r];
+      if (d.scale) v = v * scale[p] + shift[p];  // one FMA, as EpilogueRowF32's
+      v = activation_lanes<16, Act>(v);
+      _mm512_mask_storeu_ps(y + r * Rows * d.Wo, row_lanes, (__m512)v);
+      if (Pair && oh0 + r * 2 + 1 < d.Ho)  // the second row from lane 8
+        _mm512_mask_storeu_ps(y + (r * 2 + 1) * d.Wo - 8, static_cast<__mmask16>(row_lanes << 8), (__m512)v);
+    }
+  }
+}
+
+// Planes planes from plane i: blocks of 4 vectors of rows (8 rows with Pair), then the rest (up to
+// 4 vectors with Pair) as one block, each row in vectors of 16 columns (the last partial).
+template <int Planes, bool Pair, RowActivation Act>
+void depthwise_stride2_from(int64_t i, const DepthwiseStride2Planes& d) {
+  using Vectors = void (*)(int64_t, int64_t, int64_t, const DepthwiseStride2Planes&);
+  static constexpr Vectors last[4] = {
+      depthwise_stride2_vectors<1, Planes, Pair, Act>, depthwise_stride2_vectors<2, Planes, Pair, Act>,
+      depthwise_stride2_vectors<3, Planes, Pair, Act>, depthwise_stride2_vectors<4, Planes, Pair, Act>};
+  constexpr int64_t Rows = Pair ? 2 : 1;
+  int64_t oh = 0;
+  for (; oh + 4 * Rows <= d.Ho; oh += 4 * Rows)
+    for (int64_t ow = 0; ow < d.Wo; ow += 16) depthwise_stride2_vectors<4, Planes, Pair, Act>(oh, ow, i, d);
+  if (oh < d.Ho)
+    for (int64_t ow = 0; ow < d.Wo; ow += 16) last[(d.Ho - oh + Rows - 1) / Rows - 1](oh, ow, i, d);
+}
+
+// See DepthwiseStride2PlanesF32: two planes at a time (the last alone when their count is odd);
+// rows of at most 8 outputs two to a vector.
+template <bool Pair>
+void depthwise_stride2_pairs(const DepthwiseStride2Planes& d) {
+  with_activation(d.act, [&]<RowActivation Act>() {
+    int64_t i = 0;
+    for (; i + 2 <= d.planes; i += 2) depthwise_stride2_from<2, Pair, Act>(i, d);
+    if (i < d.planes) depthwise_stride2_from<1, Pair, Act>(i, d);
+  });
+}
+void depthwise_stride2_planes(const DepthwiseStride2Planes& d) {
+  if (d.Wo <= 8)
+    depthwise_stride2_pairs<true>(d);
+  else
+    depthwise_stride2_pairs<false>(d);
+}
+
 }  // namespace
 
 extern const GemmKernels gemm_kernels_avx512 = {
@@ -115,6 +228,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
     depthwise_row<16>,
     depthwise_channels<16>,
     depthwise_planes,
+    depthwise_stride2_planes,
     conv_rows_f32<16, 8>,
     dot<16>,
     exp_f32<16>,

@@ -149,6 +149,26 @@ struct DepthwisePlanes {
   int64_t y_stride;
 };
 using DepthwisePlanesF32 = void (*)(const DepthwisePlanes& d);
+// Whole channel planes of a float32 depthwise convolution of stride 2 (no dilation), each plane
+// dense (H x W in, Ho x Wo out) and read in place, kw <= kDepthwiseStride2MaxWidth: output rows in
+// vectors of the instruction set's 16 lanes of consecutive columns, each tap's inputs the even
+// lanes of two vectors read from its row. Plane i reads x + i * x_stride, writes y + i * y_stride,
+// has weights w + i * kh * kw and
+//   y[oh][ow] = act((start[i] + sum over taps (r, c) in order of w[r * kw + c] * x[2 oh + r - ph][2 ow + c - pw])
+//                   * scale[i] + shift[i])   (start null: 0; scale null: act(the sum); shift null: 0)
+// where a tap outside the map adds w * 0, as a zero-padded input's would, and reads nothing; the
+// epilogue's arithmetic is EpilogueRowF32's. AVX-512 only.
+constexpr int64_t kDepthwiseStride2MaxWidth = 8;
+struct DepthwiseStride2Planes {
+  int64_t planes, H, W, Ho, Wo, kh, kw, ph, pw;
+  const float* x;
+  int64_t x_stride;
+  const float *w, *start, *scale, *shift;
+  RowActivation act;
+  float* y;
+  int64_t y_stride;
+};
+using DepthwiseStride2PlanesF32 = void (*)(const DepthwiseStride2Planes& d);
 // The dot product of n floats a and b (both contiguous), summed in a fixed order.
 using DotF32 = float (*)(int64_t n, const float* a, const float* b);
 // A transposing copy, as the GEMM packs a transposed B (a linear layer's weight, x @ W^T) or a
@@ -240,7 +260,8 @@ struct GemmKernels {
   FmaPeakLoop peak, bf16_peak;
   DepthwiseRowF32 depthwise_row;
   DepthwiseChannelsF32 depthwise_channels;
-  DepthwisePlanesF32 depthwise_planes;  // null where the instruction set has none
+  DepthwisePlanesF32 depthwise_planes;                 // null where the instruction set has none
+  DepthwiseStride2PlanesF32 depthwise_stride2_planes;  // the same
   ConvRowsF32 conv_rows;
   DotF32 dot;
   UnaryF32 exp, sigmoid, silu, gelu;
