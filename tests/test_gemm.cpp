@@ -422,6 +422,34 @@ TEST(Gemm, NarrowLastTilesGiveTheBitsOfFullTiles) {
   });
 }
 
+// The last rows of C in a short tile (4 or 8 rows, where the instruction set has those forms) get
+// the bits of a whole tile: C's first M rows from a GEMM of M rows equal those of a GEMM of 48
+// (whole tiles on every instruction set), for every remainder, A row- or column-major, B either,
+// K in one block and in two, on every instruction set.
+TEST(Gemm, ShortLastTilesGiveTheBitsOfFullTiles) {
+  for_each_isa([&] {
+    constexpr int64_t full_rows = 48, N = 70;
+    for (const int64_t K : {40, 700})
+      for (Layout la : {Layout::RowMajor, Layout::ColMajor})
+        for (Layout lb : {Layout::RowMajor, Layout::ColMajor}) {
+          std::mt19937 gen(static_cast<uint32_t>(K));
+          Matrix<float> a(full_rows, K, la, gen), b(K, N, lb, gen), full(full_rows, N, Layout::RowMajor, gen);
+          cpu::gemm<float>(full_rows, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, full.buf.data(),
+                           full.rs, full.cs, 0.f);
+          for (int64_t M = 13; M <= 44; ++M) {
+            Matrix<float> part(M, N, Layout::RowMajor, gen);
+            cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, part.buf.data(), part.rs,
+                             part.cs, 0.f);
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = 0; j < N; ++j)
+                ASSERT_EQ(part.buf[i * part.rs + j], full.buf[i * full.rs + j])
+                    << "M=" << M << " K=" << K << " A " << layout_name(la) << " B " << layout_name(lb) << " at (" << i
+                    << ", " << j << ")";
+          }
+        }
+  });
+}
+
 namespace {
 
 std::string shape_str(const Shape& s) {

@@ -228,9 +228,16 @@ constexpr int64_t kAliasingRowBytes = 4096;
 constexpr int64_t kFloatsPerLine = 16;
 
 // The micro-kernel for the last n columns of a tile: a narrow form of micro when kn has one that
-// covers n (GemmKernelF32::narrow), else micro itself.
+// covers n (GemmKernelF32::narrow), else micro itself. For the last m rows of a packed panel, a
+// short form where one covers them (GemmKernelF32::short_rows, full width).
 template <typename Kernel, typename Micro>
-Micro narrow_kernel(const Kernel& kn, Micro micro, int64_t n) {
+Micro narrow_kernel(const Kernel& kn, Micro micro, int64_t m, int64_t n) {
+  if constexpr (std::is_same_v<GemmKernelF32, Kernel>) {
+    if (micro == kn.micro && m <= 8 && m < kn.mr) {
+      const Micro short_rows = kn.short_rows[m <= 4 ? 0 : 1];
+      if (short_rows) return short_rows;
+    }
+  }
   if constexpr (std::is_base_of_v<GemmKernelF32, Kernel>) {
     const int64_t vectors = (n + kn.lanes - 1) / kn.lanes;
     if (vectors < kn.nr / kn.lanes) {
@@ -320,8 +327,8 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
                 ahead = B + (next_jc + jr) / nr * K * nr + next_pc * nr +
                         std::min(ir / mr * kc * kFloatsPerLine, next_panel_floats);
             }
-            narrow_kernel(kn, micro, n)(kp, a_panel, a_ks, b_panel, direct && !rows_kernel ? b_rs : nr, b,
-                                        c_row + jr * c_cs, c_rs, c_cs, m, n, ahead);
+            narrow_kernel(kn, micro, m, n)(kp, a_panel, a_ks, b_panel, direct && !rows_kernel ? b_rs : nr, b,
+                                           c_row + jr * c_cs, c_rs, c_cs, m, n, ahead);
           }
           if (pc + kc == K) sink(c_row, c_rs, c_cs, i_off + ic + ir, m, j_off + jc, nc);
         }

@@ -45,11 +45,15 @@ using GemmMicroKernelBF16 = void (*)(int64_t kp, const uint32_t* a, int64_t a_ks
 // kernel over the tile's first v vectors of `lanes` columns (v < nr / lanes), when they fit in v
 // vectors and that form is there (a 14x14 map's 196 columns are 6 tiles of 32 and one of 4: 12
 // columns computed and dropped instead of 28). Every element gets the same arithmetic from either.
+// The last rows of C likewise go to short_rows[0] (4 rows) or short_rows[1] (8 rows) when they fit
+// and that form is there: the same kernel with fewer rows, A packed (a 64 -> ResNet's 1x1 layer's
+// last 4 rows cost a third of a 12-row tile rather than a whole one).
 struct GemmKernelF32 {
   int64_t mr, nr, kc, mc, nc;
   GemmMicroKernelF32 micro, micro_a_rows;
   int64_t lanes;
   GemmMicroKernelF32 narrow[3], narrow_a_rows[3];
+  GemmMicroKernelF32 short_rows[2];
 };
 // The 7-row kernel's form for a convolution's input read in place through offsets (an implicit
 // im2col): the A micro-panel's element [k][i] is a[k_offsets[k] + i * step] (a: the tile's first
