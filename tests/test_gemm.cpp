@@ -394,6 +394,17 @@ TEST(Gemm, RowsOf7WithoutOffsetsGiveTheBitsOfTheExplicitColumns) {
   }
 }
 
+// The float32 GEMM of A's first M rows and B's first N columns (C row-major) gives bit for bit the
+// top-left M x N corner of `full` (the GEMM of them all).
+void expect_corner_of(const Matrix<float>& full, const Matrix<float>& a, const Matrix<float>& b, int64_t M, int64_t N,
+                      int64_t K, std::mt19937& gen, const std::string& where) {
+  Matrix<float> part(M, N, Layout::RowMajor, gen);
+  cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, part.buf.data(), part.rs, part.cs, 0.f);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j)
+      ASSERT_EQ(part.buf[i * part.rs + j], full.buf[i * full.rs + j]) << where << " at (" << i << ", " << j << ")";
+}
+
 // The last columns of C in a narrow tile (one vector wide) get the bits of the full-width tile:
 // C's first N columns from a GEMM of N columns (its last tile narrow) equal those of a GEMM of a
 // whole number of tiles, A packed or read in place, B packed or in place, on every instruction set.
@@ -408,16 +419,9 @@ TEST(Gemm, NarrowLastTilesGiveTheBitsOfFullTiles) {
             Matrix<float> a(M, K, la, gen), b(K, wide, lb, gen), full(M, wide, Layout::RowMajor, gen);
             cpu::gemm<float>(M, wide, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, full.buf.data(), full.rs,
                              full.cs, 0.f);
-            for (const int64_t N : {3 * nr + 1, 3 * nr + nr / 2, 3 * nr + nr / 2 + 1}) {
-              Matrix<float> part(M, N, Layout::RowMajor, gen);
-              cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, part.buf.data(), part.rs,
-                               part.cs, 0.f);
-              for (int64_t i = 0; i < M; ++i)
-                for (int64_t j = 0; j < N; ++j)
-                  ASSERT_EQ(part.buf[i * part.rs + j], full.buf[i * full.rs + j])
-                      << "M=" << M << " N=" << N << " K=" << K << " A " << layout_name(la) << " B " << layout_name(lb)
-                      << " at (" << i << ", " << j << ")";
-            }
+            for (const int64_t N : {3 * nr + 1, 3 * nr + nr / 2, 3 * nr + nr / 2 + 1})
+              expect_corner_of(full, a, b, M, N, K, gen,
+                               cat_str("M=", M, " N=", N, " K=", K, " A ", layout_name(la), " B ", layout_name(lb)));
           }
   });
 }
@@ -436,16 +440,9 @@ TEST(Gemm, ShortLastTilesGiveTheBitsOfFullTiles) {
           Matrix<float> a(full_rows, K, la, gen), b(K, N, lb, gen), full(full_rows, N, Layout::RowMajor, gen);
           cpu::gemm<float>(full_rows, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, full.buf.data(),
                            full.rs, full.cs, 0.f);
-          for (int64_t M = 13; M <= 44; ++M) {
-            Matrix<float> part(M, N, Layout::RowMajor, gen);
-            cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, part.buf.data(), part.rs,
-                             part.cs, 0.f);
-            for (int64_t i = 0; i < M; ++i)
-              for (int64_t j = 0; j < N; ++j)
-                ASSERT_EQ(part.buf[i * part.rs + j], full.buf[i * full.rs + j])
-                    << "M=" << M << " K=" << K << " A " << layout_name(la) << " B " << layout_name(lb) << " at (" << i
-                    << ", " << j << ")";
-          }
+          for (int64_t M = 13; M <= 44; ++M)
+            expect_corner_of(full, a, b, M, N, K, gen,
+                             cat_str("M=", M, " K=", K, " A ", layout_name(la), " B ", layout_name(lb)));
         }
   });
 }
