@@ -1,8 +1,20 @@
 // GEMM micro-kernels for AVX2 + FMA (built with -mavx2 -mfma).
 // 6 x 16 floats / 6 x 8 doubles: 12 ymm accumulators, 2 for B, broadcasts of A.
+#include <immintrin.h>
+
 #include "gemm_kernel_impl.h"
 
 namespace tvc::cpu {
+namespace {
+
+// Stores past the caches for stream_rows (vmovntps, 32-byte aligned), then a store fence.
+struct StreamingStores {
+  static constexpr bool kAligned = true;
+  static void store(float* p, FloatVector<8>::type v) { _mm256_stream_ps(p, (__m256)v); }
+  static void fence() { _mm_sfence(); }
+};
+
+}  // namespace
 
 extern const GemmKernels gemm_kernels_avx2 = {
     {6,
@@ -40,7 +52,7 @@ extern const GemmKernels gemm_kernels_avx2 = {
     layer_norm_backward_f32<8>,
     pack_transposed<8>,
     even_copy<8>,
-    stream_rows<8>,
+    stream_rows<8, StreamingStores>,
     max_into<8>,
     {winograd_input_f43<8>, winograd_output_f43<8>, winograd_weight_f43<8>},
 };

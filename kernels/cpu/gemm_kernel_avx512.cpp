@@ -7,6 +7,13 @@
 namespace tvc::cpu {
 namespace {
 
+// Stores past the caches for stream_rows (vmovntps, 64-byte aligned), then a store fence.
+struct StreamingStores {
+  static constexpr bool kAligned = true;
+  static void store(float* p, FloatVector<16>::type v) { _mm512_stream_ps(p, (__m512)v); }
+  static void fence() { _mm_sfence(); }
+};
+
 // R vectors of positions from vector v0 of Planes (1 or 2) planes of a DepthwisePlanesF32 call
 // from plane i, Planes * R sums in registers (independent chains over the taps): each tap's masks
 // are loaded once for the planes together.
@@ -245,7 +252,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
     layer_norm_backward_f32<16>,
     pack_transposed<16>,
     even_copy<16>,
-    stream_rows<16>,
+    stream_rows<16, StreamingStores>,
     max_into<16>,
     {winograd_input_f43<16>, winograd_output_f43<16>, winograd_weight_f43<16>},
 };

@@ -40,7 +40,7 @@ extern const GemmKernels gemm_kernels_generic = {
     layer_norm_backward_f32<4>,
     pack_transposed<4>,
     even_copy<4>,
-    stream_rows<4>,
+    stream_rows<4, CachedStores>,
     max_into<4>,
     {winograd_input_f43<4>, winograd_output_f43<4>, winograd_weight_f43<4>},
 };

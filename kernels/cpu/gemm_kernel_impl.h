@@ -335,30 +335,34 @@ void even_copy(int64_t n, const float* src, float* dst) {
   for (; i < n; ++i) dst[i] = src[2 * i];
 }
 
-// See StreamRowsF32: on AVX-512 and AVX2 each row's aligned whole vectors by vmovntps; the generic
-// form (no such store in baseline vector extensions) copies as usual.
-template <int W>
+// Where stream_rows stores its whole vectors: each instruction set's file passes its stores that
+// bypass the caches (its intrinsics: this header includes none) with their fence; these are the
+// plain ones (baseline vector extensions have no such store).
+struct CachedStores {
+  static constexpr bool kAligned = false;  // whether store needs a vector-aligned address
+  template <typename V>
+  static void store(float* p, V v) {
+    __builtin_memcpy(p, &v, sizeof(V));
+  }
+  static void fence() {}
+};
+
+// See StreamRowsF32: each row's whole vectors through Stores (from a vector-aligned address where
+// they need one, the floats before it stored as usual), the rest as usual, then Stores' fence.
+template <int W, typename Stores>
 void stream_rows(int64_t rows, int64_t n, const float* src, int64_t src_rs, float* dst, int64_t dst_rs) {
-  typedef typename FloatVector<W>::type V;
   for (int64_t i = 0; i < rows; ++i) {
     const float* s = src + i * src_rs;
     float* d = dst + i * dst_rs;
     int64_t j = 0;
-    if constexpr (W == 16 || W == 8) {
-      const int64_t misaligned = reinterpret_cast<uintptr_t>(d) / sizeof(float) % W;
-      const int64_t head = misaligned ? W - misaligned : 0;
-      for (; j < head && j < n; ++j) d[j] = s[j];
-      for (; j + W <= n; j += W) {
-        const V v = load_lanes<W>(s + j);
-        if constexpr (W == 16)
-          __builtin_ia32_movntps512(d + j, v);
-        else
-          __builtin_ia32_movntps256(d + j, v);
-      }
+    if constexpr (Stores::kAligned) {
+      const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(d) / sizeof(float) % W);
+      for (const int64_t head = misaligned ? W - misaligned : 0; j < head && j < n; ++j) d[j] = s[j];
     }
+    for (; j + W <= n; j += W) Stores::store(d + j, load_lanes<W>(s + j));
     for (; j < n; ++j) d[j] = s[j];
   }
-  if constexpr (W == 16 || W == 8) __builtin_ia32_sfence();
+  Stores::fence();
 }
 
 // See MaxIntoF32.

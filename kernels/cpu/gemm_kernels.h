@@ -186,9 +186,9 @@ using PackTransposedF32 = void (*)(int64_t k_n, int64_t cols, const float* src, 
 //   dst[i] = src[2 * i] for i < n,
 // reading src[0 .. 2n - 2] only.
 using EvenCopyF32 = void (*)(int64_t n, const float* src, float* dst);
-// A block copied with stores that bypass the caches (non-temporal, where the instruction set has
-// them; each row's first floats up to a vector-aligned address and its last partial vector stored
-// as usual), then a store fence, so that other threads see every value afterwards:
+// A block copied with stores that bypass the caches (non-temporal, AVX2 and AVX-512; each row's
+// first floats up to a vector-aligned address and its last partial vector stored as usual; the
+// generic kernel copies as usual), then a store fence, so that other threads see every value:
 //   dst[i * dst_rs + j] = src[i * src_rs + j] for i < rows, j < n.
 // For outputs too large to stay in cache: writing them this way costs no read of the old lines.
 using StreamRowsF32 = void (*)(int64_t rows, int64_t n, const float* src, int64_t src_rs, float* dst, int64_t dst_rs);
