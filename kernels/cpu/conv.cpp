@@ -788,6 +788,20 @@ void depthwise_channels_last(const Operand<const float>& x, const float* w, cons
   });
 }
 
+// The (sample, channel plane) pairs of a depthwise convolution split over the threads, each thread's
+// share as runs of consecutive channels inside one sample: run(n, o, planes) for channels
+// [o, o + planes) of sample n (work: per plane).
+template <typename F>
+void for_plane_runs(const ConvGeom& g, int64_t work, F&& run) {
+  parallel_for(g.N * g.O, work, [&](int64_t b, int64_t end) {
+    for (int64_t it = b; it < end;) {
+      const int64_t n = it / g.O, o = it % g.O, planes = std::min(end - it, g.O - o);
+      run(n, o, planes);
+      it += planes;
+    }
+  });
+}
+
 // Float32 depthwise convolutions of stride 1 whose output map is the input's ("same" padding) on
 // dense NCHW planes, without a residual: each run of a sample's channel planes by the instruction
 // set's kernel (depthwise_planes, AVX-512, two planes at a time) read in place, in vectors of
@@ -836,15 +850,11 @@ void depthwise_planes_forward(const Operand<const float>& x, const float* w, con
   const std::vector<int64_t>& offsets = found->offsets;
   const std::vector<uint16_t>& masks = found->bits;
   const RowActivation act = row_activation(rest.activation);
-  parallel_for(g.N * g.O, g.P * taps, [&](int64_t b, int64_t end) {
-    for (int64_t it = b; it < end;) {  // in runs of channels inside one sample
-      const int64_t n = it / g.O, o = it % g.O, planes = std::min(end - it, g.O - o);
-      depthwise_planes(DepthwisePlanes{
-          planes, g.P, taps, x.p + n * x.s[0] + o * x.s[1], x.s[1], offsets.data(), masks.data(), w + o * taps,
-          first ? first + o : nullptr, rest.scale ? rest.scale + o : nullptr,
-          rest.scale && rest.shift ? rest.shift + o : nullptr, act, y.p + n * y.s[0] + o * y.s[1], y.s[1]});
-      it += planes;
-    }
+  for_plane_runs(g, g.P * taps, [&](int64_t n, int64_t o, int64_t planes) {
+    depthwise_planes(DepthwisePlanes{
+        planes, g.P, taps, x.p + n * x.s[0] + o * x.s[1], x.s[1], offsets.data(), masks.data(), w + o * taps,
+        first ? first + o : nullptr, rest.scale ? rest.scale + o : nullptr,
+        rest.scale && rest.shift ? rest.shift + o : nullptr, act, y.p + n * y.s[0] + o * y.s[1], y.s[1]});
   });
 }
 
@@ -871,15 +881,11 @@ void depthwise_stride2_planes_forward(const Operand<const float>& x, const float
   note_kernel_path("depthwise planes, stride 2");
   const int64_t taps = g.kh * g.kw;
   const RowActivation act = row_activation(rest.activation);
-  parallel_for(g.N * g.O, g.Ho * g.Wo * taps, [&](int64_t b, int64_t end) {
-    for (int64_t it = b; it < end;) {  // in runs of channels inside one sample
-      const int64_t n = it / g.O, o = it % g.O, planes = std::min(end - it, g.O - o);
-      depthwise_stride2_planes(DepthwiseStride2Planes{
-          planes, g.H, g.W, g.Ho, g.Wo, g.kh, g.kw, g.ph, g.pw, x.p + n * x.s[0] + o * x.s[1], x.s[1], w + o * taps,
-          first ? first + o : nullptr, rest.scale ? rest.scale + o : nullptr,
-          rest.scale && rest.shift ? rest.shift + o : nullptr, act, y.p + n * y.s[0] + o * y.s[1], y.s[1]});
-      it += planes;
-    }
+  for_plane_runs(g, g.Ho * g.Wo * taps, [&](int64_t n, int64_t o, int64_t planes) {
+    depthwise_stride2_planes(DepthwiseStride2Planes{
+        planes, g.H, g.W, g.Ho, g.Wo, g.kh, g.kw, g.ph, g.pw, x.p + n * x.s[0] + o * x.s[1], x.s[1], w + o * taps,
+        first ? first + o : nullptr, rest.scale ? rest.scale + o : nullptr,
+        rest.scale && rest.shift ? rest.shift + o : nullptr, act, y.p + n * y.s[0] + o * y.s[1], y.s[1]});
   });
 }
 
