@@ -418,13 +418,15 @@ TEST(NnOps, DepthwiseChannelsLastGivesTheBitsOfNchw) {
   }
 }
 
-// Stride-1 depthwise convolutions that keep the map's size, and 3x3 ones of stride 2 (inputs up to
-// 8 MB), on dense NCHW planes take the planes paths where the CPU has their kernels (AVX-512), in
-// vectors of positions across rows (of columns, stride 2: two rows to a vector when they have up to
-// 8), the taps outside the map masked: against float64 (the bias alone, and the whole epilogue
-// with each activation), maps narrower and wider than a vector and not a multiple of it, 3x3 to
-// 7x7 and a dilated 3x3, several samples, odd channel counts (the kernels take two planes at a
-// time, the last alone); the same bits on 1, 2 and 3 threads.
+// Stride-1 depthwise convolutions that keep the map's size, and 2x2 and 3x3 ones of stride 2 (5x5
+// on rows of more than 8 outputs; inputs up to 16 MB), on dense NCHW planes take the planes paths
+// where the CPU has their kernels (AVX-512), in vectors of positions across rows (stride 2: of
+// columns, two rows to a vector when they have up to 8, each tap picked from its rows' windows of
+// three or four loads, the last taps' columns from the last), the taps outside the map masked:
+// against float64 (the bias alone, and the whole epilogue with each activation), maps narrower
+// and wider than a vector and not a multiple of it, 3x3 to 7x7 and a dilated 3x3, several
+// samples, odd channel counts (the kernels take two planes at a time, the last alone); the same
+// bits on 1, 2 and 3 threads.
 TEST(NnOps, DepthwisePlanesMatchFloat64) {
   struct Case {
     Shape x;
@@ -434,7 +436,9 @@ TEST(NnOps, DepthwisePlanesMatchFloat64) {
   NoGradGuard no_grad;
   for (const Case& c : {Case{{2, 5, 7, 7}, 3, 1, 1}, Case{{1, 6, 14, 14}, 5, 1, 1}, Case{{3, 4, 9, 17}, 3, 1, 1},
                         Case{{1, 3, 20, 33}, 7, 1, 1}, Case{{2, 4, 11, 13}, 3, 2, 1}, Case{{2, 5, 7, 7}, 3, 1, 2},
-                        Case{{1, 6, 14, 14}, 3, 1, 2}, Case{{3, 3, 9, 17}, 3, 1, 2}, Case{{1, 3, 20, 70}, 3, 1, 2}}) {
+                        Case{{1, 6, 14, 14}, 3, 1, 2}, Case{{3, 3, 9, 17}, 3, 1, 2}, Case{{1, 3, 20, 70}, 3, 1, 2},
+                        Case{{1, 4, 18, 31}, 3, 1, 2}, Case{{1, 5, 20, 40}, 5, 1, 2}, Case{{2, 3, 19, 33}, 5, 1, 2},
+                        Case{{1, 3, 12, 69}, 5, 1, 2}, Case{{1, 3, 9, 40}, 2, 1, 2}, Case{{2, 3, 9, 9}, 2, 1, 2}}) {
     const int64_t C = c.x[1], pad = c.k / 2 * c.dilation;
     const std::string where = cat_str("x ", shape_str(c.x), " k ", c.k, " dilation ", c.dilation, " stride ", c.stride);
     const Tensor x = randn_of(c.x, DType::Float32, 11), w = randn_of({C, 1, c.k, c.k}, DType::Float32, 12);

@@ -858,20 +858,24 @@ void depthwise_planes_forward(const Operand<const float>& x, const float* w, con
   });
 }
 
-// Float32 depthwise convolutions of stride 2 (no dilation) with windows up to 3 wide on dense NCHW
+// Float32 depthwise convolutions of stride 2 (no dilation) with windows up to 3 wide, or 5 wide
+// on output rows of more than 8 (two rows to a vector take a permutation per tap), on dense NCHW
 // planes, without a residual, whose input is at most kDepthwiseStride2InputBytes: each run of a
 // sample's channel planes by the instruction set's kernel (depthwise_stride2_planes, AVX-512, two
-// planes at a time) read in place, output rows in vectors of columns whose inputs are the even
-// lanes of two loads, the taps outside the map masked off: nothing transposed, padded or copied.
-// Measured on Sapphire Rapids, 2 threads, against the channel blocks: 3x3 layers of MobileNet v2,
-// v3 and EfficientNet-B0 at batch 1 0.7-0.9x the time (112x112 to 14x14 inputs), at batch 8 0.7x
-// from 28x28 and the same from 14x14; 1.1-1.3x from 112x112 and 56x56 at batch 8 (14-38 MB
-// inputs out of cache, which the blocks' transposes read 16 planes at a time, more misses in
-// flight); 5x5 (a permutation per tap) 1.0-1.5x.
-constexpr int64_t kDepthwiseStride2InputBytes = int64_t{8} << 20;
+// planes at a time) read in place, output rows in vectors of columns whose taps are picked from
+// each input row's window of three loads, the taps outside the map masked off: nothing transposed,
+// padded or copied. Measured on Sapphire Rapids, 2 threads, against the channel blocks: at batch 1
+// 3x3 layers of MobileNet v2, v3 and EfficientNet-B0 0.58-0.65x the time from 112x112 to 28x28
+// inputs, 0.85-1.0x at 14x14, 5x5 0.62-0.76x from 56x56 and 28x28; at batch 8 0.6-0.75x (3x3 from
+// 56x56 to 14x14, 14 MB at most), 5x5 0.8x (72 channels at 56x56) and 0.93x (144: 14 MB), from
+// 12.8 MB inputs (32 channels at 112x112) 0.75x but 1.15-1.2x from 25-38 MB (64 and 96 at 112x112:
+// out of cache, which the blocks' transposes read 16 planes at a time, more misses in flight); 5x5
+// on rows of 7 (two to a vector, a permutation per tap) 1.35x.
+constexpr int64_t kDepthwiseStride2InputBytes = int64_t{16} << 20;
 bool use_depthwise_stride2_planes(const ConvGeom& g, const Operand<const float>& x, const Operand<float>& y,
                                   const Epilogue<float>& rest) {
-  return has_depthwise_planes_kernel() && g.Og == 1 && g.sh == 2 && g.sw == 2 && g.dh == 1 && g.dw == 1 && g.kw <= 3 &&
+  return has_depthwise_planes_kernel() && g.Og == 1 && g.sh == 2 && g.sw == 2 && g.dh == 1 && g.dw == 1 &&
+         (g.kw <= 3 || (g.kw <= 5 && g.Wo > 8)) &&
          g.N * g.C * g.H * g.W * static_cast<int64_t>(sizeof(float)) <= kDepthwiseStride2InputBytes && x.s[3] == 1 &&
          x.s[2] == g.W && y.s[3] == 1 && y.s[2] == g.Wo && !rest.residual;
 }

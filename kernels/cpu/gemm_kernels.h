@@ -155,9 +155,10 @@ struct DepthwisePlanes {
 using DepthwisePlanesF32 = void (*)(const DepthwisePlanes& d);
 // Whole channel planes of a float32 depthwise convolution of stride 2 (no dilation), each plane
 // dense (H x W in, Ho x Wo out) and read in place, kw <= kDepthwiseStride2MaxWidth: output rows in
-// vectors of the instruction set's 16 lanes of consecutive columns, each tap's inputs the even
-// lanes of two vectors read from its row. Plane i reads x + i * x_stride, writes y + i * y_stride,
-// has weights w + i * kh * kw and
+// vectors of the instruction set's 16 lanes of consecutive columns, each tap's inputs every other
+// column of its input row, picked from the row's window of 48 columns (rows of at most 8 outputs:
+// two to a vector, each tap's inputs the even lanes of two loads). Plane i reads x + i * x_stride, writes y + i *
+// y_stride, has weights w + i * kh * kw and
 //   y[oh][ow] = act((start[i] + sum over taps (r, c) in order of w[r * kw + c] * x[2 oh + r - ph][2 ow + c - pw])
 //                   * scale[i] + shift[i])   (start null: 0; scale null: act(the sum); shift null: 0)
 // where a tap outside the map adds w * 0, as a zero-padded input's would, and reads nothing; the
