@@ -809,8 +809,9 @@ TEST(NnOps, Conv2dPositionRowsMatchFloat64) {
 // The position rows split each product over the threads in a grid of tiles by output-channel panels
 // (each thread padding the input rows its own windows read, storing its own sums): the same bits
 // on 1, 2 and 3 threads, for a split by tiles (one panel; a 7x7 map's 7 tiles unevenly), by panels
-// (a weight larger than the input), a channels-last input (its positions at a step) and a strided
-// 1x1 convolution (its input a view of every other row and column).
+// (a weight larger than the input), a channels-last input (its positions at a step) and strided
+// 1x1 convolutions (their input a view of every other row and column, or every third, gathered
+// densely: one sample and samples side by side; channels-last, read in place through offsets).
 TEST(NnOps, Conv2dPositionRowsGiveTheSameBitsOnAnyThreads) {
   struct Case {
     Shape x;
@@ -821,7 +822,9 @@ TEST(NnOps, Conv2dPositionRowsGiveTheSameBitsOnAnyThreads) {
   NoGradGuard no_grad;
   for (const Case& c : {Case{{1, 128, 14, 14}, 32, 3, 1, false}, Case{{1, 64, 7, 7}, 24, 3, 1, false},
                         Case{{1, 160, 7, 7}, 300, 1, 1, false}, Case{{2, 256, 14, 14}, 80, 1, 1, true},
-                        Case{{1, 64, 14, 14}, 48, 3, 1, true}, Case{{1, 256, 28, 28}, 96, 1, 2, false}}) {
+                        Case{{1, 64, 14, 14}, 48, 3, 1, true}, Case{{1, 256, 28, 28}, 96, 1, 2, false},
+                        Case{{2, 160, 14, 14}, 40, 1, 2, false}, Case{{1, 256, 21, 21}, 64, 1, 3, false},
+                        Case{{1, 256, 28, 28}, 96, 1, 2, true}}) {
     const std::string where =
         cat_str(c.x, " O ", c.O, " k ", c.k, " stride ", c.stride, c.channels_last ? " channels-last" : "");
     const Tensor x = randn_of(c.x, DType::Float32, 1)
