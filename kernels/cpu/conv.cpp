@@ -1108,11 +1108,25 @@ Columns<T> gather_columns(const Operand<const T>& t, int64_t n0, int64_t m, int6
   if (t.s[2] == Wo * t.s[3] && (m == 1 || t.s[0] == Ho * Wo * t.s[3])) return {base, t.s[1], t.s[3]};
   int64_t P = Ho * Wo, cols = m * P;
   T* buf = thread_scratch<T, Slot>(channels * cols);
-  for (int64_t c = 0; c < channels; ++c)
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t h = 0; h < Ho; ++h)
-        for (int64_t x = 0; x < Wo; ++x)
-          buf[c * cols + i * P + h * Wo + x] = base[i * t.s[0] + c * t.s[1] + h * t.s[2] + x * t.s[3]];
+  // Row by row, every other element by even_copy (a strided 1x1's view of float32 planes), the
+  // channels over the threads where this runs outside a parallel region (one GEMM at a time):
+  // ResNet-50's 256 -> 512 from 56x56 at batch 1 (Sapphire Rapids, 2 threads) with inputs out of
+  // cache 1.01-1.05 -> 0.82-0.83 ms against one thread gathering element by element.
+  parallel_for(channels, m * P, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t h = 0; h < Ho; ++h) {
+          const T* src = base + i * t.s[0] + c * t.s[1] + h * t.s[2];
+          T* dst = buf + c * cols + i * P + h * Wo;
+          if constexpr (std::is_same_v<T, float>) {
+            if (t.s[3] == 2) {
+              even_copy(Wo, src, dst);
+              continue;
+            }
+          }
+          for (int64_t x = 0; x < Wo; ++x) dst[x] = src[x * t.s[3]];
+        }
+  });
   return {buf, cols, 1};
 }
 
