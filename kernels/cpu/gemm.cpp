@@ -296,7 +296,7 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
         // others: each tile row fetches its share of the next block's panel into L2 meanwhile (the
         // i-th tile row the i-th kc lines of it, as far as the panel goes), so few tile rows, as a
         // batch-1 convolution's or linear layer's, do not stall on the weights' first reading.
-        // Other kernels fetch nothing (their panel itself, already there).
+        // Other kernels get their panel itself (nothing new, where they fetch at all).
         const bool next_in_row = jc + NC < N;
         const int64_t next_pc = next_in_row ? pc : pc + KC < K ? pc + KC : 0, next_jc = next_in_row ? jc + NC : 0;
         const int64_t next_panel_floats = std::min(KC, K - next_pc) * nr;

@@ -259,7 +259,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
      384,
      1536,
      384,
-     gemm_micro_kernel<float, 16, 12, 2>,
+     gemm_micro_kernel<float, 16, 12, 2, false, true>,
      gemm_micro_kernel<float, 16, 12, 2, true>,
      16,
      {gemm_micro_kernel<float, 16, 12, 1>},

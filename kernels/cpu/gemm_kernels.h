@@ -20,9 +20,9 @@ namespace tvc::cpu {
 // packed (b_rs = NR, zero-padded) or B itself when its rows are contiguous. Each element's sum
 // runs over k in order. Each kernel has a second form for an A read in place along its rows
 // (contiguous), MR full rows: element [k][i] at a[i * a_ks + k], a_ks then A's row stride.
-// The 7-row kernels (GemmRowsKernelF32), while they run, also fetch kc cache lines from `ahead`
-// on into L2 (one per step of k) for a later call: a prefetch, which never faults (B's panel
-// itself where nothing is due). The others ignore `ahead`.
+// The 7-row kernels (GemmRowsKernelF32) and AVX-512's 12-row kernel, while they run, also fetch
+// kc cache lines from `ahead` on into L2 (one per step of k) for a later call: a prefetch, which
+// never faults (B's panel itself where nothing is due). The others ignore `ahead`.
 using GemmMicroKernelF32 = void (*)(int64_t kc, const float* a, int64_t a_ks, const float* b, int64_t b_rs, float beta,
                                     float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n, const float* ahead);
 using GemmMicroKernelF64 = void (*)(int64_t kc, const double* a, int64_t a_ks, const double* b, int64_t b_rs,
