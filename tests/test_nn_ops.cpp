@@ -1083,7 +1083,8 @@ TEST(NnOps, PoolingMatchesTorch) {
 
 // Inference skips the indices and reduces each window's rows first: the values must equal the
 // indexed scan's (what a tensor requiring grad gets) exactly, NaNs in the windows included; on
-// maps narrower than a vector and wide enough for the instruction set's vectors (max_into).
+// maps narrower than a vector and wide enough for the instruction set's vectors (max_into, its
+// last partial vector masked: rows of 45, 23 outputs at stride 2).
 TEST(NnOps, MaxPoolWithoutIndicesEqualsTheIndexedPath) {
   using Pair = std::array<int64_t, 2>;
   struct Config {

@@ -373,17 +373,29 @@ void max_into(int64_t n, const float* src, int64_t stride, float* dst) {
   typedef typename FloatVector<W>::type V;
   auto take = [](V acc, V v) { return ((v > acc) | (v != v)) ? v : acc; };
   int64_t i = 0;
-  if (stride == 1)
+  if (stride == 1) {
     for (; i + W <= n; i += W) {
       const V r = take(load_lanes<W>(dst + i), load_lanes<W>(src + i));
       __builtin_memcpy(dst + i, &r, sizeof(r));
     }
-  else if (stride == 2)
+    if (i < n)
+      store_lanes<W>(take(load_first_lanes<W>(dst + i, n - i), load_first_lanes<W>(src + i, n - i)), n - i, dst + i);
+    return;
+  }
+  if (stride == 2) {
     for (; i + W < n; i += W) {  // the last vector's odd lane 2W - 1 is at most 2n - 3
       const V r =
           take(load_lanes<W>(dst + i), even_lanes<W>(load_lanes<W>(src + 2 * i), load_lanes<W>(src + 2 * i + W)));
       __builtin_memcpy(dst + i, &r, sizeof(r));
     }
+    if (i < n) {  // the last n - i outputs (a masked vector, not a scalar loop): src[2 i .. 2 n - 2] read
+      const int64_t reads = 2 * (n - i) - 1;
+      const V lo = load_first_lanes<W>(src + 2 * i, reads),
+              hi = reads > W ? load_first_lanes<W>(src + 2 * i + W, reads - W) : V{};
+      store_lanes<W>(take(load_first_lanes<W>(dst + i, n - i), even_lanes<W>(lo, hi)), n - i, dst + i);
+    }
+    return;
+  }
   for (; i < n; ++i) {
     const float v = src[i * stride];
     dst[i] = v > dst[i] || v != v ? v : dst[i];
