@@ -745,6 +745,43 @@ TEST(VggDenseNet, DenseBlockKeepsItsFeaturesInOneTensorInInference) {
   EXPECT_LE(test::relative_error((*block)(x), want_short), 1e-6);
 }
 
+// A transition in inference pools before its 1x1 convolution (the same function, in a quarter of
+// the positions): within rounding of the recording path's order (conv, then pool), its kernels run
+// pool first, and a hook on the convolution (which would see the other order's input) or a
+// replaced pool keeps torchvision's order.
+TEST(VggDenseNet, TransitionPoolsBeforeItsConvolutionInInference) {
+  manual_seed(22);
+  models::BackbonePtr model = models::create("densenet121");
+  model->eval();
+  nn::ModulePtr transition = model->get_submodule("features.transition1");
+  const Tensor x = randn({2, 256, 10, 12});
+  const Tensor want = (*transition)(x).detach();  // parameters require grad: conv, then pool
+  auto kernels = [&] {
+    NoGradGuard no_grad;
+    KernelProfiler profiler;
+    const Tensor y = (*transition)(x);
+    EXPECT_LE(test::relative_error(y, want), 1e-6);
+    EXPECT_EQ(y.shape(), want.shape());
+    std::vector<std::string> ops;
+    for (const KernelRecord& r : profiler.records())
+      if (r.op == "conv2d" || r.op == "avg_pool2d") ops.push_back(r.op);
+    return ops;
+  };
+  EXPECT_EQ(kernels(), (std::vector<std::string>{"avg_pool2d", "conv2d"}));
+  int64_t seen = 0;
+  auto handle = transition->get_submodule("conv")->register_forward_hook(
+      [&](nn::Module&, const nn::TensorList& in, const nn::TensorList&) -> std::optional<nn::TensorList> {
+        seen = in[0].size(2);
+        return std::nullopt;
+      });
+  EXPECT_EQ(kernels(), (std::vector<std::string>{"conv2d", "avg_pool2d"}));
+  EXPECT_EQ(seen, 10);
+  handle.remove();
+  transition->register_module("pool",
+                              std::make_shared<nn::AvgPool2d>(2, nn::AvgPool2dOptions{.stride = 2, .ceil_mode = true}));
+  EXPECT_EQ(kernels(), (std::vector<std::string>{"conv2d", "avg_pool2d"}));
+}
+
 // ---------------------------------------------------------------- Vision Transformer (vit.cpp)
 
 // torchvision's ViT only takes the image size it is built for: eval and train mode at 224 px,

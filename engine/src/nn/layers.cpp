@@ -365,7 +365,7 @@ Tensor concat_norm_activation(Module& norm, Module* activation, const std::vecto
     if (fuse) channels += x.size(1);
   }
   if (!fuse || channels != bn->num_features) {
-    Tensor y = norm(cat(inputs, 1));
+    Tensor y = norm(inputs.size() == 1 ? inputs[0] : cat(inputs, 1));
     return activation ? (*activation)(y) : y;
   }
   // batch_norm's evaluation-mode scale and shift, by the same ops (so the same values), then

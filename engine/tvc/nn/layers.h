@@ -252,15 +252,14 @@ Tensor linear_activation(Module& linear, Module& activation, const Tensor& x);
 Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, const Tensor& x,
                             const Tensor& residual = Tensor(), const Tensor& input_scale = Tensor());
 
-// activation(norm(cat(inputs, 1))) (DenseNet's pre-activation of its concatenated features),
-// activation optional (null): the concatenation and the modules' forwards one after the other,
-// with their hooks; or, when norm is a BatchNorm2d in evaluation mode with running statistics,
-// activation null or a ReLU (those exact classes), neither has hooks, the inputs are NCHW with
-// dense planes, float32 or float64 (N, C_i, H, W) of one device with the kernel (the CPU) and
-// nothing requires grad: each input's channels normalised (and rectified) in one pass straight
-// into their place in the result, with the values of the separate ops (bit for bit); inputs that
-// are adjacent channels of one tensor (a dense block's features kept together) in one pass for
-// all of them. Inputs (N, C_i, H, W) -> (N, sum of C_i, H, W).
+// activation(norm(cat(inputs, 1))) (DenseNet's pre-activation of its concatenated features, and
+// its transitions' of one input), activation optional (null): the concatenation (none for one
+// input) and the modules' forwards one after the other, with their hooks; or, when norm is a BatchNorm2d in evaluation
+// mode with running statistics, activation null or a ReLU (those exact classes), neither has hooks, the inputs are NCHW
+// with dense planes, float32 or float64 (N, C_i, H, W) of one device with the kernel (the CPU) and nothing requires
+// grad: each input's channels normalised (and rectified) in one pass straight into their place in the result, with the
+// values of the separate ops (bit for bit); inputs that are adjacent channels of one tensor (a dense block's features
+// kept together) in one pass for all of them. Inputs (N, C_i, H, W) -> (N, sum of C_i, H, W).
 Tensor concat_norm_activation(Module& norm, Module* activation, const std::vector<Tensor>& inputs);
 
 // ---------------------------------------------------------------- bfloat16 inference
