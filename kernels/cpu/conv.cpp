@@ -1365,16 +1365,16 @@ constexpr int64_t kPositionRowsStoreChannels = 64, kPositionRowsStoreColumns = 2
 // offsets when its positions are not contiguous), one with taps a zero-padded copy of the input's
 // planes through offsets (only the rows its tiles' windows cover are written: position_rows_pad).
 // A pointwise one of every other position of channel planes (a strided 1x1, as ResNet's
-// downsampling, is the pointwise one of that view) reads a dense copy of the positions its tiles
-// cover (position_rows_gather, channels m * P floats apart): read in place, each step of k a
-// channel plane of its own, an input out of cache cost a miss per step that no prefetcher follows
-// (ResNet-50's 512 -> 1024 from 28x28 at batch 1, Sapphire Rapids, 2 threads: 1.16-1.25 ms with
-// inputs out of cache, 0.88-0.93 in cache).
+// downsampling, is the pointwise one of that view) reads a dense copy of them (gather_columns,
+// channels m * P floats apart): read in place, each step of k a channel plane of its own, an
+// input out of cache cost a miss per step that no prefetcher follows (ResNet-50's 512 -> 1024
+// from 28x28 at batch 1, Sapphire Rapids, 2 threads: 1.16-1.25 ms with inputs out of cache,
+// 0.88-0.93 in cache).
 struct PositionRowsInput {
   int64_t plane, Wp;                          // the padded copy's plane and row (taps)
   int64_t step;                               // between a tile's positions
   int64_t k_stride;                           // between channels, without offsets
-  bool gathered;                              // read from position_rows_gather's copy
+  bool gathered;                              // read from gather_columns' copy
   std::vector<int64_t> offsets, tile_starts;  // per k (or none), per tile
   RowsOf7Input at(const float* a) const {
     return {a, tile_starts.data(), offsets.empty() ? nullptr : offsets.data(), k_stride, step};
@@ -1408,24 +1408,6 @@ PositionRowsInput position_rows_input(const Operand<const float>& x, int64_t m, 
     in.tile_starts[t] = s * sample + p / g.Wo * row + p % g.Wo * column;
   }
   return in;
-}
-
-// Writes into `dense` (channel c's position p of samples [n0, n0 + m) at c * m * P + p) the input
-// of a pointwise convolution at output positions [q0, q1) (counted from sample n0's first), read
-// along the input's rows (every other element by even_copy where the positions are 2 apart).
-void position_rows_gather(const Operand<const float>& x, int64_t n0, int64_t m, int64_t q0, int64_t q1,
-                          const ConvGeom& g, float* dense) {
-  for (int64_t c = 0; c < g.C; ++c)
-    for (int64_t q = q0; q < q1;) {
-      const int64_t s = q / g.P, oh = q % g.P / g.Wo, ow = q % g.Wo, n = std::min(g.Wo - ow, q1 - q);
-      const float* src = x.p + (n0 + s) * x.s[0] + c * x.s[1] + oh * x.s[2] + ow * x.s[3];
-      float* dst = dense + c * m * g.P + q;
-      if (x.s[3] == 2)
-        even_copy(n, src, dst);
-      else
-        for (int64_t i = 0; i < n; ++i) dst[i] = src[i * x.s[3]];
-      q += n;
-    }
 }
 
 // Writes into `padded` (laid out as position_rows_input's plane and Wp, samples [n0, n0 + m)) the
@@ -1467,18 +1449,16 @@ void position_rows_forward(const Operand<const float>& x, const float* wt, const
     for (int64_t it = b; it < end; ++it) {
       const int64_t n0 = it * nb, m = std::min(nb, g.N - n0), cols = m * g.P, tiles = cols / 7;
       const PositionRowsInput in = position_rows_input(x, m, g);
+      // A gathered input's dense copy, made by the threads together before they split the product.
+      const float* gathered = in.gathered ? gather_columns<float, 0>(x, n0, m, 0, g.C, g.H, g.W).p : nullptr;
       const bool channels_last = y.s[1] == 1 && y.s[2] == g.Wo * y.s[3] && (m == 1 || y.s[0] == g.P * y.s[3]);
       // Channels-last: C (cols, O) is y itself, else a block of sums stored into y transposed.
       float* sums = channels_last ? nullptr : thread_scratch<float, 1>(cols * g.O);
       const ConvBlockOutput<float, float> out{&e, y, n0, 0, g.P, g.Wo};
       // Tiles [t0, t1) of output channels [c0, c1).
       auto rectangle = [&](int64_t t0, int64_t t1, int64_t c0, int64_t c1) {
-        const float* a = x.p + n0 * x.s[0];
-        if (in.gathered) {
-          float* dense = thread_scratch<float, 0>(g.C * cols);
-          position_rows_gather(x, n0, m, 7 * t0, 7 * t1, g, dense);
-          a = dense;
-        } else if (!is_pointwise(g)) {
+        const float* a = in.gathered ? gathered : x.p + n0 * x.s[0];
+        if (!is_pointwise(g)) {
           float* padded = thread_scratch<float, 0>(m * g.C * in.plane);
           position_rows_pad(x, n0, 7 * t0, 7 * t1, in, g, padded);
           a = padded;
