@@ -176,6 +176,7 @@ void depthwise_stride2_vectors(int64_t oh0, int64_t ow0, int64_t i, const Depthw
           const __mmask16 in2 = second_inside[r];
           lo = _mm512_maskz_loadu_ps(window[0] & in, row);
           hi = _mm512_maskz_loadu_ps(window[0] & in2, row2);
+          // Each row's columns 16-23 (the 256-bit load takes the mask's low 8 bits).
           third = kw > 2 ? _mm512_insertf32x8(_mm512_maskz_loadu_ps(window[1] & in, row + 16),
                                               _mm256_maskz_loadu_ps(window[1] & in2, row2 + 16), 1)
                          : _mm512_setzero_ps();
