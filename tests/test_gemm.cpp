@@ -447,6 +447,41 @@ TEST(Gemm, ShortLastTilesGiveTheBitsOfFullTiles) {
   });
 }
 
+// B read in place by each block's first row panel, whose micro-kernel packs it as it reads it (gemm
+// told B is in cache, or K blocks of at most 32 rows), gives the bits of B packed in a pass of its
+// own (the same B column-major, which is always packed apart): C of 12 to 48 rows (the rows that
+// path takes), A row- or column-major, K in one block and in two, N across column blocks with a
+// partial last panel, 1 and 2 threads, every instruction set.
+TEST(Gemm, BPackedByTheFirstRowPanelGivesTheBitsOfBPackedApart) {
+  const int threads = get_num_threads();
+  constexpr int64_t N = 1500;  // rows of B too far apart for B in place (kBInPlaceBlockBytes)
+  for_each_isa([&] {
+    for (const int t : {1, 2}) {
+      set_num_threads(t);
+      apply_num_threads();  // the kernel is called directly, not through an op that applies it
+      for (const int64_t M : {12, 20, 48})
+        for (const int64_t K : {24, 200, 500})
+          for (Layout la : {Layout::RowMajor, Layout::ColMajor}) {
+            std::mt19937 gen(static_cast<uint32_t>(M * K));
+            Matrix<float> a(M, K, la, gen), b(K, N, Layout::RowMajor, gen), b_columns(K, N, Layout::ColMajor, gen);
+            for (int64_t k = 0; k < K; ++k)
+              for (int64_t j = 0; j < N; ++j) b_columns.at(k, j) = b.at(k, j);
+            std::vector<float> want(static_cast<size_t>(M * N), NAN);
+            cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b_columns.buf.data(), b_columns.rs, b_columns.cs,
+                             want.data(), N, 1, 0.f);
+            for (const bool b_in_cache : {true, false}) {
+              std::vector<float> got(static_cast<size_t>(M * N), NAN);
+              cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, got.data(), N, 1, 0.f,
+                               nullptr, b_in_cache);
+              ASSERT_EQ(got, want) << "M=" << M << " K=" << K << " A " << layout_name(la) << " threads " << t
+                                   << " b_in_cache " << b_in_cache;
+            }
+          }
+    }
+  });
+  set_num_threads(threads);
+}
+
 namespace {
 
 std::string shape_str(const Shape& s) {

@@ -368,6 +368,16 @@ bool streamed_output(const Operand<float>& y, const ConvGeom& g) {
   return g.N * g.O * g.P * static_cast<int64_t>(sizeof(float)) > kStreamedOutputBytes && y.s[3] == 1 && y.s[2] == g.Wo;
 }
 
+// A pointwise convolution's input of at most this many bytes (all its samples) is taken to be in
+// the cores' caches, as the layer before has just written it (gemm's b_in_cache); a larger one
+// has left them by the time a sample's product reads it (MobileNet v2's projections at batch 8,
+// 4.8-14 MB, measured slower read in place).
+constexpr int64_t kCachedInputBytes = int64_t{2} << 20;
+template <typename T>
+bool input_in_cache(const ConvGeom& g) {
+  return is_pointwise(g) && g.N * g.C * g.H * g.W * static_cast<int64_t>(sizeof(T)) <= kCachedInputBytes;
+}
+
 // The epilogue of a block of the sums of a chunk of a ConvBlockOutput's columns (C row-major, rows
 // channels from o0, columns its positions from column c0 on, counted from sample n0's first)
 // applied in place, then the block stored into y past the caches, a run of positions inside one
@@ -1624,13 +1634,13 @@ void conv_forward(const Operand<const T>& x, const Tensor& weight, const Epilogu
       const GemmOutput<T> block_out{&e, n0, gi * g.Og, g.Wo, g.P};
       const GemmEpilogue<T> epilogue{epilogue_gemm_block<T>, &block_out};
       gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, yg, y.s[1], y.s[3], T(0),
-              e.is_identity() ? nullptr : &epilogue);
+              e.is_identity() ? nullptr : &epilogue, input_in_cache<T>(g));
       return;
     }
     T* sums = thread_scratch<T, 1>(g.Og * cols);
     const ConvBlockOutput<T, T> out{&e, y, n0, gi * g.Og, g.P, g.Wo};
     const GemmEpilogue<T> epilogue{epilogue_into<T, T>, &out};
-    gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, sums, cols, 1, T(0), &epilogue);
+    gemm<T>(g.Og, cols, g.K, wg, g.K, 1, B.p, B.rs, B.cs, sums, cols, 1, T(0), &epilogue, input_in_cache<T>(g));
   });
 }
 

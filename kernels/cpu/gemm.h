@@ -21,10 +21,13 @@ struct GemmEpilogue {
 // C = A @ B + beta * C, with A (M,K), B (K,N), C (M,N) given by element strides
 // (row stride rs, column stride cs) so transposed operands need no copy, as in BLIS.
 // beta = 0 ignores C's old contents (NaN included). Deterministic for any thread count. With an
-// epilogue, each finished block of C is passed to it.
+// epilogue, each finished block of C is passed to it. b_in_cache: the caller's word that B is in
+// the cores' caches (a convolution's input of at most a few MB, just written by the layer before),
+// which lets the kernels read it in place as they pack it; the results are the same either way.
 template <typename T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
-          int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const GemmEpilogue<T>* epilogue = nullptr);
+          int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const GemmEpilogue<T>* epilogue = nullptr,
+          bool b_in_cache = false);
 
 // The thread grid tm x tn (tm * tn = threads) over a C of mtiles x ntiles tiles of mr x nr that
 // minimises the largest share: compute in tiles plus the packing (or reading) of A's rows and B's

@@ -108,10 +108,15 @@ struct AOffsetsPair {
 // each acc = Step::step(acc, a's element, b vector). P is the panels' element: T itself, or a
 // pair of bfloat16 in 32 bits. With Ahead, each step of k also asks for one cache line of `ahead`
 // (its k-th) to be brought into L2, for a later call (else `ahead` is ignored), and for A's next
-// line (a.ahead(k), where there is one).
-template <typename P, typename T, int W, int MR, int NV, typename Step, bool Ahead, typename A>
+// line (a.ahead(k), where there is one). With PackB (GemmMicroKernelPackF32), B's values of each
+// step of k are also stored at b_packed, and the lines of that row of B kPackAheadPanels panels
+// on are asked into L2 instead of `ahead`'s.
+// Measured on Sapphire Rapids, 2 threads, MobileNet v2's projections at batch 1: 4 panels on with
+// all their lines 5-20% faster than the next panel's first line only.
+constexpr int kPackAheadPanels = 4;
+template <typename P, typename T, int W, int MR, int NV, typename Step, bool Ahead, typename A, bool PackB = false>
 void micro_kernel(int64_t kn, A a, const P* __restrict b, int64_t b_rs, T beta, T* __restrict c, int64_t c_rs,
-                  int64_t c_cs, int64_t m, int64_t n, const P* ahead) {
+                  int64_t c_cs, int64_t m, int64_t n, const P* ahead, P* __restrict b_packed = nullptr) {
   typedef T V __attribute__((vector_size(W * sizeof(T))));
   typedef P PV __attribute__((vector_size(W * sizeof(P))));
   prefetch_tile(c, c_rs, c_cs, m, n);
@@ -122,13 +127,18 @@ void micro_kernel(int64_t kn, A a, const P* __restrict b, int64_t b_rs, T beta, 
     for (int v = 0; v < NV; ++v) acc[i][v] = V{};
 #pragma GCC unroll 2
   for (int64_t k = 0; k < kn; ++k) {
-    if constexpr (Ahead) {
+    if constexpr (PackB) {
+      const P* on = b + k * b_rs + kPackAheadPanels * NV * W;
+      for (int j = 0; j < NV * W; j += 64 / sizeof(P)) __builtin_prefetch(on + j, 0, 2);
+    } else if constexpr (Ahead)
       __builtin_prefetch(ahead + k * (64 / sizeof(P)), 0, 2);
-      if constexpr (requires { a.ahead(k); }) __builtin_prefetch(a.ahead(k), 0, 2);
-    }
+    if constexpr (Ahead && requires { a.ahead(k); }) __builtin_prefetch(a.ahead(k), 0, 2);
     PV bv[NV];
 #pragma GCC unroll 64
     for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + k * b_rs + v * W, sizeof(PV));
+    if constexpr (PackB)
+#pragma GCC unroll 64
+      for (int v = 0; v < NV; ++v) __builtin_memcpy(b_packed + k * (NV * W) + v * W, &bv[v], sizeof(PV));
 #pragma GCC unroll 64
     for (int i = 0; i < MR; ++i) {
       const P ai = a(k, i);
@@ -140,13 +150,16 @@ void micro_kernel(int64_t kn, A a, const P* __restrict b, int64_t b_rs, T beta, 
 }
 
 // The micro-kernel over a panel of A read along its rows (ARows) or not.
-template <typename P, typename T, int W, int MR, int NV, typename Step, bool ARows, bool Ahead>
+template <typename P, typename T, int W, int MR, int NV, typename Step, bool ARows, bool Ahead, bool PackB = false>
 void micro_kernel_panel(int64_t kn, const P* __restrict a, int64_t a_ks, const P* __restrict b, int64_t b_rs, T beta,
-                        T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n, const P* ahead) {
+                        T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n, const P* ahead,
+                        P* b_packed = nullptr) {
   if constexpr (ARows)
-    micro_kernel<P, T, W, MR, NV, Step, Ahead>(kn, ARowsOf<P>{a, a_ks}, b, b_rs, beta, c, c_rs, c_cs, m, n, ahead);
+    micro_kernel<P, T, W, MR, NV, Step, Ahead, ARowsOf<P>, PackB>(kn, ARowsOf<P>{a, a_ks}, b, b_rs, beta, c, c_rs, c_cs,
+                                                                  m, n, ahead, b_packed);
   else
-    micro_kernel<P, T, W, MR, NV, Step, Ahead>(kn, AColumns<P>{a, a_ks}, b, b_rs, beta, c, c_rs, c_cs, m, n, ahead);
+    micro_kernel<P, T, W, MR, NV, Step, Ahead, AColumns<P>, PackB>(kn, AColumns<P>{a, a_ks}, b, b_rs, beta, c, c_rs,
+                                                                   c_cs, m, n, ahead, b_packed);
 }
 
 // acc + a * b (one FMA where the instruction set has them).
@@ -162,6 +175,15 @@ template <typename T, int W, int MR, int NV, bool ARows = false, bool Ahead = fa
 void gemm_micro_kernel(int64_t kc, const T* __restrict a, int64_t a_ks, const T* __restrict b, int64_t b_rs, T beta,
                        T* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n, const T* __restrict ahead) {
   micro_kernel_panel<T, T, W, MR, NV, FmaStep, ARows, Ahead>(kc, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m, n, ahead);
+}
+
+// See GemmMicroKernelPackF32 (Ahead: as gemm_micro_kernel's, for A's next line only).
+template <int W, int MR, int NV, bool ARows = false, bool Ahead = false>
+void gemm_micro_kernel_pack_b(int64_t kc, const float* __restrict a, int64_t a_ks, const float* __restrict b,
+                              int64_t b_rs, float beta, float* __restrict c, int64_t c_rs, int64_t c_cs, int64_t m,
+                              int64_t n, float* __restrict b_packed) {
+  micro_kernel_panel<float, float, W, MR, NV, FmaStep, ARows, Ahead, true>(kc, a, a_ks, b, b_rs, beta, c, c_rs, c_cs, m,
+                                                                           n, b, b_packed);
 }
 
 // See GemmMicroKernelOffsetsF32.

@@ -25,6 +25,14 @@ namespace tvc::cpu {
 // never faults (B's panel itself where nothing is due). The others ignore `ahead`.
 using GemmMicroKernelF32 = void (*)(int64_t kc, const float* a, int64_t a_ks, const float* b, int64_t b_rs, float beta,
                                     float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n, const float* ahead);
+// The same kernel that also packs its B panel as it reads it, for the first row panel of a block
+// (gemm_blocked): B is read in place (b_rs its row stride, NR full columns, m == MR) and each step
+// of k's NR values are also stored at b_packed[k * NR ..] (the panel as GemmMicroKernelF32's
+// packed Bp, for the next row panels), while the same rows of a panel further on are fetched into
+// L2. The sums are those of GemmMicroKernelF32 bit for bit.
+using GemmMicroKernelPackF32 = void (*)(int64_t kc, const float* a, int64_t a_ks, const float* b, int64_t b_rs,
+                                        float beta, float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n,
+                                        float* b_packed);
 using GemmMicroKernelF64 = void (*)(int64_t kc, const double* a, int64_t a_ks, const double* b, int64_t b_rs,
                                     double beta, double* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n,
                                     const double* ahead);
@@ -48,12 +56,15 @@ using GemmMicroKernelBF16 = void (*)(int64_t kp, const uint32_t* a, int64_t a_ks
 // The last rows of C likewise go to short_rows[0] (4 rows) or short_rows[1] (8 rows) when they fit
 // and that form is there: the same kernel with fewer rows, A packed (a 64 -> ResNet's 1x1 layer's
 // last 4 rows cost a third of a 12-row tile rather than a whole one).
+// micro_pack_b and micro_a_rows_pack_b are micro's and micro_a_rows' packing forms (null where the
+// instruction set has none).
 struct GemmKernelF32 {
   int64_t mr, nr, kc, mc, nc;
   GemmMicroKernelF32 micro, micro_a_rows;
   int64_t lanes;
   GemmMicroKernelF32 narrow[3], narrow_a_rows[3];
   GemmMicroKernelF32 short_rows[2];
+  GemmMicroKernelPackF32 micro_pack_b = nullptr, micro_a_rows_pack_b = nullptr;
 };
 // The 7-row kernel's form for a convolution's input read in place through offsets (an implicit
 // im2col): the A micro-panel's element [k][i] is a[k_offsets[k] + i * step] (a: the tile's first
