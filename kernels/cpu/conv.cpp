@@ -732,7 +732,13 @@ void depthwise_channel_blocks(const Operand<const float>& x, const float* w, con
 // the channel blocks (which copy every block's input into a padded buffer): MobileNet v2's 3x3
 // layers at 112x112 0.43x the time (32 channels) and 0.36x (96, stride 2), 56x56 0.65x (144) and
 // 0.33x (144, stride 2), 28x28 0.2x (192); on 14x14 and 7x7 maps 1.5x and 2.4x (the calls per row
-// and the edges weigh more), so shorter rows keep the blocks.
+// and the edges weigh more), so shorter rows keep the blocks. With stride 1 and no dilation, where
+// the instruction set has it (AVX-512; windows 3, 5 and 7 wide), a whole output row is one call of
+// depthwise_channel_rows instead, the ends included (each window row's weights in registers, each
+// input column loaded once for the outputs that use it, rather than once per tap): ConvNeXt-T's
+// 7x7 layers at 56x56 0.32 -> 0.126 ms, 28x28 0.23 -> 0.083 ms (batch 1), 2.7 -> 1.06 ms at 56x56
+// batch 8; a 3x3 at 56x56 0.057 -> 0.05 ms. On 14x14 maps it gains at batch 8 (0.42 -> 0.31 ms)
+// but not at batch 1, and loses on 7x7 maps at batch 1 (0.035 -> 0.055 ms): the threshold stays.
 constexpr int64_t kDepthwiseInPlaceRow = 16;
 bool use_depthwise_channels_last(const ConvGeom& g, const Operand<const float>& x, const Operand<float>& y,
                                  const Epilogue<float>& rest) {
@@ -756,7 +762,7 @@ void depthwise_channels_last(const Operand<const float>& x, const float* w, cons
   while (hi < g.Wo && inside(hi)) ++hi;
   const RowActivation act = row_activation(rest.activation);
   parallel_for(g.N * g.Ho * blocks, g.Wo * taps * L, [&](int64_t b, int64_t end) {
-    std::vector<int64_t> offsets(taps), some_offsets(taps);
+    std::vector<int64_t> offsets(taps), some_offsets(taps), row_offsets(g.kh);
     std::vector<float> some_w(taps * L);
     for (int64_t it = b; it < end; ++it) {
       const int64_t n = it / (g.Ho * blocks), oh = it / blocks % g.Ho, o0 = it % blocks * L;
@@ -771,6 +777,12 @@ void depthwise_channels_last(const Operand<const float>& x, const float* w, cons
       int64_t i0 = 0, i1 = g.kh;
       while (i0 < i1 && oh * g.sh - g.ph + i0 * g.dh < 0) ++i0;
       while (i1 > i0 && oh * g.sh - g.ph + (i1 - 1) * g.dh >= g.H) --i1;
+      if (g.sw == 1 && g.dw == 1) {  // each window row's taps consecutive columns: the whole row at once
+        for (int64_t i = i0; i < i1; ++i) row_offsets[i - i0] = (oh * g.sh - g.ph + i * g.dh) * x.s[2];
+        if (depthwise_channel_rows(g.Wo, i1 - i0, g.kw, g.pw, g.W, xr, row_offsets.data(), x.s[3], wb + i0 * g.kw * L,
+                                   start, scale, shift, act, yr, y.s[3]))
+          continue;
+      }
       for (int64_t i = i0; i < i1; ++i)
         for (int64_t j = 0; j < g.kw; ++j)
           offsets[i * g.kw + j] = (oh * g.sh - g.ph + i * g.dh) * x.s[2] + (j * g.dw - g.pw) * x.s[3];

@@ -588,6 +588,12 @@ void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* 
   active_kernels().depthwise_channels(n, taps, x, offsets, step, w, bias, scale, shift, act, y, y_step);
 }
 
+bool depthwise_channel_rows(int64_t n, int64_t rows, int64_t kw, int64_t pad, int64_t width, const float* x,
+                            const int64_t* row_offsets, int64_t step, const float* w, const float* bias,
+                            const float* scale, const float* shift, RowActivation act, float* y, int64_t y_step) {
+  const DepthwiseChannelRowsF32 kernel = active_kernels().depthwise_channel_rows;
+  return kernel && kernel(n, rows, kw, pad, width, x, row_offsets, step, w, bias, scale, shift, act, y, y_step);
+}
 bool has_depthwise_planes_kernel() { return active_kernels().depthwise_planes != nullptr; }
 
 void depthwise_planes(const DepthwisePlanes& d) { active_kernels().depthwise_planes(d); }

@@ -96,6 +96,12 @@ int64_t conv_rows_lanes();  // the instruction set's vector, in floats
 void depthwise_channels(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step, const float* w,
                         const float* bias, const float* scale, const float* shift, RowActivation act, float* y,
                         int64_t y_step);
+// Its form for windows whose rows are consecutive columns, a whole output row
+// (DepthwiseChannelRowsF32): false, nothing done, where the active instruction set has none or
+// not for windows kw wide.
+bool depthwise_channel_rows(int64_t n, int64_t rows, int64_t kw, int64_t pad, int64_t width, const float* x,
+                            const int64_t* row_offsets, int64_t step, const float* w, const float* bias,
+                            const float* scale, const float* shift, RowActivation act, float* y, int64_t y_step);
 
 // Channel planes of a stride-1 "same" depthwise convolution read in place with the active
 // instruction set's kernel (gemm_kernels.h, DepthwisePlanesF32), where it has one

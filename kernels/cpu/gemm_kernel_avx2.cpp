@@ -40,6 +40,7 @@ extern const GemmKernels gemm_kernels_avx2 = {
     depthwise_channels<8>,
     nullptr,
     nullptr,
+    nullptr,
     conv_rows_f32<8, 4>,
     dot<8>,
     exp_f32<8>,

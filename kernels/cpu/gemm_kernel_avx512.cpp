@@ -87,6 +87,78 @@ void depthwise_planes(const DepthwisePlanes& d) {
   });
 }
 
+// G outputs from ow (the first m stored) of a DepthwiseChannelRowsF32 call with windows KW wide
+// (one vector of the block's 16 channels each): per window row, its KW weights in registers, then
+// its G + KW - 1 input columns in turn, each inside the row loaded once and added to the outputs
+// whose window holds it (output g gets column c as tap c - g: in tap order).
+template <int KW, int G, RowActivation Act>
+void depthwise_channel_rows_group(int64_t ow, int64_t m, int64_t rows, int64_t pad, int64_t width, const float* x,
+                                  const int64_t* row_offsets, int64_t step, const float* w, const float* bias,
+                                  const float* scale, const float* shift, float* y, int64_t y_step) {
+  typedef FloatVector<16>::type V;
+  static_assert(kDepthwiseBlock == 16);
+  V acc[G];
+  const V b = load_lanes<16>(bias);
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g) acc[g] = b;
+  for (int64_t i = 0; i < rows; ++i) {
+    V wv[KW];
+#pragma GCC unroll 8
+    for (int j = 0; j < KW; ++j) wv[j] = load_lanes<16>(w + (i * KW + j) * 16);
+    const float* xr = x + row_offsets[i];
+#pragma GCC unroll 32
+    for (int c = 0; c < G + KW - 1; ++c) {
+      const int64_t column = ow + c - pad;
+      if (column < 0 || column >= width) continue;
+      V xv = load_lanes<16>(xr + column * step);
+      // In a register, loaded once: else the compiler may fold it into each FMA as a memory
+      // operand, a load per FMA again.
+      __asm__("" : "+v"(xv));
+#pragma GCC unroll 8
+      for (int j = 0; j < KW; ++j)
+        if (c - j >= 0 && c - j < G) acc[c - j] += wv[j] * xv;
+    }
+  }
+  // The same arithmetic as EpilogueRowF32's with one channel's scale and shift.
+  const V sv = scale ? load_lanes<16>(scale) : V{}, hv = shift ? load_lanes<16>(shift) : V{};
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g) {
+    V v = acc[g];
+    if (scale) v = v * sv + hv;
+    v = activation_lanes<16, Act>(v);
+    if (g < m) __builtin_memcpy(y + (ow + g) * y_step, &v, sizeof(V));
+  }
+}
+
+// See DepthwiseChannelRowsF32: windows 3, 5 and 7 wide, in groups of 16 outputs, the rest in
+// groups of 8.
+template <int KW, RowActivation Act>
+void depthwise_channel_rows_of(int64_t n, int64_t rows, int64_t pad, int64_t width, const float* x,
+                               const int64_t* row_offsets, int64_t step, const float* w, const float* bias,
+                               const float* scale, const float* shift, float* y, int64_t y_step) {
+  int64_t ow = 0;
+  for (; ow + 16 <= n; ow += 16)
+    depthwise_channel_rows_group<KW, 16, Act>(ow, 16, rows, pad, width, x, row_offsets, step, w, bias, scale, shift, y,
+                                              y_step);
+  for (; ow < n; ow += 8)
+    depthwise_channel_rows_group<KW, 8, Act>(ow, n - ow < 8 ? n - ow : 8, rows, pad, width, x, row_offsets, step, w,
+                                             bias, scale, shift, y, y_step);
+}
+bool depthwise_channel_rows(int64_t n, int64_t rows, int64_t kw, int64_t pad, int64_t width, const float* x,
+                            const int64_t* row_offsets, int64_t step, const float* w, const float* bias,
+                            const float* scale, const float* shift, RowActivation act, float* y, int64_t y_step) {
+  if (kw != 3 && kw != 5 && kw != 7) return false;
+  with_activation(act, [&]<RowActivation Act>() {
+    auto run = [&]<int KW>() {
+      depthwise_channel_rows_of<KW, Act>(n, rows, pad, width, x, row_offsets, step, w, bias, scale, shift, y, y_step);
+    };
+    if (kw == 3) run.template operator()<3>();
+    if (kw == 5) run.template operator()<5>();
+    if (kw == 7) run.template operator()<7>();
+  });
+  return true;
+}
+
 // The lanes l of a vector of 16 floats from x + s that fall inside [0, W).
 __mmask16 lanes_inside(int64_t s, int64_t W) {
   const int64_t first = s < 0 ? -s : 0, end = W - s < 16 ? W - s : 16;
@@ -290,6 +362,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
     {16, 24, fma_peak_loop<16, 24>},
     depthwise_row<16>,
     depthwise_channels<16>,
+    depthwise_channel_rows,
     depthwise_planes,
     depthwise_stride2_planes,
     conv_rows_f32<16, 8>,

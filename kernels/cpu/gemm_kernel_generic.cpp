@@ -26,6 +26,7 @@ extern const GemmKernels gemm_kernels_generic = {
     depthwise_channels<4>,
     nullptr,
     nullptr,
+    nullptr,
     conv_rows_f32<4, 4>,
     dot<4>,
     exp_f32<4>,

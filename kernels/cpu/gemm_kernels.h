@@ -142,6 +142,17 @@ constexpr int64_t kDepthwiseBlock = 16;
 using DepthwiseChannelsF32 = void (*)(int64_t n, int64_t taps, const float* x, const int64_t* offsets, int64_t step,
                                       const float* w, const float* bias, const float* scale, const float* shift,
                                       RowActivation act, float* y, int64_t y_step);
+// The same row where the taps of each window row are consecutive input columns (stride 1, no
+// dilation), the row's columns at either end included: tap (i, j) of output ow reads input
+// column ow + j - pad of window row i, at x + row_offsets[i] + (ow + j - pad) * step, and is left
+// out where that column is outside [0, width); w is (rows * kw, kDepthwiseBlock); otherwise as
+// DepthwiseChannelsF32 (the taps in order), for ow in [0, n). Each window row's weights stay in
+// registers while its input columns are read once for all the outputs of a group that use them.
+// Returns false, having done nothing, for a window width it does not have.
+using DepthwiseChannelRowsF32 = bool (*)(int64_t n, int64_t rows, int64_t kw, int64_t pad, int64_t width,
+                                         const float* x, const int64_t* row_offsets, int64_t step, const float* w,
+                                         const float* bias, const float* scale, const float* shift, RowActivation act,
+                                         float* y, int64_t y_step);
 // Whole channel planes of a float32 depthwise convolution of stride 1 whose output map is its
 // input's (H x W, "same" padding), each plane dense (P = H * W positions, rows of W) and read in
 // place, in vectors of the instruction set's 16 lanes of consecutive positions q. Plane i (of
@@ -276,6 +287,7 @@ struct GemmKernels {
   FmaPeakLoop peak, bf16_peak;
   DepthwiseRowF32 depthwise_row;
   DepthwiseChannelsF32 depthwise_channels;
+  DepthwiseChannelRowsF32 depthwise_channel_rows;      // null where the instruction set has none
   DepthwisePlanesF32 depthwise_planes;                 // null where the instruction set has none
   DepthwiseStride2PlanesF32 depthwise_stride2_planes;  // the same
   ConvRowsF32 conv_rows;
