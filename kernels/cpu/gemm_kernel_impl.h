@@ -602,7 +602,9 @@ typename FloatVector<W>::type quotient_lanes(typename FloatVector<W>::type a, ty
 }
 
 // See ConvRowsF32: OB channels (kConvRowsChannels a multiple of OB) by PV vectors of positions
-// in registers, each tap's inputs loaded once per block and its weights broadcast.
+// in registers, each tap's inputs loaded once per block and its weights broadcast. conv_rows_f32
+// takes blocks of 3 vectors, then 2, then 1: fewer broadcasts per FMA (measured on Sapphire Rapids,
+// 2 threads, ResNet's stem, against 2 then 1: 0.96-1.0x the time at batch 1, 0.92-0.97x at batch 8).
 template <int W, int OB, int PV>
 __attribute__((always_inline)) inline void conv_rows_block(int64_t j, int64_t taps, const float* const* rows,
                                                            const float* w, int64_t oc, int64_t o0, float* y,
@@ -635,6 +637,8 @@ template <int W, int OB>
 void conv_rows_f32(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t oc, float* y,
                    int64_t y_os) {
   int64_t j = 0;
+  for (; j + 3 * W <= n; j += 3 * W)
+    for (int64_t o0 = 0; o0 < oc; o0 += OB) conv_rows_block<W, OB, 3>(j, taps, rows, w, oc, o0, y, y_os);
   for (; j + 2 * W <= n; j += 2 * W)
     for (int64_t o0 = 0; o0 < oc; o0 += OB) conv_rows_block<W, OB, 2>(j, taps, rows, w, oc, o0, y, y_os);
   for (; j < n; j += W)
