@@ -484,6 +484,78 @@ TEST(Gemm, BPackedByTheFirstRowPanelGivesTheBitsOfBPackedApart) {
 
 namespace {
 
+// A row epilogue applied by a GemmEpilogue's fn (epilogue_row, the instruction set's EpilogueRowF32)
+// to the blocks it gets, counting their elements.
+struct RowsByFn {
+  cpu::GemmRowsEpilogue rows;
+  int64_t elements = 0;
+};
+void rows_by_fn(const void* ctx, float* c, int64_t c_rs, int64_t, int64_t i0, int64_t m, int64_t j0, int64_t n) {
+  auto& r = *static_cast<RowsByFn*>(const_cast<void*>(ctx));
+  const cpu::GemmRowsEpilogue& e = r.rows;
+  for (int64_t i = i0; i < i0 + m; ++i)
+    cpu::epilogue_row(n, c + (i - i0) * c_rs, c + (i - i0) * c_rs, e.scale ? e.scale + i : nullptr,
+                      e.shift ? e.shift + i : nullptr, e.residual ? e.residual + i * e.r_rs + j0 : nullptr, e.act);
+#pragma omp atomic
+  r.elements += m * n;
+}
+
+}  // namespace
+
+// A float32 GEMM given a row epilogue (GemmEpilogue::rows) gives the bits of the same epilogue done
+// by its fn on every block: each activation, scale and shift or shift alone, with a residual and
+// without, C of whole and partial tiles (M 50, N 100), A row- or column-major (read in place along
+// its rows, or packed), B read in place or packed, K in one block and in two, 1 and 2 threads, every
+// instruction set; and where
+// the instruction set's kernels apply it (AVX-512), fn gets fewer elements than C has.
+TEST(Gemm, RowEpilogueInTheKernelsGivesTheBitsOfTheEpilogueOnBlocks) {
+  const int threads = get_num_threads();
+  constexpr int64_t M = 50, N = 100;
+  std::mt19937 gen(11);
+  std::vector<float> scale(M), shift(M), residual(M * (N + 7));
+  std::uniform_real_distribution<float> dist(-2, 2);
+  for (float& v : scale) v = dist(gen);
+  for (float& v : shift) v = dist(gen);
+  for (float& v : residual) v = dist(gen);
+  for_each_isa([&] {
+    for (const int t : {1, 2}) {
+      set_num_threads(t);
+      apply_num_threads();  // the kernel is called directly, not through an op that applies it
+      for (const int64_t K : {40, 500})
+        for (Layout la : {Layout::RowMajor, Layout::ColMajor})
+          for (Layout lb : {Layout::RowMajor, Layout::ColMajor})
+            for (int act = 0; act < cpu::kRowActivations; ++act)
+              for (const bool with_scale : {true, false})
+                for (const bool with_residual : {true, false}) {
+                  Matrix<float> a(M, K, la, gen), b(K, N, lb, gen);
+                  const cpu::GemmRowsEpilogue rows{with_scale ? scale.data() : nullptr, shift.data(),
+                                                   with_residual ? residual.data() : nullptr, N + 7,
+                                                   static_cast<cpu::RowActivation>(act)};
+                  std::vector<float> want(M * N, NAN), got(M * N, NAN);
+                  RowsByFn plain{rows}, fused{rows};
+                  const cpu::GemmEpilogue<float> by_fn{rows_by_fn, &plain}, in_kernels{rows_by_fn, &fused, &rows};
+                  cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, want.data(), N, 1, 0.f,
+                                   &by_fn);
+                  cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, got.data(), N, 1, 0.f,
+                                   &in_kernels);
+                  const std::string where =
+                      cat_str("K=", K, " A ", layout_name(la), " B ", layout_name(lb), " act ", act, " scale ",
+                              with_scale, " residual ", with_residual, " threads ", t);
+                  ASSERT_EQ(got, want) << where;
+                  EXPECT_EQ(plain.elements, M * N) << where;
+                  if (std::string(isa_name(active_isa())).starts_with("avx512") && K <= 384) {
+                    EXPECT_LT(fused.elements, M * N) << where;
+                  } else {
+                    EXPECT_EQ(fused.elements, M * N) << where;
+                  }
+                }
+    }
+  });
+  set_num_threads(threads);
+}
+
+namespace {
+
 std::string shape_str(const Shape& s) {
   std::string out = "(";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);

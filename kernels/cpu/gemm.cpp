@@ -292,6 +292,18 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
       per == 1 || (K % per == 0 && a_rs % per == 0 && reinterpret_cast<uintptr_t>(A) % alignof(P) == 0);
   const bool a_rows_in_place = !a_in_place && a_cs == 1 && N <= kARowsInPlaceColumns && pairs_are_words &&
                                a_rs * static_cast<int64_t>(sizeof(T)) % kAliasingRowBytes != 0;
+  // With one K block, whole tiles may apply the caller's row epilogue in their kernel
+  // (GemmRowsEpilogue).
+  const GemmRowsEpilogue* rows_epilogue = nullptr;
+  GemmMicroKernelEpilogueF32 tile_epilogue = nullptr, tile_epilogue_a_rows = nullptr;
+  if constexpr (std::is_same_v<Kernel, GemmKernelF32>) {
+    if (sink.epilogue && sink.epilogue->rows && !sink.transposed && K <= KC && beta == Acc(0) && c_cs == 1) {
+      const int act = static_cast<int>(sink.epilogue->rows->act);
+      tile_epilogue = kn.micro_epilogue[act];
+      tile_epilogue_a_rows = kn.micro_a_rows_epilogue[act];
+      if (tile_epilogue && tile_epilogue_a_rows) rows_epilogue = sink.epilogue->rows;
+    }
+  }
   for (int64_t ic = 0; ic < M; ic += MC) {
     int64_t mc = std::min(MC, M - ic);
     for (int64_t pc = 0; pc < K; pc += KC) {
@@ -333,6 +345,9 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
           }
           Acc* c_row = C + (ic + ir) * c_rs + jc * c_cs;
           int64_t m = std::min(mr, mc - ir);
+          // A row of whole tiles (not packing B) applies the row epilogue in its kernels, the
+          // partial last tile passing to sink alone; any other row passes to sink whole.
+          const bool tiles_epilogue = rows_epilogue && m == mr && !(ir == 0 && fused > 0);
           for (int64_t jr = 0; jr < nc; jr += nr) {
             bool direct = jr < in_place;
             const int64_t n = std::min(nr, nc - jr);
@@ -344,17 +359,27 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
                 ahead = B + (next_jc + jr) / nr * K * nr + next_pc * nr +
                         std::min(ir / mr * kc * kFloatsPerLine, next_panel_floats);
             }
+            const bool packs = ir == 0 && jr < fused;  // (fused: 0 but for GemmKernelF32)
             if constexpr (std::is_same_v<Kernel, GemmKernelF32>) {
-              if (ir == 0 && jr < fused) {
-                (micro == kn.micro_a_rows ? kn.micro_a_rows_pack_b : kn.micro_pack_b)(
-                    kp, a_panel, a_ks, b_block + jr, b_rs, b, c_row + jr * c_cs, c_rs, c_cs, m, n, bp + jr * kp);
+              if (tiles_epilogue && n == nr) {
+                const GemmRowsEpilogue& r = *rows_epilogue;
+                const int64_t i = i_off + ic + ir, j = j_off + jc + jr;
+                const GemmRowEpilogue e{r.scale ? r.scale + i : nullptr, r.shift ? r.shift + i : nullptr,
+                                        r.residual ? r.residual + i * r.r_rs + j : nullptr, r.r_rs};
+                (micro == kn.micro_a_rows ? tile_epilogue_a_rows : tile_epilogue)(
+                    kp, a_panel, a_ks, b_panel, direct ? b_rs : nr, c_row + jr, c_rs, e);
                 continue;
               }
+              if (packs)
+                (micro == kn.micro_a_rows ? kn.micro_a_rows_pack_b : kn.micro_pack_b)(
+                    kp, a_panel, a_ks, b_block + jr, b_rs, b, c_row + jr * c_cs, c_rs, c_cs, m, n, bp + jr * kp);
             }
-            narrow_kernel(kn, micro, m, n)(kp, a_panel, a_ks, b_panel, direct && !rows_kernel ? b_rs : nr, b,
-                                           c_row + jr * c_cs, c_rs, c_cs, m, n, ahead);
+            if (!packs)
+              narrow_kernel(kn, micro, m, n)(kp, a_panel, a_ks, b_panel, direct && !rows_kernel ? b_rs : nr, b,
+                                             c_row + jr * c_cs, c_rs, c_cs, m, n, ahead);
+            if (tiles_epilogue) sink(c_row + jr * c_cs, c_rs, c_cs, i_off + ic + ir, m, j_off + jc + jr, n);
           }
-          if (pc + kc == K) sink(c_row, c_rs, c_cs, i_off + ic + ir, m, j_off + jc, nc);
+          if (pc + kc == K && !tiles_epilogue) sink(c_row, c_rs, c_cs, i_off + ic + ir, m, j_off + jc, nc);
         }
       }
     }

@@ -12,10 +12,20 @@ namespace tvc::cpu {
 // j0, n) gets the block C[i0:i0+m, j0:j0+n] (c points at its element (i0, j0); strides as the
 // caller gave C's) once its sums are complete, every element exactly once, possibly from several
 // threads at once (on disjoint blocks).
+// A float32 GEMM's micro-kernels may apply rows (when set) to whole tiles themselves, in registers
+// before their one store, instead of passing the blocks to fn: then fn gets only the blocks they did
+// not do. Row i of C (of the whole product) gets scale[i], shift[i] and residual + i * r_rs (its
+// column j at [j]) as GemmRowEpilogue's arithmetic, and act; it must equal what fn does.
+struct GemmRowsEpilogue {
+  const float *scale, *shift, *residual;
+  int64_t r_rs;
+  RowActivation act;
+};
 template <typename T>
 struct GemmEpilogue {
   void (*fn)(const void* ctx, T* c, int64_t c_rs, int64_t c_cs, int64_t i0, int64_t m, int64_t j0, int64_t n);
   const void* ctx;
+  const GemmRowsEpilogue* rows = nullptr;
 };
 
 // C = A @ B + beta * C, with A (M,K), B (K,N), C (M,N) given by element strides

@@ -11,6 +11,10 @@
 
 namespace tvc::cpu {
 
+// The activations of a convolution's epilogue, in the order of tvc's EpilogueActivation.
+enum class RowActivation { none, relu, relu6, silu, hardswish };
+constexpr int kRowActivations = 5;
+
 // One MR x NR tile of C (row stride c_rs, column stride c_cs; only the top-left m x n part,
 // m <= MR, n <= NR, is written):
 //   C = Ap @ Bp + beta * C, with beta == 0 ignoring C's old contents (NaN included),
@@ -33,6 +37,21 @@ using GemmMicroKernelF32 = void (*)(int64_t kc, const float* a, int64_t a_ks, co
 using GemmMicroKernelPackF32 = void (*)(int64_t kc, const float* a, int64_t a_ks, const float* b, int64_t b_rs,
                                         float beta, float* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n,
                                         float* b_packed);
+// What a micro-kernel's epilogue form applies to its tile's rows (pointers at the tile's first
+// row, and column of the residual): row i's
+//   c[i][j] = act(sum * scale[i] + shift[i] + residual[i * r_rs + j])
+// with EpilogueRowF32's arithmetic, a null pointer leaving its step out (shift alone: sum +
+// shift[i]); act is the kernel's.
+struct GemmRowEpilogue {
+  const float *scale, *shift, *residual;
+  int64_t r_rs;
+};
+// GemmMicroKernelF32's form for a whole MR x NR tile of a product's last K block into a C of
+// contiguous columns, beta 0, each row through the epilogue in registers before its one store (no
+// pass over C after it): the sums bit for bit as GemmMicroKernelF32's, the epilogue's as
+// EpilogueRowF32's.
+using GemmMicroKernelEpilogueF32 = void (*)(int64_t kc, const float* a, int64_t a_ks, const float* b, int64_t b_rs,
+                                            float* c, int64_t c_rs, const GemmRowEpilogue& e);
 using GemmMicroKernelF64 = void (*)(int64_t kc, const double* a, int64_t a_ks, const double* b, int64_t b_rs,
                                     double beta, double* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n,
                                     const double* ahead);
@@ -65,6 +84,8 @@ struct GemmKernelF32 {
   GemmMicroKernelF32 narrow[3], narrow_a_rows[3];
   GemmMicroKernelF32 short_rows[2];
   GemmMicroKernelPackF32 micro_pack_b = nullptr, micro_a_rows_pack_b = nullptr;
+  // micro's and micro_a_rows' epilogue forms, one per RowActivation (null where none).
+  GemmMicroKernelEpilogueF32 micro_epilogue[kRowActivations] = {}, micro_a_rows_epilogue[kRowActivations] = {};
 };
 // The 7-row kernel's form for a convolution's input read in place through offsets (an implicit
 // im2col): the A micro-panel's element [k][i] is a[k_offsets[k] + i * step] (a: the tile's first
@@ -128,8 +149,6 @@ using DepthwiseRowF32 = void (*)(int64_t n, int64_t taps, const float* const* ro
 constexpr int64_t kConvRowsChannels = 8;
 using ConvRowsF32 = void (*)(int64_t n, int64_t taps, const float* const* rows, const float* w, int64_t oc, float* y,
                              int64_t y_os);
-// The activations of a convolution's epilogue, in the order of tvc's EpilogueActivation.
-enum class RowActivation { none, relu, relu6, silu, hardswish };
 // One output row of a float32 depthwise convolution over a block of kDepthwiseBlock channels, the
 // input held position-major (channel c of position p at x[p * step' + c], any position stride):
 //   s[ow][c] = bias[c] + w[0][c] * x[offsets[0] + ow * step + c] + ...
