@@ -292,12 +292,12 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
       per == 1 || (K % per == 0 && a_rs % per == 0 && reinterpret_cast<uintptr_t>(A) % alignof(P) == 0);
   const bool a_rows_in_place = !a_in_place && a_cs == 1 && N <= kARowsInPlaceColumns && pairs_are_words &&
                                a_rs * static_cast<int64_t>(sizeof(T)) % kAliasingRowBytes != 0;
-  // With one K block, whole tiles may apply the caller's row epilogue in their kernel
+  // Whole tiles of the last K block may apply the caller's row epilogue in their kernel
   // (GemmRowsEpilogue).
   const GemmRowsEpilogue* rows_epilogue = nullptr;
   GemmMicroKernelEpilogueF32 tile_epilogue = nullptr, tile_epilogue_a_rows = nullptr;
   if constexpr (std::is_same_v<Kernel, GemmKernelF32>) {
-    if (sink.epilogue && sink.epilogue->rows && !sink.transposed && K <= KC && beta == Acc(0) && c_cs == 1) {
+    if (sink.epilogue && sink.epilogue->rows && !sink.transposed && beta == Acc(0) && c_cs == 1) {
       const int act = static_cast<int>(sink.epilogue->rows->act);
       tile_epilogue = kn.micro_epilogue[act];
       tile_epilogue_a_rows = kn.micro_a_rows_epilogue[act];
@@ -347,7 +347,7 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
           int64_t m = std::min(mr, mc - ir);
           // A row of whole tiles (not packing B) applies the row epilogue in its kernels, the
           // partial last tile passing to sink alone; any other row passes to sink whole.
-          const bool tiles_epilogue = rows_epilogue && m == mr && !(ir == 0 && fused > 0);
+          const bool tiles_epilogue = rows_epilogue && pc + kc == K && m == mr && !(ir == 0 && fused > 0);
           for (int64_t jr = 0; jr < nc; jr += nr) {
             bool direct = jr < in_place;
             const int64_t n = std::min(nr, nc - jr);
@@ -367,7 +367,7 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
                 const GemmRowEpilogue e{r.scale ? r.scale + i : nullptr, r.shift ? r.shift + i : nullptr,
                                         r.residual ? r.residual + i * r.r_rs + j : nullptr, r.r_rs};
                 (micro == kn.micro_a_rows ? tile_epilogue_a_rows : tile_epilogue)(
-                    kp, a_panel, a_ks, b_panel, direct ? b_rs : nr, c_row + jr, c_rs, e);
+                    kp, a_panel, a_ks, b_panel, direct ? b_rs : nr, b, c_row + jr, c_rs, e);
                 continue;
               }
               if (packs)

@@ -926,12 +926,12 @@ typename FloatVector<W>::type activation_lanes(typename FloatVector<W>::type v) 
   }
 }
 
-// See GemmMicroKernelEpilogueF32: micro_kernel's sums (beta 0, the tile whole), then each row
-// through EpilogueRowF32's arithmetic in registers; the residual's tile is fetched while the sums
-// run.
+// See GemmMicroKernelEpilogueF32: micro_kernel's sums (the tile whole) with beta times C added as
+// store_tile adds it, then each row through EpilogueRowF32's arithmetic in registers; the
+// residual's tile is fetched while the sums run.
 template <int W, int MR, int NV, bool ARows, bool Ahead, RowActivation Act>
 void gemm_micro_kernel_epilogue(int64_t kc, const float* __restrict a, int64_t a_ks, const float* __restrict b,
-                                int64_t b_rs, float* __restrict c, int64_t c_rs, const GemmRowEpilogue& e) {
+                                int64_t b_rs, float beta, float* __restrict c, int64_t c_rs, const GemmRowEpilogue& e) {
   typedef typename FloatVector<W>::type V;
   prefetch_tile(c, c_rs, 1, MR, NV * W);
   if (e.residual)
@@ -952,6 +952,7 @@ void gemm_micro_kernel_epilogue(int64_t kc, const float* __restrict a, int64_t a
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
       V x = acc[i][v];
+      if (beta != 0.f) x += beta * load_lanes<W>(c + i * c_rs + v * W);  // as store_tile's
       if (e.scale)
         x = x * s + h;
       else if (e.shift)

@@ -47,11 +47,11 @@ struct GemmRowEpilogue {
   int64_t r_rs;
 };
 // GemmMicroKernelF32's form for a whole MR x NR tile of a product's last K block into a C of
-// contiguous columns, beta 0, each row through the epilogue in registers before its one store (no
-// pass over C after it): the sums bit for bit as GemmMicroKernelF32's, the epilogue's as
-// EpilogueRowF32's.
+// contiguous columns (beta 0 or 1: the earlier blocks' sums in C), each row through the epilogue in
+// registers before its one store (no pass over C after it): the sums bit for bit as
+// GemmMicroKernelF32's, the epilogue's as EpilogueRowF32's.
 using GemmMicroKernelEpilogueF32 = void (*)(int64_t kc, const float* a, int64_t a_ks, const float* b, int64_t b_rs,
-                                            float* c, int64_t c_rs, const GemmRowEpilogue& e);
+                                            float beta, float* c, int64_t c_rs, const GemmRowEpilogue& e);
 using GemmMicroKernelF64 = void (*)(int64_t kc, const double* a, int64_t a_ks, const double* b, int64_t b_rs,
                                     double beta, double* c, int64_t c_rs, int64_t c_cs, int64_t m, int64_t n,
                                     const double* ahead);
