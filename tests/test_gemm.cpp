@@ -492,10 +492,10 @@ struct RowsByFn {
 };
 void rows_by_fn(const void* ctx, float* c, int64_t c_rs, int64_t, int64_t i0, int64_t m, int64_t j0, int64_t n) {
   auto& r = *static_cast<RowsByFn*>(const_cast<void*>(ctx));
-  const cpu::GemmRowsEpilogue& e = r.rows;
+  const cpu::GemmRowEpilogue& e = r.rows.of;
   for (int64_t i = i0; i < i0 + m; ++i)
     cpu::epilogue_row(n, c + (i - i0) * c_rs, c + (i - i0) * c_rs, e.scale ? e.scale + i : nullptr,
-                      e.shift ? e.shift + i : nullptr, e.residual ? e.residual + i * e.r_rs + j0 : nullptr, e.act);
+                      e.shift ? e.shift + i : nullptr, e.residual ? e.residual + i * e.r_rs + j0 : nullptr, r.rows.act);
 #pragma omp atomic
   r.elements += m * n;
 }
@@ -528,8 +528,8 @@ TEST(Gemm, RowEpilogueInTheKernelsGivesTheBitsOfTheEpilogueOnBlocks) {
               for (const bool with_scale : {true, false})
                 for (const bool with_residual : {true, false}) {
                   Matrix<float> a(M, K, la, gen), b(K, N, lb, gen);
-                  const cpu::GemmRowsEpilogue rows{with_scale ? scale.data() : nullptr, shift.data(),
-                                                   with_residual ? residual.data() : nullptr, N + 7,
+                  const cpu::GemmRowsEpilogue rows{{with_scale ? scale.data() : nullptr, shift.data(),
+                                                    with_residual ? residual.data() : nullptr, N + 7},
                                                    static_cast<cpu::RowActivation>(act)};
                   std::vector<float> want(M * N, NAN), got(M * N, NAN);
                   RowsByFn plain{rows}, fused{rows};

@@ -1655,8 +1655,8 @@ void conv_forward(const Operand<const T>& x, const Tensor& weight, const Epilogu
       if constexpr (std::is_same_v<T, float>) {
         if (m == 1 && y.s[3] == 1 && (!e.residual || (e.rs[3] == 1 && e.rs[2] == g.Wo))) {
           const int64_t o0 = gi * g.Og;
-          rows = {e.scale ? e.scale + o0 : nullptr, e.shift ? e.shift + o0 : nullptr,
-                  e.residual ? e.residual + n0 * e.rs[0] + o0 * e.rs[1] : nullptr, e.rs[1],
+          rows = {{e.scale ? e.scale + o0 : nullptr, e.shift ? e.shift + o0 : nullptr,
+                   e.residual ? e.residual + n0 * e.rs[0] + o0 * e.rs[1] : nullptr, e.rs[1]},
                   row_activation(e.activation)};
           epilogue.rows = &rows;
         }

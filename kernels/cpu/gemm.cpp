@@ -362,7 +362,7 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
             const bool packs = ir == 0 && jr < fused;  // (fused: 0 but for GemmKernelF32)
             if constexpr (std::is_same_v<Kernel, GemmKernelF32>) {
               if (tiles_epilogue && n == nr) {
-                const GemmRowsEpilogue& r = *rows_epilogue;
+                const GemmRowEpilogue& r = rows_epilogue->of;
                 const int64_t i = i_off + ic + ir, j = j_off + jc + jr;
                 const GemmRowEpilogue e{r.scale ? r.scale + i : nullptr, r.shift ? r.shift + i : nullptr,
                                         r.residual ? r.residual + i * r.r_rs + j : nullptr, r.r_rs};

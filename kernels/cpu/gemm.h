@@ -14,11 +14,10 @@ namespace tvc::cpu {
 // threads at once (on disjoint blocks).
 // A float32 GEMM's micro-kernels may apply rows (when set) to whole tiles themselves, in registers
 // before their one store, instead of passing the blocks to fn: then fn gets only the blocks they did
-// not do. Row i of C (of the whole product) gets scale[i], shift[i] and residual + i * r_rs (its
-// column j at [j]) as GemmRowEpilogue's arithmetic, and act; it must equal what fn does.
+// not do. C (the whole product) gets `of` (GemmRowEpilogue, its pointers at C's row 0 and column
+// 0) and act; it must equal what fn does.
 struct GemmRowsEpilogue {
-  const float *scale, *shift, *residual;
-  int64_t r_rs;
+  GemmRowEpilogue of;
   RowActivation act;
 };
 template <typename T>
