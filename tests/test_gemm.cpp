@@ -228,15 +228,17 @@ TEST(Gemm, BitIdenticalForAnyThreadCount) {
   set_num_threads(threads);
 }
 
-// gemm_rows_of_7 (a convolution's positions as 7-row tiles, B packed whole beforehand, the last
-// columns in narrower tiles) gives the bits of gemm on the same operands, on every path of this
-// machine that has the kernel (AVX-512), with 1 and 2 threads: M whole sevens and not, N with each
-// narrow tail (1 to 3 vectors) and past a panel, K across KC blocks, A read in place as a
-// convolution's (K, positions) columns and as a strided matrix, beta 0 and 1 (shapes large enough
-// for gemm's blocked path). Paths without it say so (the convolutions then take gemm).
+// gemm_rows_of_7 (a linear layer's rows as 7-row tiles, B packed whole beforehand, the last
+// columns in narrower tiles; tiles two at a time over half panels where the kernel has that form)
+// gives the bits of gemm on the same operands, on every path of this machine that has the kernel
+// (AVX-512), with 1 and 2 threads: M whole sevens and fourteens and not (a last tile of 7 rows, of
+// 8), N with each narrow tail (1 to 3 vectors) and past a panel (a second half panel of 4
+// columns), K across KC blocks, A read in place down its columns, along its rows and packed from
+// a strided matrix, beta 0 and 1 (shapes large enough for gemm's blocked path). Paths without it
+// say so (the linear layers then take gemm).
 TEST(Gemm, RowsOf7KernelGivesTheBitsOfGemm) {
-  const int64_t shapes[][3] = {{49, 512, 4608}, {196, 40, 300}, {14, 100, 33},
-                               {50, 17, 800},   {7, 64, 11},    {147, 177, 9}};
+  const int64_t shapes[][3] = {{49, 512, 4608}, {196, 40, 300}, {14, 100, 33}, {50, 17, 800},
+                               {7, 64, 11},     {147, 177, 9},  {197, 96, 768}};
   const int threads = get_num_threads();
   int checked = 0;
   for_each_isa([&] {
@@ -246,10 +248,12 @@ TEST(Gemm, RowsOf7KernelGivesTheBitsOfGemm) {
     }
     for (const auto& s : shapes) {
       const int64_t M = s[0], N = s[1], K = s[2];
-      for (Layout la : {Layout::ColMajor, Layout::Strided})
+      for (Layout la : {Layout::ColMajor, Layout::RowMajor, Layout::Strided})
         for (Layout lb : {Layout::ColMajor, Layout::RowMajor})
           for (float beta : {0.f, 1.f})
             for (int t : {1, 2}) {
+              // (gemm takes dot products there, as a linear layer of up to 8 rows does)
+              if (la == Layout::RowMajor && lb == Layout::ColMajor && M <= 8) continue;
               set_num_threads(t);
               apply_num_threads();  // the kernel is called directly, not through an op that applies it
               std::mt19937 gen(static_cast<uint32_t>(M * N + K));
@@ -355,7 +359,8 @@ TEST(Gemm, RowsOf7OffsetsGiveTheBitsOfTheExplicitColumns) {
 
 // Without offsets: A's element [7 t + i][k] at a[tile_starts[t] + i + k * k_stride] (a pointwise
 // convolution's NCHW input, several samples, channel stride k_stride), as the explicit matrix
-// gives it through gemm_rows_of_7, with 1 and 2 threads, K across KC blocks, N with a narrow tail.
+// gives it through gemm_rows_of_7, with 1 and 2 threads, K across KC blocks, N with a narrow tail;
+// 7 tiles a sample, so tiles of consecutive positions go two at a time and one a sample alone.
 TEST(Gemm, RowsOf7WithoutOffsetsGiveTheBitsOfTheExplicitColumns) {
   const int64_t samples = 2, P = 49, tiles = samples * P / 7, M = 7 * tiles;
   const int threads = get_num_threads();

@@ -261,6 +261,15 @@ Micro narrow_kernel(const Kernel& kn, Micro micro, int64_t m, int64_t n) {
   return micro;
 }
 
+// The rows of C a kernel's tiles take: 14 for a 7-row kernel with its two-tile form (two tiles
+// at once where a panel has more than 7 rows), else its MR.
+template <typename Kernel>
+int64_t tile_rows(const Kernel& kn) {
+  if constexpr (std::is_same_v<Kernel, GemmRowsKernelF32>)
+    if (kn.micro_14) return 2 * kn.mr;
+  return kn.mr;
+}
+
 // One thread's share: the blocked algorithm of the file comment on C[0:M, 0:N], which is the
 // block at (i_off, j_off) of the whole C; each MR-row panel of a C block goes to sink once its
 // last K block is done (still in L1).
@@ -272,8 +281,8 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
                   int64_t i_off, int64_t j_off, bool b_in_cache) {
   using P = typename Packing<T>::type;
   constexpr int64_t per = Packing<T>::k_per_element;
-  const int64_t mr = kn.mr, nr = kn.nr;
-  const int64_t MC = std::min((M + mr - 1) / mr * mr, kn.mc);
+  const int64_t mr = tile_rows(kn), nr = kn.nr;
+  const int64_t MC = std::min((M + mr - 1) / mr * mr, kn.mc / mr * mr);
   const int64_t NC = std::min((N + nr - 1) / nr * nr, kn.nc);
   const int64_t KC = std::min(K, kn.kc);
   P* ap = thread_scratch<P, 2>(MC * ((KC + per - 1) / per));
@@ -355,9 +364,19 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
             const P* ahead = b_panel;
             if constexpr (rows_kernel) {
               b_panel = B + (jc + jr) / nr * K * nr + pc * nr;
-              if (next_jc + jr < N)
-                ahead = B + (next_jc + jr) / nr * K * nr + next_pc * nr +
-                        std::min(ir / mr * kc * kFloatsPerLine, next_panel_floats);
+              const P* next_panel = next_jc + jr < N ? B + (next_jc + jr) / nr * K * nr + next_pc * nr : nullptr;
+              // The i-th call on this panel of the block fetches the i-th kc lines of the next.
+              auto ahead_of = [&](int64_t call) {
+                return next_panel ? next_panel + std::min(call * kc * kFloatsPerLine, next_panel_floats) : b_panel;
+              };
+              if (kn.micro_14 && m > kn.mr) {  // two tiles at once, in two halves of the panel
+                const auto micro_14 = micro == kn.micro ? kn.micro_14 : kn.micro_14_a_rows;
+                for (int64_t h = 0; h < n; h += nr / 2)
+                  micro_14(kp, a_panel, a_ks, b_panel + h, nr, b, c_row + (jr + h) * c_cs, c_rs, c_cs, m,
+                           std::min(nr / 2, n - h), ahead_of(ir / kn.mr + h / (nr / 2)));
+                continue;
+              }
+              ahead = ahead_of(ir / kn.mr);
             }
             const bool packs = ir == 0 && jr < fused;  // (fused: 0 but for GemmKernelF32)
             if constexpr (std::is_same_v<Kernel, GemmKernelF32>) {
@@ -471,7 +490,8 @@ template <typename T, typename Acc, typename Kernel>
 void gemm_packed(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
                  int64_t b_rs, int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink,
                  bool b_in_cache = false) {
-  int64_t mtiles = (M + kn.mr - 1) / kn.mr, ntiles = (N + kn.nr - 1) / kn.nr;
+  const int64_t mr = tile_rows(kn);
+  int64_t mtiles = (M + mr - 1) / mr, ntiles = (N + kn.nr - 1) / kn.nr;
   int64_t threads = 1;
 #ifdef _OPENMP
   if (!omp_in_parallel())
@@ -479,10 +499,10 @@ void gemm_packed(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, 
                                   std::min<int64_t>(omp_get_max_threads(), mtiles * ntiles));
 #endif
   auto run = [&](int64_t t, int64_t team) {
-    GemmGrid g = gemm_thread_grid(team, mtiles, ntiles, kn.mr, kn.nr);
+    GemmGrid g = gemm_thread_grid(team, mtiles, ntiles, mr, kn.nr);
     int64_t ti = t / g.tn, tj = t % g.tn;
-    int64_t m0 = std::min(M, mtiles * ti / g.tm * kn.mr);
-    int64_t m1 = std::min(M, mtiles * (ti + 1) / g.tm * kn.mr);
+    int64_t m0 = std::min(M, mtiles * ti / g.tm * mr);
+    int64_t m1 = std::min(M, mtiles * (ti + 1) / g.tm * mr);
     int64_t n0 = std::min(N, ntiles * tj / g.tn * kn.nr);
     int64_t n1 = std::min(N, ntiles * (tj + 1) / g.tn * kn.nr);
     if (m0 < m1 && n0 < n1)
@@ -580,8 +600,17 @@ void gemm_rows_of_7_offsets(int64_t first_tile, int64_t last_tile, const RowsOf7
         const int64_t next_floats = (pc + KC < K ? std::min(KC, K - pc - KC) : std::min(KC, K)) * kn.nr;
         for (int64_t t = t0; t < t1; ++t) {
           float* c = C + t * kn.mr * c_rs + j0 * c_cs;
-          const float* ahead = next + std::min((t - t0) * kc * kFloatsPerLine, next_floats);
-          if (pair && t + 1 < t1) {
+          auto ahead_of = [&](int64_t call) { return next + std::min(call * kc * kFloatsPerLine, next_floats); };
+          const float* ahead = ahead_of(t - t0);
+          if (!in.k_offsets && kn.micro_14 && n == kn.nr && t + 1 < t1 &&
+              in.tile_starts[t + 1] == in.tile_starts[t] + kn.mr) {
+            // Two tiles of consecutive positions at once, in the two halves of a whole panel.
+            for (int64_t h = 0; h < n; h += kn.nr / 2)
+              kn.micro_14(kc, in.a + in.tile_starts[t] + pc * in.k_stride, in.k_stride, b + pc * kn.nr + h, kn.nr,
+                          pc == 0 ? 0.f : 1.f, c + h * c_cs, c_rs, c_cs, 2 * kn.mr, std::min(kn.nr / 2, n - h),
+                          ahead_of(t - t0 + h / (kn.nr / 2)));
+            ++t;  // the second tile
+          } else if (pair && t + 1 < t1) {
             pair(kc, in.a + in.tile_starts[t], in.a + in.tile_starts[t + 1], in.k_offsets + pc, in.step, b + pc * kn.nr,
                  kn.nr, pc == 0 ? 0.f : 1.f, c, c_rs, c_cs, n, ahead);
             ++t;  // the pair's second tile

@@ -47,9 +47,11 @@ struct GemmGrid {
 GemmGrid gemm_thread_grid(int64_t threads, int64_t mtiles, int64_t ntiles, int64_t mr, int64_t nr);
 
 // The float32 form on the instruction set's 7-row micro-kernel (GemmRowsKernelF32: C's rows in
-// sevens, its last columns in narrower tiles), for a C whose rows are a convolution's output
+// sevens, two tiles at a time over half panels where it has that form, its last columns in
+// narrower tiles), for a C whose rows are a linear layer's rows or a convolution's output
 // positions and its columns output channels, with B packed beforehand (a weight, packed once):
-// b_panels from pack_rows_of_7_b, rows_of_7_packed_floats(K, N) floats. A is read in place. Every
+// b_panels from pack_rows_of_7_b, rows_of_7_packed_floats(K, N) floats. A is read in place or
+// packed. Every
 // element gets the same sums in the same order as from gemm's blocked path (each over k in order,
 // in blocks of the same KC: products of more than 8 * 8 * 8 multiply-adds with more than 8 rows),
 // so the two agree bit for bit. Only where has_rows_of_7_kernel() (AVX-512).
