@@ -359,7 +359,8 @@ TEST(Gemm, RowsOf7OffsetsGiveTheBitsOfTheExplicitColumns) {
 
 // Without offsets: A's element [7 t + i][k] at a[tile_starts[t] + i + k * k_stride] (a pointwise
 // convolution's NCHW input, several samples, channel stride k_stride), as the explicit matrix
-// gives it through gemm_rows_of_7, with 1 and 2 threads, K across KC blocks, N with a narrow tail;
+// gives it through gemm_rows_of_7, with 1 and 2 threads, K across KC blocks, N with a narrow tail
+// (16 and 48: tiles one at a time; 16 + 32: the last two at a time over a half panel);
 // 7 tiles a sample, so tiles of consecutive positions go two at a time and one a sample alone.
 TEST(Gemm, RowsOf7WithoutOffsetsGiveTheBitsOfTheExplicitColumns) {
   const int64_t samples = 2, P = 49, tiles = samples * P / 7, M = 7 * tiles;
@@ -368,7 +369,7 @@ TEST(Gemm, RowsOf7WithoutOffsetsGiveTheBitsOfTheExplicitColumns) {
   for_each_isa([&] {
     if (!cpu::has_rows_of_7_kernel()) return;
     for (const int64_t K : {24, 400})
-      for (const int64_t N : {16, 80}) {
+      for (const int64_t N : {16, 80, 96, 112}) {
         std::mt19937 gen(static_cast<uint32_t>(K + N));
         std::uniform_real_distribution<float> dist(-1.f, 1.f);
         std::vector<float> x(static_cast<size_t>(samples * K * P));

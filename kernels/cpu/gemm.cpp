@@ -602,9 +602,10 @@ void gemm_rows_of_7_offsets(int64_t first_tile, int64_t last_tile, const RowsOf7
           float* c = C + t * kn.mr * c_rs + j0 * c_cs;
           auto ahead_of = [&](int64_t call) { return next + std::min(call * kc * kFloatsPerLine, next_floats); };
           const float* ahead = ahead_of(t - t0);
-          if (!in.k_offsets && kn.micro_14 && n == kn.nr && t + 1 < t1 &&
+          if (!in.k_offsets && kn.micro_14 && (n % (kn.nr / 2) == 0 || n % (kn.nr / 2) > kn.lanes) && t + 1 < t1 &&
               in.tile_starts[t + 1] == in.tile_starts[t] + kn.mr) {
-            // Two tiles of consecutive positions at once, in the two halves of a whole panel.
+            // Two tiles of consecutive positions at once, half a panel at a time, where each half
+            // has more than one vector of columns (else the tiles one at a time, on narrow kernels).
             for (int64_t h = 0; h < n; h += kn.nr / 2)
               kn.micro_14(kc, in.a + in.tile_starts[t] + pc * in.k_stride, in.k_stride, b + pc * kn.nr + h, kn.nr,
                           pc == 0 ? 0.f : 1.f, c + h * c_cs, c_rs, c_cs, 2 * kn.mr, std::min(kn.nr / 2, n - h),
