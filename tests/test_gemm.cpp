@@ -893,6 +893,22 @@ TEST(ConvRows, FewChannelRowsGiveTheBitsOfIm2colAndGemm) {
     });
 }
 
+// A first layer's output of more than 16 MB goes into y past the caches (stream_rows) with the
+// bits of the same convolution stored as usual (each sample alone: 11.5 MB), on every instruction
+// set, with an epilogue.
+TEST(ConvRows, FewChannelRowsStreamedGiveTheBitsOfStoredRows) {
+  const Tensor x = randn({2, 3, 600, 600}), w = randn({8, 3, 3, 3}), scale = randn({8}), shift = randn({8});
+  for_each_isa([&] {
+    NoGradGuard no_grad;
+    auto conv = [&](const Tensor& in) {
+      return conv2d_epilogue(in, w, scale, shift, Tensor(), EpilogueActivation::ReLU6, {1, 1}, {1, 1});
+    };
+    const Tensor both = conv(x);  // 23 MB
+    for (int64_t s = 0; s < 2; ++s)
+      EXPECT_EQ(max(abs(both.narrow(0, s, 1) - conv(x.narrow(0, s, 1)))).item<float>(), 0.f) << "sample " << s;
+  });
+}
+
 // Elementwise ops cut long rows into pieces when there are fewer rows than threads (a dense
 // tensor is one row): every element still gets its own value, for 1 to 3 threads, on a dense
 // operand pair, a broadcast scalar, and two strided rows (fewer rows than threads).

@@ -363,9 +363,13 @@ void epilogue_into(const void* ctx, T* c, int64_t c_rs, int64_t /*c_cs: 1, C is 
 // batch 8, in the networks: the 16 -> 96 expansions at 112x112 (38.5 MB) of MobileNet v2 4.4 ->
 // 3.0 ms and EfficientNet-B0 5.8 -> 4.6 ms (their next layers, reading it from memory, 0.1-0.25 ms
 // slower); ResNet-50's 25.7 MB outputs at 56x56 (24 MB then the bound) mixed, 0.9-1.1x.
-constexpr int64_t kStreamedOutputBytes = int64_t{32} << 20;
-bool streamed_output(const Operand<float>& y, const ConvGeom& g) {
-  return g.N * g.O * g.P * static_cast<int64_t>(sizeof(float)) > kStreamedOutputBytes && y.s[3] == 1 && y.s[2] == g.Wo;
+// The few-channel rows (a network's first layer) from 16 MB: measured the same way, batch 8,
+// ResNet-50's 7x7 stem (25.7 MB) 9.9 -> 8.1 ms, VGG-11's first layer (102 MB) 13.4 -> 8.9 ms (in
+// the layer alone, ResNet's stem from 12.8 MB 20% faster, VGG's 3x3 at 25.7 MB 20-33%), but the
+// MobileNets' 3x3 stride-2 stem to 32 channels 8-10% slower at 12.8 MB (batch 8).
+constexpr int64_t kStreamedOutputBytes = int64_t{32} << 20, kStreamedFirstLayerBytes = int64_t{16} << 20;
+bool streamed_output(const Operand<float>& y, const ConvGeom& g, int64_t bound = kStreamedOutputBytes) {
+  return g.N * g.O * g.P * static_cast<int64_t>(sizeof(float)) > bound && y.s[3] == 1 && y.s[2] == g.Wo;
 }
 
 // A pointwise convolution's input of at most this many bytes (all its samples) is taken to be in
@@ -1532,6 +1536,7 @@ void position_rows_forward(const Operand<const float>& x, const float* wt, const
 // channels 0.72x at batch 1, 1.05x at batch 8 (taken anyway). ResNet's 7x7 stem too, rather than
 // the position rows (which give the same bits): 0.96-0.99x on Zen 4; on Sapphire Rapids, 2
 // threads, 0.87-0.89x at batch 1 and 0.80-0.89x at batch 8 (1 thread 0.83-0.89x and 0.98-1.12x).
+// An output of more than kStreamedFirstLayerBytes goes into y past the caches (epilogue_streamed).
 // Pointwise convolutions of few channels (a
 // squeeze-excitation's 4 -> 96 on a 1x1 map) keep gemm, whose smallest products are plain dot
 // products (rounded otherwise than the micro-kernel's sums made here).
@@ -1552,6 +1557,7 @@ void few_channel_rows_forward(const Operand<const float>& x, const float* w, con
   for (int64_t o = 0; o < g.O; ++o)
     for (int64_t t = 0; t < taps; ++t) wt[t * g.O + o] = w[o * taps + t];
   const ConvBlockOutput<float, float> out{&e, y, 0, 0, g.P, g.Wo};
+  const bool streamed = streamed_output(y, g, kStreamedFirstLayerBytes);
   parallel_for(g.N * g.Ho, g.O * taps * g.Wo, [&](int64_t first, int64_t last) {
     float* parts = thread_scratch<float, 15>(g.C * g.kh * g.sw * part + Wp + part);
     float* padded = parts + g.C * g.kh * g.sw * part;  // one input row, zero-padded
@@ -1581,7 +1587,12 @@ void few_channel_rows_forward(const Operand<const float>& x, const float* w, con
           for (int64_t j = 0; j < g.kw; ++j) rows[(c * g.kh + i) * g.kw + j] = row + j % g.sw * part + j / g.sw;
         }
       conv_rows(n, taps, rows.data(), wt.data(), g.O, sums, n);
-      epilogue_into<float, float>(&out, sums, n, 1, 0, g.O, s * g.P + oh * g.Wo, g.Wo);
+      if (streamed) {
+        const StreamedOutput row{out, s * g.P + oh * g.Wo};
+        epilogue_streamed(&row, sums, n, 1, 0, g.O, 0, g.Wo);
+      } else {
+        epilogue_into<float, float>(&out, sums, n, 1, 0, g.O, s * g.P + oh * g.Wo, g.Wo);
+      }
     }
   });
 }
