@@ -270,6 +270,17 @@ int64_t tile_rows(const Kernel& kn) {
   return kn.mr;
 }
 
+// Where the call-th of a K block's `calls` 7-row micro-kernel calls on a panel fetches from (one
+// line per step of k, kc lines): the calls spread their fetches of the next block's panel (`floats`
+// long, from `next`) evenly, each window starting an equal step after the one before and all
+// inside that panel, rather than the first few calls fetching all of it (kc lines each) and the
+// rest the blocks after it. Measured on Sapphire Rapids, 2 threads, ViT-B/16's linear layers with
+// their weights from memory: 3.5-8% faster (ViT-B/16 at batch 1 4%, Swin-T 1.5-3%).
+const float* spread_ahead(const float* next, int64_t floats, int64_t calls, int64_t call, int64_t kc) {
+  const int64_t lines = floats / kFloatsPerLine, step = (lines + calls - 1) / calls;
+  return next + std::max<int64_t>(0, std::min(call * step, lines - kc)) * kFloatsPerLine;
+}
+
 // One thread's share: the blocked algorithm of the file comment on C[0:M, 0:N], which is the
 // block at (i_off, j_off) of the whole C; each MR-row panel of a C block goes to sink once its
 // last K block is done (still in L1).
@@ -325,9 +336,9 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
         int64_t nc = std::min(NC, N - jc);
         const T* b_block = B + pc * b_rs + jc * b_cs;
         // The 7-row kernel's B block comes from memory on its first tile rows and from L2 on the
-        // others: each tile row fetches its share of the next block's panel into L2 meanwhile (the
-        // i-th tile row the i-th kc lines of it, as far as the panel goes), so few tile rows, as a
-        // batch-1 convolution's or linear layer's, do not stall on the weights' first reading.
+        // others: each tile row fetches its share of the next block's panel into L2 meanwhile
+        // (spread_ahead), so few tile rows, as a batch-1 convolution's or linear layer's, do not
+        // stall on the weights' first reading.
         // Other kernels get their panel itself (nothing new, where they fetch at all).
         const bool next_in_row = jc + NC < N;
         const int64_t next_pc = next_in_row ? pc : pc + KC < K ? pc + KC : 0, next_jc = next_in_row ? jc + NC : 0;
@@ -365,9 +376,10 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
             if constexpr (rows_kernel) {
               b_panel = B + (jc + jr) / nr * K * nr + pc * nr;
               const P* next_panel = next_jc + jr < N ? B + (next_jc + jr) / nr * K * nr + next_pc * nr : nullptr;
-              // The i-th call on this panel of the block fetches the i-th kc lines of the next.
+              // The i-th call (in 7-row tiles) on this panel of the block fetches its share of the next.
               auto ahead_of = [&](int64_t call) {
-                return next_panel ? next_panel + std::min(call * kc * kFloatsPerLine, next_panel_floats) : b_panel;
+                return next_panel ? spread_ahead(next_panel, next_panel_floats, (mc + kn.mr - 1) / kn.mr, call, kc)
+                                  : b_panel;
               };
               if (kn.micro_14 && m > kn.mr) {  // two tiles at once, in two halves of the panel
                 const auto micro_14 = micro == kn.micro ? kn.micro_14 : kn.micro_14_a_rows;
@@ -578,9 +590,9 @@ void gemm_rows_of_7_offsets(int64_t first_tile, int64_t last_tile, const RowsOf7
   // Tiles by column panel, panel by panel: a thread's consecutive tiles share their B panel, and
   // they run through it one K block at a time (each tile's blocks in order, each summed from zero,
   // as gemm's), so the block is read from memory once and from L2 by the other tiles. Meanwhile
-  // the tiles fetch the thread's next block into L2 (the i-th tile the i-th kc lines of it, as
-  // far as the block goes): with few tiles a panel, as at batch 1, the weights' first reading
-  // from memory would otherwise stall the micro-kernel.
+  // the tiles fetch the thread's next block into L2, each its share (spread_ahead): with few tiles
+  // a panel, as at batch 1, the weights' first reading from memory would otherwise stall the
+  // micro-kernel.
   parallel_for(panels * tiles, kn.mr * kn.nr * K, [&](int64_t q0, int64_t q1) {
     for (int64_t panel = q0 / tiles; panel * tiles < q1; ++panel) {
       const int64_t t0 = first_tile + std::max(q0 - panel * tiles, int64_t{0}),
@@ -600,7 +612,7 @@ void gemm_rows_of_7_offsets(int64_t first_tile, int64_t last_tile, const RowsOf7
         const int64_t next_floats = (pc + KC < K ? std::min(KC, K - pc - KC) : std::min(KC, K)) * kn.nr;
         for (int64_t t = t0; t < t1; ++t) {
           float* c = C + t * kn.mr * c_rs + j0 * c_cs;
-          auto ahead_of = [&](int64_t call) { return next + std::min(call * kc * kFloatsPerLine, next_floats); };
+          auto ahead_of = [&](int64_t call) { return spread_ahead(next, next_floats, t1 - t0, call, kc); };
           const float* ahead = ahead_of(t - t0);
           if (!in.k_offsets && kn.micro_14 && (n % (kn.nr / 2) == 0 || n % (kn.nr / 2) > kn.lanes) && t + 1 < t1 &&
               in.tile_starts[t + 1] == in.tile_starts[t] + kn.mr) {
