@@ -51,10 +51,9 @@ GemmGrid gemm_thread_grid(int64_t threads, int64_t mtiles, int64_t ntiles, int64
 // narrower tiles), for a C whose rows are a linear layer's rows or a convolution's output
 // positions and its columns output channels, with B packed beforehand (a weight, packed once):
 // b_panels from pack_rows_of_7_b, rows_of_7_packed_floats(K, N) floats. A is read in place or
-// packed. Every
-// element gets the same sums in the same order as from gemm's blocked path (each over k in order,
-// in blocks of the same KC: products of more than 8 * 8 * 8 multiply-adds with more than 8 rows),
-// so the two agree bit for bit. Only where has_rows_of_7_kernel() (AVX-512).
+// packed. Every element gets the same sums in the same order as from gemm's blocked path (each
+// over k in order, in blocks of the same KC: products of more than 8 * 8 * 8 multiply-adds with
+// more than 8 rows), so the two agree bit for bit. Only where has_rows_of_7_kernel() (AVX-512).
 bool has_rows_of_7_kernel();
 int64_t gemm_tile_columns();       // the columns of gemm's float32 tiles (NR) on the active instruction set
 int64_t rows_of_7_tile_columns();  // the 7-row tiles' columns (NR); the panels are NR columns wide
