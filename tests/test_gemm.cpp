@@ -726,6 +726,54 @@ TEST(VectorFunctions, MatchFloat64OnEveryInstructionSet) {
   });
 }
 
+// Batch norm's row passes (gemm_kernels.h, BatchNormRowsF32) of every instruction set: each sum
+// the bits of sum_in_lanes (loops.h) over the same double terms, and the gradient row the bits
+// of its float operations one by one (this file is compiled without FMA) and nothing written
+// between rows, for one and three rows of lengths around multiples of 8 lanes and of the vector
+// widths, and of a 56x56 plane.
+TEST(BatchNormRows, SumInEightLanesOnEveryInstructionSet) {
+  std::mt19937 gen(11);
+  std::normal_distribution<float> dist(0.5f, 2.0f);
+  for_each_isa([&] {
+    const cpu::BatchNormRowsF32& k = cpu::batch_norm_rows();
+    for (int64_t rows : {1, 3})
+      for (int64_t n : {1, 2, 7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 33, 49, 196, 3136}) {
+        const int64_t rs = n + 5;  // rows apart, as a channel's rows of one sample after another
+        std::vector<float> x(rows * rs), dy(rows * rs), dx(rows * rs, -7.0f);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = dist(gen), dy[i] = dist(gen);
+        const double m = 0.37;
+        // Σ over the rows of sum_in_lanes(f(row r's values)), rows in order.
+        auto rows_sum = [&](auto f) {
+          double total = 0;
+          for (int64_t r = 0; r < rows; ++r)
+            total += cpu::sum_in_lanes<double>(n, [&](int64_t i) { return f(r * rs + i); });
+          return total;
+        };
+        auto value = [](float v) { return static_cast<double>(v); };
+        EXPECT_EQ(k.sum(rows, n, rs, x.data()), rows_sum([&](int64_t i) { return value(x[i]); })) << n;
+        EXPECT_EQ(k.squares(rows, n, rs, x.data(), m), rows_sum([&](int64_t i) {
+                    const double d = value(x[i]) - m;
+                    return d * d;
+                  }))
+            << n;
+        double s_dy = 0, s_dy_xc = 0;
+        k.grad_sums(rows, n, rs, dy.data(), x.data(), m, &s_dy, &s_dy_xc);
+        EXPECT_EQ(s_dy, rows_sum([&](int64_t i) { return value(dy[i]); })) << n;
+        EXPECT_EQ(s_dy_xc, rows_sum([&](int64_t i) { return value(dy[i]) * (value(x[i]) - m); })) << n;
+        const float a = 1.3f, b = -0.21f, d = 0.05f, mf = 0.37f;
+        k.grad(rows, n, rs, dy.data(), x.data(), a, b, d, mf, dx.data());
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t i = 0; i < rs; ++i) {
+            const int64_t at = r * rs + i;
+            if (i < n)
+              EXPECT_EQ(dx[at], a * dy[at] + b * (x[at] - mf) + d) << n << " at " << r << ", " << i;
+            else
+              EXPECT_EQ(dx[at], -7.0f) << n << ": wrote between rows at " << r << ", " << i;
+          }
+      }
+  });
+}
+
 // gelu's gradient (the gelu_backward kernel of every instruction set, taken by dense float32
 // tensors) against float64: within 2e-7 of Phi(x) + x * phi(x) (whose largest value is 1.13) over
 // [-30, 30], the gradient scaled by dy; a length that is not a multiple of the vector width and a

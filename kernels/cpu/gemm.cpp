@@ -708,6 +708,8 @@ void layer_norm_backward_row(int64_t n, const float* dy, const float* x, float m
   active_kernels().layer_norm_backward(n, dy, x, mean, rstd, w, dx, sum_dy_xhat, sum_dy);
 }
 
+const BatchNormRowsF32& batch_norm_rows() { return active_kernels().batch_norm; }
+
 void gelu_backward(int64_t n, const float* dy, const float* x, float* dx) {
   active_kernels().gelu_backward(n, dy, x, dx);
 }

@@ -166,6 +166,10 @@ void layer_norm_row(int64_t n, const float* x, const float* w, const float* b, f
 void layer_norm_backward_row(int64_t n, const float* dy, const float* x, float mean, float rstd, const float* w,
                              float* dx, float* sum_dy_xhat, float* sum_dy);
 
+// Batch norm's per-channel row passes of the active instruction set (gemm_kernels.h,
+// BatchNormRowsF32).
+const BatchNormRowsF32& batch_norm_rows();
+
 // y[i] = f(x[i]) for n contiguous floats (x and y may be the same array) with the active
 // instruction set's kernel (gemm_kernels.h, UnaryF32): e^x, sigmoid, silu, gelu (erf form).
 enum class VectorFunction { exp, sigmoid, silu, gelu };

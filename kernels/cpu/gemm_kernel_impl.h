@@ -698,12 +698,48 @@ void exp_f32(int64_t n, const float* x, float* y) {
   map_lanes<W>(n, x, y, [](auto v) { return exp_lanes<W>(v); });
 }
 
+// Sums in double over 8 lanes, term i into lane i % 8, the lanes combined as
+// ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) (loops.h's sum_in_lanes): one vector of 8 doubles
+// whatever the instruction set's width, so that every instruction set gets the same bits.
+typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
+typedef double D8 __attribute__((vector_size(8 * sizeof(double))));
+// The 8 floats from p as doubles (by reference: 64-byte vectors change the calling convention
+// between instruction sets).
+inline void eight_doubles(const float* p, D8& d) {
+  F8 v;
+  __builtin_memcpy(&v, p, sizeof(F8));
+  d = __builtin_convertvector(v, D8);
+}
+inline double lanes_total(const D8& acc) {
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+// Keeps the product in v rounded on its own, never fused with the sum it goes into (one FMA):
+// GCC fuses a product with a later add even across statements where the instruction set has
+// FMA, clang within one expression. A value that fits a register passes through an empty asm
+// (GCC's __builtin_assoc_barrier splits a float vector into its lanes); a wider one (8 doubles
+// below AVX-512) through that barrier, or for clang through the statement that holds it.
+template <typename T>
+[[gnu::always_inline]] inline void round_apart(T& v) {
+#if defined(__AVX512F__)
+  constexpr int64_t register_bytes = 64;
+#elif defined(__AVX__)
+  constexpr int64_t register_bytes = 32;
+#else
+  constexpr int64_t register_bytes = 16;
+#endif
+  if constexpr (static_cast<int64_t>(sizeof(T)) <= register_bytes) {
+    asm("" : "+v"(v));
+  } else {
+#if !defined(__clang__)
+    v = __builtin_assoc_barrier(v);
+#endif
+  }
+}
+
 // See SoftmaxRowF32.
 template <int W>
 void softmax_f32(int64_t n, const float* x, float* y) {
   typedef typename FloatVector<W>::type V;
-  typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
-  typedef double D8 __attribute__((vector_size(8 * sizeof(double))));
   // A NaN is passed over here (it may hide other values of its lane) but reaches the sum through
   // x - m, and so every output.
   float m = x[0];
@@ -725,13 +761,12 @@ void softmax_f32(int64_t n, const float* x, float* y) {
   exp_f32<W>(n, y, y);
   D8 sums = {};
   for (i = 0; i + 8 <= n; i += 8) {
-    F8 v;
-    __builtin_memcpy(&v, y + i, sizeof(F8));
-    sums += __builtin_convertvector(v, D8);
+    D8 v;
+    eight_doubles(y + i, v);
+    sums += v;
   }
   for (; i < n; ++i) sums[i % 8] += y[i];
-  const float s =
-      static_cast<float>(((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7])));
+  const float s = static_cast<float>(lanes_total(sums));
   for (i = 0; i + W <= n; i += W) {
     const V v = load_lanes<W>(y + i) / s;
     __builtin_memcpy(y + i, &v, sizeof(V));
@@ -1201,6 +1236,104 @@ void layer_norm_backward_f32(int64_t n, const float* dy, const float* x, float m
     __builtin_memcpy(dx + i, &v, sizeof(V));
   }
   for (; i < n; ++i) dx[i] = rstd * (dy[i] * w[i] - mean_g - (x[i] - mean) * rstd * mean_gx);
+}
+
+// ---------------------------------------------------------------- batch norm
+
+// See BatchNormRowsF32: S sums at once, each over rows (in order) of each row's n double terms in
+// 8 lanes: eight(r, i, t) sets t[k] to row r's terms i .. i + 7 of sum k, one(r, i, t) t[k] to
+// its term i alone.
+template <int S, typename Eight, typename One>
+void sums_of_rows(int64_t rows, int64_t n, Eight eight, One one, double* totals) {
+  for (int k = 0; k < S; ++k) totals[k] = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    D8 acc[S] = {};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      D8 t[S];
+      eight(r, i, t);
+      for (int k = 0; k < S; ++k) acc[k] += t[k];
+    }
+    for (; i < n; ++i) {
+      double t[S];
+      one(r, i, t);
+      for (int k = 0; k < S; ++k) acc[k][i % 8] += t[k];
+    }
+    for (int k = 0; k < S; ++k) totals[k] += lanes_total(acc[k]);
+  }
+}
+
+inline double batch_norm_sum_f32(int64_t rows, int64_t n, int64_t rs, const float* x) {
+  double total;
+  sums_of_rows<1>(
+      rows, n, [&](int64_t r, int64_t i, D8* t) { eight_doubles(x + r * rs + i, t[0]); },
+      [&](int64_t r, int64_t i, double* t) { t[0] = x[r * rs + i]; }, &total);
+  return total;
+}
+
+inline double batch_norm_squares_f32(int64_t rows, int64_t n, int64_t rs, const float* x, double m) {
+  double total;
+  sums_of_rows<1>(
+      rows, n,
+      [&](int64_t r, int64_t i, D8* t) {
+        eight_doubles(x + r * rs + i, t[0]);
+        t[0] -= m;
+        t[0] *= t[0];
+        round_apart(t[0]);
+      },
+      [&](int64_t r, int64_t i, double* t) {
+        const double d = static_cast<double>(x[r * rs + i]) - m;
+        t[0] = d * d;
+        round_apart(t[0]);
+      },
+      &total);
+  return total;
+}
+
+inline void batch_norm_grad_sums_f32(int64_t rows, int64_t n, int64_t rs, const float* dy, const float* x, double m,
+                                     double* s_dy, double* s_dy_xc) {
+  double totals[2];
+  sums_of_rows<2>(
+      rows, n,
+      [&](int64_t r, int64_t i, D8* t) {
+        D8 xv;
+        eight_doubles(dy + r * rs + i, t[0]);
+        eight_doubles(x + r * rs + i, xv);
+        t[1] = t[0] * (xv - m);
+        round_apart(t[1]);
+      },
+      [&](int64_t r, int64_t i, double* t) {
+        t[0] = dy[r * rs + i];
+        t[1] = t[0] * (static_cast<double>(x[r * rs + i]) - m);
+        round_apart(t[1]);
+      },
+      totals);
+  *s_dy = totals[0], *s_dy_xc = totals[1];
+}
+
+template <int W>
+void batch_norm_grad_f32(int64_t rows, int64_t n, int64_t rs, const float* dy, const float* x, float a, float b,
+                         float d, float m, float* dx) {
+  typedef typename FloatVector<W>::type V;
+  auto lanes = [&](V g, V xv) {
+    V p = a * g, q = b * (xv - m);
+    round_apart(p);
+    round_apart(q);
+    return p + q + d;
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *g_row = dy + r * rs, *x_row = x + r * rs;
+    float* dx_row = dx + r * rs;
+    int64_t i = 0;
+    for (; i + W <= n; i += W) {
+      const V v = lanes(load_lanes<W>(g_row + i), load_lanes<W>(x_row + i));
+      __builtin_memcpy(dx_row + i, &v, sizeof(V));
+    }
+    // The tail as one more vector (a scalar loop would be vectorised with FMAs).
+    if (i < n)
+      store_lanes<W>(lanes(load_first_lanes<W>(g_row + i, n - i), load_first_lanes<W>(x_row + i, n - i)), n - i,
+                     dx_row + i);
+  }
 }
 
 // See WinogradInputF32.

@@ -307,6 +307,21 @@ using LayerNormRowF32 = void (*)(int64_t n, const float* x, const float* w, cons
 // and the bias's gradients, gathered over rows).
 using LayerNormBackwardRowF32 = void (*)(int64_t n, const float* dy, const float* x, float mean, float rstd,
                                          const float* w, float* dx, float* sum_dy_xhat, float* sum_dy);
+// Batch norm's per-channel passes over one channel's values: rows (the samples) of n floats
+// each, row r at r * rs. Each row's sum runs in double, term i into lane i % 8, the lanes
+// combined as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) (loops.h's sum_in_lanes), and the rows'
+// sums are added in order: the same bits on every instruction set.
+//   sum = Σ x;  squares = Σ (x - m)^2;  grad_sums: s_dy = Σ dy, s_dy_xc = Σ dy (x - m);
+// and the input's gradient, each operation rounded to float (no FMA) in this order:
+//   dx = a * dy + b * (x - m) + d.
+struct BatchNormRowsF32 {
+  double (*sum)(int64_t rows, int64_t n, int64_t rs, const float* x);
+  double (*squares)(int64_t rows, int64_t n, int64_t rs, const float* x, double m);
+  void (*grad_sums)(int64_t rows, int64_t n, int64_t rs, const float* dy, const float* x, double m, double* s_dy,
+                    double* s_dy_xc);
+  void (*grad)(int64_t rows, int64_t n, int64_t rs, const float* dy, const float* x, float a, float b, float d, float m,
+               float* dx);
+};
 struct GemmKernels {
   GemmKernelF32 f32;
   GemmRowsKernelF32 f32_rows7;
@@ -327,6 +342,7 @@ struct GemmKernels {
   EpilogueChannelsF32 epilogue_channels;
   LayerNormRowF32 layer_norm;
   LayerNormBackwardRowF32 layer_norm_backward;
+  BatchNormRowsF32 batch_norm;
   PackTransposedF32 pack_transposed;
   EvenCopyF32 even_copy;
   StreamRowsF32 stream_rows;

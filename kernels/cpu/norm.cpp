@@ -69,21 +69,29 @@ void batch_norm_stats_kernel(const KernelArgs& args) {
     const double n = static_cast<double>(v.N * v.S);
     auto value = [](T t) { return static_cast<double>(static_cast<C>(t)); };
     if (!v.channels_last) {
+      // A channel's sums over its N rows: float32's by the instruction set's kernels, the same
+      // bits as these (gemm_kernels.h, BatchNormRowsF32).
+      const int64_t rs = v.C * v.S;
+      auto channel_sum = [&](const T* x0) {
+        if constexpr (std::is_same_v<T, float>) return batch_norm_rows().sum(v.N, v.S, rs, x0);
+        double sum = 0;
+        for (int64_t i = 0; i < v.N; ++i)
+          sum += sum_in_lanes<double>(v.S, [&](int64_t s) { return value(x0[i * rs + s]); });
+        return sum;
+      };
+      auto channel_squares = [&](const T* x0, double m) {
+        if constexpr (std::is_same_v<T, float>) return batch_norm_rows().squares(v.N, v.S, rs, x0, m);
+        double squares = 0;
+        for (int64_t i = 0; i < v.N; ++i)
+          squares += sum_in_lanes<double>(v.S, [&](int64_t s) {
+            const double d = value(x0[i * rs + s]) - m;
+            return d * d;
+          });
+        return squares;
+      };
       parallel_for(v.C, v.N * v.S, [&](int64_t b, int64_t e) {
         for (int64_t c = b; c < e; ++c) {
-          double sum = 0, squares = 0;
-          for (int64_t i = 0; i < v.N; ++i) {
-            const T* row = xp + (i * v.C + c) * v.S;
-            sum += sum_in_lanes<double>(v.S, [&](int64_t s) { return value(row[s]); });
-          }
-          const double m = sum / n;
-          for (int64_t i = 0; i < v.N; ++i) {
-            const T* row = xp + (i * v.C + c) * v.S;
-            squares += sum_in_lanes<double>(v.S, [&](int64_t s) {
-              const double d = value(row[s]) - m;
-              return d * d;
-            });
-          }
+          const double m = channel_sum(xp + c * v.S) / n, squares = channel_squares(xp + c * v.S, m);
           mean[c] = static_cast<T>(m);
           var[c] = static_cast<T>(squares / n);
         }
@@ -143,22 +151,31 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
       return static_cast<T>(k.a * static_cast<C>(g) + k.b * (static_cast<C>(xv) - m) + k.d);
     };
     if (!v.channels_last) {
+      // A channel's sums and gradient over its N rows: float32's by the instruction set's kernels,
+      // the same bits as these (gemm_kernels.h, BatchNormRowsF32).
+      const int64_t rs = v.C * v.S;
+      auto channel_sums = [&](int64_t at, double m, double* s_dy, double* s_dy_xc) {
+        if constexpr (std::is_same_v<T, float>)
+          return batch_norm_rows().grad_sums(v.N, v.S, rs, dyp + at, xp + at, m, s_dy, s_dy_xc);
+        *s_dy = 0, *s_dy_xc = 0;
+        for (int64_t i = 0; i < v.N; ++i) {
+          const int64_t r = at + i * rs;
+          *s_dy += sum_in_lanes<double>(v.S, [&](int64_t s) { return value(dyp[r + s]); });
+          *s_dy_xc += sum_in_lanes<double>(v.S, [&](int64_t s) { return value(dyp[r + s]) * (value(xp[r + s]) - m); });
+        }
+      };
+      auto channel_grad = [&](int64_t at, const Coefficients& k, C mc) {
+        if constexpr (std::is_same_v<T, float>)
+          return batch_norm_rows().grad(v.N, v.S, rs, dyp + at, xp + at, k.a, k.b, k.d, mc, dx + at);
+        for (int64_t i = 0; i < v.N; ++i)
+          for (int64_t s = 0; s < v.S; ++s)
+            dx[at + i * rs + s] = grad(k, dyp[at + i * rs + s], xp[at + i * rs + s], mc);
+      };
       parallel_for(v.C, v.N * v.S, [&](int64_t b, int64_t e) {
         for (int64_t c = b; c < e; ++c) {
-          const double m = value(mean[c]);
-          double s_dy = 0, s_dy_xc = 0;
-          for (int64_t i = 0; i < v.N; ++i) {
-            const int64_t at = (i * v.C + c) * v.S;
-            s_dy += sum_in_lanes<double>(v.S, [&](int64_t s) { return value(dyp[at + s]); });
-            s_dy_xc +=
-                sum_in_lanes<double>(v.S, [&](int64_t s) { return value(dyp[at + s]) * (value(xp[at + s]) - m); });
-          }
-          const Coefficients k = coefficients(c, s_dy, s_dy_xc);
-          const C mc = static_cast<C>(mean[c]);
-          for (int64_t i = 0; i < v.N; ++i) {
-            const int64_t at = (i * v.C + c) * v.S;
-            for (int64_t s = 0; s < v.S; ++s) dx[at + s] = grad(k, dyp[at + s], xp[at + s], mc);
-          }
+          double s_dy, s_dy_xc;
+          channel_sums(c * v.S, value(mean[c]), &s_dy, &s_dy_xc);
+          channel_grad(c * v.S, coefficients(c, s_dy, s_dy_xc), static_cast<C>(mean[c]));
         }
       });
       return;
