@@ -757,11 +757,11 @@ TEST(BatchNormRows, SumInEightLanesOnEveryInstructionSet) {
                   }))
             << n;
         double s_dy = 0, s_dy_xc = 0;
-        k.grad_sums(rows, n, rs, dy.data(), x.data(), m, &s_dy, &s_dy_xc);
+        k.grad_sums(rows, n, rs, dy.data(), nullptr, x.data(), m, &s_dy, &s_dy_xc);
         EXPECT_EQ(s_dy, rows_sum([&](int64_t i) { return value(dy[i]); })) << n;
         EXPECT_EQ(s_dy_xc, rows_sum([&](int64_t i) { return value(dy[i]) * (value(x[i]) - m); })) << n;
         const float a = 1.3f, b = -0.21f, d = 0.05f, mf = 0.37f;
-        k.grad(rows, n, rs, dy.data(), x.data(), a, b, d, mf, dx.data());
+        k.grad(rows, n, rs, dy.data(), nullptr, x.data(), a, b, d, mf, dx.data());
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t i = 0; i < rs; ++i) {
             const int64_t at = r * rs + i;

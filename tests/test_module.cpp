@@ -859,6 +859,72 @@ TEST(Layers, ConvNormActivationFoldsAgainAfterAnyChange) {
   set_keep_derived_data(true);
 }
 
+// BatchNorm2d in training mode followed by a ReLU, through conv_norm_activation and
+// concat_norm_activation (DenseNet's layers, ResNet's stems): batch_norm_relu's fused pass and
+// gradient (no relu or clamp_backward kernel), the modules one by one's output, running statistics
+// and gradients bit for bit; a hook on the ReLU or a residual before it: the modules one by one.
+TEST(Layers, NormActivationInTrainingFusesTheRelu) {
+  auto bits = [](const Tensor& t) { return t.to(DType::Float64).to_vector(); };
+  for (bool concat : {false, true}) {
+    const std::string where = concat ? "concat_norm_activation" : "conv_norm_activation";
+    auto make = [] {
+      auto conv = make_shared<Conv2d>(3, 5, 3, ConvOptions{.padding = 1, .bias = false});
+      auto bn = make_shared<BatchNorm2d>(5);
+      {
+        NoGradGuard no_grad;
+        conv->weight().copy_(randn_of({5, 3, 3, 3}, 1));
+        bn->weight().copy_(randn_of({5}, 2));
+        bn->bias().copy_(randn_of({5}, 3));
+      }
+      return std::make_pair(conv, bn);
+    };
+    auto [conv_a, bn_a] = make();
+    auto [conv_b, bn_b] = make();
+    ReLU relu_a(true), relu_b(true);
+    const Tensor x = randn_of({2, 3, 9, 7}, 4), g = randn_of({2, 5, 9, 7}, 5);
+    auto through = [&](Conv2d& conv, BatchNorm2d& bn, ReLU& relu_module, bool helper) {
+      if (!helper) return relu_module(bn(conv(x)));
+      if (!concat) return conv_norm_activation(conv, bn, &relu_module, x);
+      const Tensor z = conv(x);
+      return concat_norm_activation(bn, &relu_module, {z.narrow(1, 0, 2), z.narrow(1, 2, 3)});
+    };
+    Tensor fused;
+    const std::vector<std::string> ops = kernels_of([&] {
+      fused = through(*conv_a, *bn_a, relu_a, true);
+      fused.backward(g);
+    });
+    EXPECT_FALSE(ran(ops, "relu") || ran(ops, "clamp_backward")) << where;
+    EXPECT_TRUE(ran(ops, "batch_norm_backward")) << where;
+    const Tensor separate = through(*conv_b, *bn_b, relu_b, false);
+    separate.backward(g);
+    EXPECT_EQ(bits(fused), bits(separate)) << where;
+    EXPECT_EQ(bits(conv_a->weight().grad()), bits(conv_b->weight().grad())) << where;
+    EXPECT_EQ(bits(bn_a->weight().grad()), bits(bn_b->weight().grad())) << where;
+    EXPECT_EQ(bits(bn_a->bias().grad()), bits(bn_b->bias().grad())) << where;
+    EXPECT_EQ(bits(bn_a->running_mean()), bits(bn_b->running_mean())) << where;
+    EXPECT_EQ(bits(bn_a->running_var()), bits(bn_b->running_var())) << where;
+    EXPECT_EQ(bn_a->num_batches_tracked().item<int64_t>(), 1) << where;
+    // A hook on the ReLU: the modules one by one.
+    int calls = 0;
+    auto handle = relu_a.register_forward_hook([&](Module&, const TensorList&, const TensorList&) {
+      ++calls;
+      return std::optional<TensorList>();
+    });
+    EXPECT_TRUE(ran(kernels_of([&] { through(*conv_a, *bn_a, relu_a, true); }), "relu")) << where;
+    handle.remove();
+    EXPECT_EQ(calls, 1) << where;
+  }
+  // A residual before the activation: batch norm, the addition, then the ReLU.
+  auto conv = make_shared<Conv2d>(3, 5, 1);
+  auto bn = make_shared<BatchNorm2d>(5);
+  ReLU relu_module;
+  const Tensor x = randn_of({2, 3, 4, 4}, 6);
+  EXPECT_TRUE(ran(kernels_of([&] {
+                    conv_norm_activation(*conv, *bn, &relu_module, x, randn_of({2, 5, 4, 4}, 7));
+                  }),
+                  "relu"));
+}
+
 // BatchNorm2d and ReLU over a concatenation (DenseNet's pre-activation): in evaluation mode
 // without autograd one channel_affine kernel per input writing its channels of the result, the
 // separate cat, batch norm and relu values bit for bit (float32 and float64, NaNs included);

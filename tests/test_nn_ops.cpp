@@ -11,6 +11,7 @@
 #include "compare.h"
 #include "torch_golden.h"
 #include "tvc/autograd.h"
+#include "tvc/internal/autograd.h"
 #include "tvc/internal/kernel.h"
 #include "tvc/nn/containers.h"
 #include "tvc/nn/layers.h"
@@ -1212,6 +1213,67 @@ TEST(NnOps, BatchNormRunningStatsMatchTorch) {
       EXPECT_LE(relative_error(ours[i], ref[i]), 1e-5)
           << (cumulative ? "momentum None" : "momentum 0.1") << ", step " << i / 3 << ", tensor " << i % 3;
   }
+}
+
+// batch_norm_relu in training: one backward node (NativeBatchNormReluBackward) whose output,
+// running statistics and gradients of x, weight and bias are those of batch_norm then relu_ bit
+// for bit: float32 (the instruction-set kernels: maps of 63 and 256 positions, whole vectors and
+// tails; and channels-last) and float64, a channel holding a NaN; in evaluation mode the two ops.
+TEST(NnOps, BatchNormReluGivesTheBitsOfBatchNormThenRelu) {
+  auto bits = [](const Tensor& t) {
+    std::vector<uint64_t> u;
+    for (double v : t.to_vector()) {
+      uint64_t b;
+      std::memcpy(&b, &v, sizeof b);
+      u.push_back(b);
+    }
+    return u;
+  };
+  for (DType dtype : {DType::Float32, DType::Float64})
+    for (const Shape& shape : {Shape{3, 5, 7, 9}, Shape{2, 4, 16, 16}, Shape{4, 3, 1, 1}})
+      for (bool channels_last : {false, true}) {
+        const std::string where = cat_str(dtype_name(dtype), " ", shape, channels_last ? " channels-last" : "");
+        Tensor x = randn_of(shape, dtype, 1);
+        {
+          NoGradGuard no_grad;
+          x.select(0, 1).select(0, 2).view({-1}).select(0, 0).fill_(std::nan(""));
+        }
+        if (channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+        const Tensor g = randn_of(shape, dtype, 2), w = randn_of({shape[1]}, dtype, 3),
+                     b = randn_of({shape[1]}, dtype, 4);
+        struct Run {
+          Tensor y, x_grad, w_grad, b_grad, running_mean, running_var;
+          std::string node;
+        };
+        auto run = [&](bool fused, bool training) {
+          const Tensor xl = x.detach().requires_grad_(), wl = w.detach().requires_grad_(),
+                       bl = b.detach().requires_grad_();
+          Run r;
+          r.running_mean = zeros({shape[1]}, {.dtype = dtype}), r.running_var = ones({shape[1]}, {.dtype = dtype});
+          if (fused) {
+            r.y = batch_norm_relu(xl, r.running_mean, r.running_var, wl, bl, training);
+          } else {
+            r.y = batch_norm(xl, r.running_mean, r.running_var, wl, bl, training);
+            r.y.relu_();
+          }
+          r.node = r.y.grad_fn()->name();
+          r.y.backward(g);
+          r.x_grad = xl.grad(), r.w_grad = wl.grad(), r.b_grad = bl.grad();
+          return r;
+        };
+        for (bool training : {true, false}) {
+          const Run fused = run(true, training), separate = run(false, training);
+          if (training) {
+            EXPECT_EQ(fused.node, "NativeBatchNormReluBackward") << where;
+          }
+          EXPECT_EQ(bits(fused.y), bits(separate.y)) << where << " training " << training;
+          EXPECT_EQ(bits(fused.x_grad), bits(separate.x_grad)) << where << " training " << training;
+          EXPECT_EQ(bits(fused.w_grad), bits(separate.w_grad)) << where << " training " << training;
+          EXPECT_EQ(bits(fused.b_grad), bits(separate.b_grad)) << where << " training " << training;
+          EXPECT_EQ(bits(fused.running_mean), bits(separate.running_mean)) << where << " training " << training;
+          EXPECT_EQ(bits(fused.running_var), bits(separate.running_var)) << where << " training " << training;
+        }
+      }
 }
 
 TEST(NnOps, NormsAndSoftmaxMatchTorch) {

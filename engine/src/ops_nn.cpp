@@ -427,8 +427,10 @@ namespace {
 // (x - mean) * scale + bias in one pass, mean, scale and bias per channel (of shape cshape),
 // rounded as the three separate ops would round it: eval-mode batch norm's normalisation. The
 // per-channel tensors are taken in x's dtype (the kernel reads all operands in one dtype), so the
-// result is of x's dtype. On a device without the kernel, the three ops.
-Tensor channel_affine(const Tensor& x, const Tensor& mean_in, const Tensor& scale_in, const Tensor& bias_in) {
+// result is of x's dtype. On a device without the kernel, the three ops. With params' relu (for
+// batch_norm_fused, which records no gradient through it) also the ReLU in the same pass.
+Tensor channel_affine(const Tensor& x, const Tensor& mean_in, const Tensor& scale_in, const Tensor& bias_in,
+                      const ChannelAffineParams& params = {}) {
   const Tensor mean = mean_in.to(x.dtype()), scale = scale_in.to(x.dtype()), bias = bias_in.to(x.dtype());
   if (!kernel_registry().supports(Op::channel_affine, x.device())) return add(mul(sub(x, mean), scale), bias);
   Tensor out;
@@ -436,7 +438,7 @@ Tensor channel_affine(const Tensor& x, const Tensor& mean_in, const Tensor& scal
     NoGradGuard no_grad;
     const Shape& s = x.shape();
     out = detail::empty_with_format(s, x.dtype(), x.suggest_memory_format());
-    detail::run(Op::channel_affine, {x, mean.expand(s), scale.expand(s), bias.expand(s)}, {out});
+    detail::run(Op::channel_affine, {x, mean.expand(s), scale.expand(s), bias.expand(s)}, {out}, &params);
   }
   if (!autograd::any_requires_grad({x, mean, scale, bias})) return out;
   bool g_mean = mean.requires_grad(), g_scale = scale.requires_grad(), g_bias = bias.requires_grad();
@@ -454,11 +456,12 @@ Tensor channel_affine(const Tensor& x, const Tensor& mean_in, const Tensor& scal
 // Batch norm with the batch's statistics through the statistics kernel, channel_affine and the
 // fused backward kernel: y and the batch's biased mean and var (C). In training each of these
 // is one pass over x where the ops they replace (moments, the affine, their backward rules) are
-// a dozen.
+// a dozen. With relu, y is the ReLU of the normalised values, made in channel_affine's pass, and
+// the backward kernel takes ReLU's gradient from y in its own.
 struct BatchNormed {
   Tensor y, mean, var;
 };
-BatchNormed batch_norm_fused(const Tensor& input, const Tensor& weight, const Tensor& bias, double eps) {
+BatchNormed batch_norm_fused(const Tensor& input, const Tensor& weight, const Tensor& bias, double eps, bool relu) {
   const int64_t C = input.shape()[1];
   const Shape cshape = channel_shape(input);
   const TensorOptions per_channel{.dtype = input.dtype(), .device = input.device()};
@@ -471,29 +474,29 @@ BatchNormed batch_norm_fused(const Tensor& input, const Tensor& weight, const Te
     invstd = rsqrt(var + eps);
     Tensor scale = weight.defined() ? mul(invstd, weight.detach()) : invstd;
     Tensor shift = bias.defined() ? bias.detach() : zeros({C}, per_channel);
-    y = channel_affine(x, mean.reshape(cshape), scale.reshape(cshape), shift.reshape(cshape));
+    y = channel_affine(x, mean.reshape(cshape), scale.reshape(cshape), shift.reshape(cshape), {.relu = relu});
   }
   if (!autograd::any_requires_grad({input, weight, bias})) return {y, mean, var};
   const bool g_weight = weight.defined() && weight.requires_grad(), g_bias = bias.defined() && bias.requires_grad();
-  SavedTensor sx(x), sweight(weight.defined() ? weight : ones({C}, per_channel));
-  autograd::record("NativeBatchNormBackward0", {input, weight, bias}, {y}, [=](const GradList& g) -> GradList {
-    const char* node = "NativeBatchNormBackward0";
+  SavedTensor sx(x), sweight(weight.defined() ? weight : ones({C}, per_channel)), sy(relu ? y : Tensor());
+  const char* node = relu ? "NativeBatchNormReluBackward" : "NativeBatchNormBackward0";
+  autograd::record(node, {input, weight, bias}, {y}, [=](const GradList& g) -> GradList {
     const Tensor xs = sx.unpack(node);
     Tensor dx = detail::empty_with_format(xs.shape(), xs.dtype(), format), sum_dy_xhat = empty({C}, per_channel),
            sum_dy = empty({C}, per_channel);
-    detail::run(Op::batch_norm_backward,
-                {g[0].contiguous(format), xs, mean, invstd, sweight.unpack(node).detach().to(xs.dtype())},
-                {dx, sum_dy_xhat, sum_dy});
+    std::vector<Tensor> in = {g[0].contiguous(format), xs, mean, invstd, sweight.unpack(node).detach().to(xs.dtype())};
+    if (relu) in.push_back(sy.unpack(node).detach());
+    detail::run(Op::batch_norm_backward, in, {dx, sum_dy_xhat, sum_dy});
     return {dx, g_weight ? sum_dy_xhat : Tensor(), g_bias ? sum_dy : Tensor()};
   });
   return {y, mean, var};
 }
 
-}  // namespace
-
-Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, std::optional<double> momentum, double eps,
-                  const Tensor& num_batches_tracked) {
+// batch_norm, followed by a ReLU where then_relu is set (batch_norm_relu).
+Tensor batch_norm_then(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, bool training, std::optional<double> momentum, double eps,
+                       const Tensor& num_batches_tracked, bool then_relu) {
+  auto activated = [then_relu](const Tensor& y) { return then_relu ? relu(y) : y; };
   check_floating_input("batch_norm", input);
   TVC_CHECK(input.dim() >= 2, "batch_norm: input must be (N,C) or (N,C,*), got shape ", input.shape());
   TVC_CHECK(running_mean.defined() == running_var.defined(),
@@ -519,7 +522,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
                        kernel_registry().supports(Op::channel_affine, input.device());
     Tensor y, batch_mean, batch_var;
     if (fused) {
-      BatchNormed b = batch_norm_fused(input, weight, bias, eps);
+      BatchNormed b = batch_norm_fused(input, weight, bias, eps, then_relu);
       y = b.y, batch_mean = b.mean, batch_var = b.var;
     } else {
       Moments mo = moments(input, dims);
@@ -546,11 +549,27 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
     if (weight.defined()) scale = mul(scale, weight.reshape(cshape));
     Tensor shift =
         bias.defined() ? bias.reshape(cshape) : zeros(cshape, {.dtype = input.dtype(), .device = input.device()});
-    return channel_affine(input, running_mean.to(input.dtype()).reshape(cshape), scale, shift);
+    return activated(channel_affine(input, running_mean.to(input.dtype()).reshape(cshape), scale, shift));
   }
   if (weight.defined()) scale = mul(scale, weight.reshape(cshape));
   Tensor y = mul(centered, scale);
-  return bias.defined() ? add(y, bias.reshape(cshape)) : y;
+  return activated(bias.defined() ? add(y, bias.reshape(cshape)) : y);
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, std::optional<double> momentum, double eps,
+                  const Tensor& num_batches_tracked) {
+  return batch_norm_then(input, running_mean, running_var, weight, bias, training, momentum, eps, num_batches_tracked,
+                         false);
+}
+
+Tensor batch_norm_relu(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, bool training, std::optional<double> momentum, double eps,
+                       const Tensor& num_batches_tracked) {
+  return batch_norm_then(input, running_mean, running_var, weight, bias, training, momentum, eps, num_batches_tracked,
+                         true);
 }
 
 namespace {

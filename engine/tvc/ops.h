@@ -203,6 +203,14 @@ Tensor adaptive_max_pool2d(const Tensor& input, std::array<int64_t, 2> output_si
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, std::optional<double> momentum = 0.1, double eps = 1e-5,
                   const Tensor& num_batches_tracked = Tensor());
+// relu(batch_norm(...)) with batch_norm's arguments and running-statistics updates. In training
+// on a device with batch norm's fused kernels (the CPU) the ReLU is made in batch norm's
+// normalising pass and its gradient in batch norm's backward pass (one node,
+// NativeBatchNormReluBackward), the values and gradients the two ops' bit for bit; otherwise the
+// two ops. nn::BatchNorm::forward_relu calls it.
+Tensor batch_norm_relu(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, bool training, std::optional<double> momentum = 0.1, double eps = 1e-5,
+                       const Tensor& num_batches_tracked = Tensor());
 // Normalises over the trailing dims given by normalized_shape.
 Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);

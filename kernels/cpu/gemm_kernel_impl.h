@@ -1290,20 +1290,36 @@ inline double batch_norm_squares_f32(int64_t rows, int64_t n, int64_t rs, const 
   return total;
 }
 
-inline void batch_norm_grad_sums_f32(int64_t rows, int64_t n, int64_t rs, const float* dy, const float* x, double m,
-                                     double* s_dy, double* s_dy_xc) {
+// dy times ReLU's gradient at y (1 where y >= the smallest positive float, else 0; see
+// BatchNormRowsF32), for one float or a vector of them (by reference: see eight_doubles).
+template <typename T>
+[[gnu::always_inline]] inline void relu_gradient(T& dy, const T& y) {
+  dy *= y >= __FLT_DENORM_MIN__ ? T{} + 1.0f : T{};
+}
+
+inline void batch_norm_grad_sums_f32(int64_t rows, int64_t n, int64_t rs, const float* dy, const float* relu_y,
+                                     const float* x, double m, double* s_dy, double* s_dy_xc) {
   double totals[2];
   sums_of_rows<2>(
       rows, n,
       [&](int64_t r, int64_t i, D8* t) {
+        F8 g;
+        __builtin_memcpy(&g, dy + r * rs + i, sizeof(F8));
+        if (relu_y) {
+          F8 y;
+          __builtin_memcpy(&y, relu_y + r * rs + i, sizeof(F8));
+          relu_gradient(g, y);
+        }
+        t[0] = __builtin_convertvector(g, D8);
         D8 xv;
-        eight_doubles(dy + r * rs + i, t[0]);
         eight_doubles(x + r * rs + i, xv);
         t[1] = t[0] * (xv - m);
         round_apart(t[1]);
       },
       [&](int64_t r, int64_t i, double* t) {
-        t[0] = dy[r * rs + i];
+        float g = dy[r * rs + i];
+        if (relu_y) relu_gradient(g, relu_y[r * rs + i]);
+        t[0] = g;
         t[1] = t[0] * (static_cast<double>(x[r * rs + i]) - m);
         round_apart(t[1]);
       },
@@ -1312,8 +1328,8 @@ inline void batch_norm_grad_sums_f32(int64_t rows, int64_t n, int64_t rs, const 
 }
 
 template <int W>
-void batch_norm_grad_f32(int64_t rows, int64_t n, int64_t rs, const float* dy, const float* x, float a, float b,
-                         float d, float m, float* dx) {
+void batch_norm_grad_f32(int64_t rows, int64_t n, int64_t rs, const float* dy, const float* relu_y, const float* x,
+                         float a, float b, float d, float m, float* dx) {
   typedef typename FloatVector<W>::type V;
   auto lanes = [&](V g, V xv) {
     V p = a * g, q = b * (xv - m);
@@ -1321,19 +1337,24 @@ void batch_norm_grad_f32(int64_t rows, int64_t n, int64_t rs, const float* dy, c
     round_apart(q);
     return p + q + d;
   };
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *g_row = dy + r * rs, *x_row = x + r * rs;
-    float* dx_row = dx + r * rs;
-    int64_t i = 0;
-    for (; i + W <= n; i += W) {
-      const V v = lanes(load_lanes<W>(g_row + i), load_lanes<W>(x_row + i));
-      __builtin_memcpy(dx_row + i, &v, sizeof(V));
+  // g_at(i, count): dy's first count values from i (count < W: zeros after).
+  auto rows_of = [&](auto g_at) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t at = r * rs;
+      int64_t i = 0;
+      for (; i + W <= n; i += W) {
+        const V v = lanes(g_at(at + i, W), load_lanes<W>(x + at + i));
+        __builtin_memcpy(dx + at + i, &v, sizeof(V));
+      }
+      // The tail as one more vector (a scalar loop would be vectorised with FMAs).
+      if (i < n) store_lanes<W>(lanes(g_at(at + i, n - i), load_first_lanes<W>(x + at + i, n - i)), n - i, dx + at + i);
     }
-    // The tail as one more vector (a scalar loop would be vectorised with FMAs).
-    if (i < n)
-      store_lanes<W>(lanes(load_first_lanes<W>(g_row + i, n - i), load_first_lanes<W>(x_row + i, n - i)), n - i,
-                     dx_row + i);
-  }
+  };
+  rows_of([&](int64_t i, int64_t count) {
+    V g = load_first_lanes<W>(dy + i, count);
+    if (relu_y) relu_gradient(g, load_first_lanes<W>(relu_y + i, count));
+    return g;
+  });
 }
 
 // See WinogradInputF32.

@@ -314,13 +314,15 @@ using LayerNormBackwardRowF32 = void (*)(int64_t n, const float* dy, const float
 //   sum = Σ x;  squares = Σ (x - m)^2;  grad_sums: s_dy = Σ dy, s_dy_xc = Σ dy (x - m);
 // and the input's gradient, each operation rounded to float (no FMA) in this order:
 //   dx = a * dy + b * (x - m) + d.
+// With relu_y (not null, laid out as x), dy is first ReLU's gradient at relu_y:
+// dy * (relu_y >= the smallest positive float ? 1 : 0), as relu's backward computes it.
 struct BatchNormRowsF32 {
   double (*sum)(int64_t rows, int64_t n, int64_t rs, const float* x);
   double (*squares)(int64_t rows, int64_t n, int64_t rs, const float* x, double m);
-  void (*grad_sums)(int64_t rows, int64_t n, int64_t rs, const float* dy, const float* x, double m, double* s_dy,
-                    double* s_dy_xc);
-  void (*grad)(int64_t rows, int64_t n, int64_t rs, const float* dy, const float* x, float a, float b, float d, float m,
-               float* dx);
+  void (*grad_sums)(int64_t rows, int64_t n, int64_t rs, const float* dy, const float* relu_y, const float* x, double m,
+                    double* s_dy, double* s_dy_xc);
+  void (*grad)(int64_t rows, int64_t n, int64_t rs, const float* dy, const float* relu_y, const float* x, float a,
+               float b, float d, float m, float* dx);
 };
 struct GemmKernels {
   GemmKernelF32 f32;

@@ -7,6 +7,7 @@
 // the work split over channels, so results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -118,7 +119,7 @@ void batch_norm_stats_kernel(const KernelArgs& args) {
   });
 }
 
-// in = (grad_out, x, mean, invstd, weight) -> out = (grad_x, sum_dy_xhat, sum_dy) (kernel.h).
+// in = (grad_out, x, mean, invstd, weight[, relu_y]) -> out = (grad_x, sum_dy_xhat, sum_dy) (kernel.h).
 void batch_norm_backward_kernel(const KernelArgs& args) {
   const Tensor& dy = args.in[0];
   const Tensor& x = args.in[1];
@@ -133,8 +134,16 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
     T* dx = args.out[0].data_ptr<T>();
     T* sum_dy_xhat = args.out[1].data_ptr<T>();
     T* sum_dy = args.out[2].data_ptr<T>();
+    const T* relu_y = args.in.size() > 5 ? args.in[5].data_ptr<T>() : nullptr;
     const double n = static_cast<double>(v.N * v.S);
     auto value = [](T t) { return static_cast<double>(static_cast<C>(t)); };
+    // The gradient at element i: grad_out, or with relu_y ReLU's backward of it (relu_backward's
+    // clamp_backward: 1 or 0 in the compute type, from the smallest positive value up).
+    auto dy_at = [&](int64_t i) {
+      if (!relu_y) return dyp[i];
+      const C lo = std::numeric_limits<C>::denorm_min();
+      return static_cast<T>(static_cast<C>(dyp[i]) * static_cast<C>(static_cast<C>(relu_y[i]) >= lo));
+    };
     // dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)), xhat = (x - mean) * invstd, as
     // a * dy + b * (x - mean) + d per channel.
     struct Coefficients {
@@ -156,20 +165,23 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
       const int64_t rs = v.C * v.S;
       auto channel_sums = [&](int64_t at, double m, double* s_dy, double* s_dy_xc) {
         if constexpr (std::is_same_v<T, float>)
-          return batch_norm_rows().grad_sums(v.N, v.S, rs, dyp + at, xp + at, m, s_dy, s_dy_xc);
+          return batch_norm_rows().grad_sums(v.N, v.S, rs, dyp + at, relu_y ? relu_y + at : nullptr, xp + at, m, s_dy,
+                                             s_dy_xc);
         *s_dy = 0, *s_dy_xc = 0;
         for (int64_t i = 0; i < v.N; ++i) {
           const int64_t r = at + i * rs;
-          *s_dy += sum_in_lanes<double>(v.S, [&](int64_t s) { return value(dyp[r + s]); });
-          *s_dy_xc += sum_in_lanes<double>(v.S, [&](int64_t s) { return value(dyp[r + s]) * (value(xp[r + s]) - m); });
+          *s_dy += sum_in_lanes<double>(v.S, [&](int64_t s) { return value(dy_at(r + s)); });
+          *s_dy_xc +=
+              sum_in_lanes<double>(v.S, [&](int64_t s) { return value(dy_at(r + s)) * (value(xp[r + s]) - m); });
         }
       };
       auto channel_grad = [&](int64_t at, const Coefficients& k, C mc) {
         if constexpr (std::is_same_v<T, float>)
-          return batch_norm_rows().grad(v.N, v.S, rs, dyp + at, xp + at, k.a, k.b, k.d, mc, dx + at);
+          return batch_norm_rows().grad(v.N, v.S, rs, dyp + at, relu_y ? relu_y + at : nullptr, xp + at, k.a, k.b, k.d,
+                                        mc, dx + at);
         for (int64_t i = 0; i < v.N; ++i)
           for (int64_t s = 0; s < v.S; ++s)
-            dx[at + i * rs + s] = grad(k, dyp[at + i * rs + s], xp[at + i * rs + s], mc);
+            dx[at + i * rs + s] = grad(k, dy_at(at + i * rs + s), xp[at + i * rs + s], mc);
       };
       parallel_for(v.C, v.N * v.S, [&](int64_t b, int64_t e) {
         for (int64_t c = b; c < e; ++c) {
@@ -186,7 +198,7 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
       for (int64_t c = b; c < e; ++c) m[c - b] = value(mean[c]);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = b; c < e; ++c) {
-          const double g = value(dyp[r * v.C + c]);
+          const double g = value(dy_at(r * v.C + c));
           s_dy[c - b] += g;
           s_dy_xc[c - b] += g * (value(xp[r * v.C + c]) - m[c - b]);
         }
@@ -197,7 +209,8 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
         mc.push_back(static_cast<C>(mean[c]));
       }
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = b; c < e; ++c) dx[r * v.C + c] = grad(k[c - b], dyp[r * v.C + c], xp[r * v.C + c], mc[c - b]);
+        for (int64_t c = b; c < e; ++c)
+          dx[r * v.C + c] = grad(k[c - b], dy_at(r * v.C + c), xp[r * v.C + c], mc[c - b]);
     });
   });
 }

@@ -287,6 +287,17 @@ bool folds_input_scale(const Conv2d& conv, const Tensor& x, const Tensor& input_
          x.size(2) * x.size(3) > kFoldedInputScalePositions && (!residual.defined() || residual.is_contiguous());
 }
 
+// norm as the BatchNorm2d whose forward_relu may stand for norm then activation (calls without
+// hooks): norm a BatchNorm2d in training mode and activation a ReLU (those exact classes), neither
+// with hooks; else null. (In evaluation mode the folded forms above take them.)
+BatchNorm* relu_after_batch_norm(Module& norm, Module* activation) {
+  if (typeid(norm) != typeid(BatchNorm2d) || !activation || typeid(*activation) != typeid(ReLU) ||
+      norm.has_call_hooks() || activation->has_call_hooks())
+    return nullptr;
+  auto* bn = static_cast<BatchNorm*>(&norm);
+  return bn->is_training() ? bn : nullptr;
+}
+
 }  // namespace
 
 Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, const Tensor& x, const Tensor& residual,
@@ -301,7 +312,10 @@ Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, cons
                     bn->num_features == conv2d->out_channels &&
                     kernel_registry().supports(Op::conv2d_epilogue, x.device());
   if (!fuse) {
-    Tensor y = norm(conv(input_scale.defined() ? x * input_scale : x));
+    const Tensor z = conv(input_scale.defined() ? x * input_scale : x);
+    if (!residual.defined())
+      if (BatchNorm* with_relu = relu_after_batch_norm(norm, activation)) return with_relu->forward_relu(z);
+    Tensor y = norm(z);
     if (residual.defined()) y = y + residual;
     return activation ? (*activation)(y) : y;
   }
@@ -365,7 +379,9 @@ Tensor concat_norm_activation(Module& norm, Module* activation, const std::vecto
     if (fuse) channels += x.size(1);
   }
   if (!fuse || channels != bn->num_features) {
-    Tensor y = norm(inputs.size() == 1 ? inputs[0] : cat(inputs, 1));
+    const Tensor x = inputs.size() == 1 ? inputs[0] : cat(inputs, 1);
+    if (BatchNorm* with_relu = relu_after_batch_norm(norm, activation)) return with_relu->forward_relu(x);
+    Tensor y = norm(x);
     return activation ? (*activation)(y) : y;
   }
   // batch_norm's evaluation-mode scale and shift, by the same ops (so the same values), then
@@ -457,7 +473,11 @@ void BatchNorm::reset_parameters() {
   init::zeros_(bias());
 }
 
-Tensor BatchNorm::forward(const Tensor& x) {
+Tensor BatchNorm::forward(const Tensor& x) { return normalised(x, false); }
+
+Tensor BatchNorm::forward_relu(const Tensor& x) { return normalised(x, true); }
+
+Tensor BatchNorm::normalised(const Tensor& x, bool then_relu) {
   check_input_dim(x);
   // Batch statistics in training, or when there are no running ones; the running stats are
   // updated (and batches counted) in training when tracked.
@@ -465,9 +485,9 @@ Tensor BatchNorm::forward(const Tensor& x) {
   bool use_running = !training_ || track_running_stats;
   std::optional<double> m;
   if (momentum) m = momentum->to_double();
-  return batch_norm(x, use_running ? running_mean() : Tensor(), use_running ? running_var() : Tensor(), weight(),
-                    bias(), use_batch_stats, m, eps.to_double(),
-                    training_ && track_running_stats ? num_batches_tracked() : Tensor());
+  return (then_relu ? batch_norm_relu : batch_norm)(
+      x, use_running ? running_mean() : Tensor(), use_running ? running_var() : Tensor(), weight(), bias(),
+      use_batch_stats, m, eps.to_double(), training_ && track_running_stats ? num_batches_tracked() : Tensor());
 }
 
 std::string BatchNorm::extra_repr() const {

@@ -149,6 +149,10 @@ class BatchNorm : public Module {
  public:
   std::string extra_repr() const override;
   Tensor forward(const Tensor& x) override;
+  // relu(forward(x)) (the same running-statistics updates) through tvc::batch_norm_relu: in
+  // training one pass for both and one for both gradients. conv_norm_activation and
+  // concat_norm_activation call it for a BatchNorm2d in training mode followed by a ReLU.
+  Tensor forward_relu(const Tensor& x);
   void reset_running_stats();
   void reset_parameters();
   Tensor weight() const { return parameter("weight"); }
@@ -165,6 +169,10 @@ class BatchNorm : public Module {
  protected:
   BatchNorm(int64_t num_features, const BatchNormOptions& options);
   virtual void check_input_dim(const Tensor& x) const = 0;
+
+ private:
+  // forward's batch norm, then a ReLU where then_relu is set.
+  Tensor normalised(const Tensor& x, bool then_relu);
 };
 
 // x (N, C) or (N, C, L).
@@ -237,8 +245,10 @@ class Dropout : public Cloneable<Dropout> {
 // classes), none of the three has hooks, x is (N, C, H, W) on a device with the fused kernel
 // (the CPU) and autograd does not record, one fused convolution (tvc::conv2d_epilogue) with the norm folded in: scale =
 // weight / sqrt(running_var + eps), shift = bias - running_mean * scale (+ the convolution's bias times scale),
-// computed in double from the current values on each call. Forwards call it where torchvision's forward runs exactly
-// this sequence; Sequential does for its children in order.
+// computed in double from the current values on each call. In training mode, with a BatchNorm2d, a ReLU (those exact
+// classes), no residual and no hooks on either, the convolution then BatchNorm::forward_relu (batch norm and the ReLU
+// in one pass, their gradients in one: tvc::batch_norm_relu). Forwards call it where torchvision's forward runs
+// exactly this sequence; Sequential does for its children in order.
 // activation(linear(x)) for an MLP's Linear and activation modules: their forwards one after
 // the other, with their hooks; or, when linear is a Linear with a bias and activation a GELU of
 // the erf form (those exact classes) and neither has hooks, tvc::linear_gelu (one kernel in
@@ -259,7 +269,9 @@ Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, cons
 // with dense planes, float32 or float64 (N, C_i, H, W) of one device with the kernel (the CPU) and nothing requires
 // grad: each input's channels normalised (and rectified) in one pass straight into their place in the result, with the
 // values of the separate ops (bit for bit); inputs that are adjacent channels of one tensor (a dense block's features
-// kept together) in one pass for all of them. Inputs (N, C_i, H, W) -> (N, sum of C_i, H, W).
+// kept together) in one pass for all of them. In training mode, with a BatchNorm2d and a ReLU (those exact classes)
+// without hooks, the concatenation then BatchNorm::forward_relu (tvc::batch_norm_relu). Inputs (N, C_i, H, W) ->
+// (N, sum of C_i, H, W).
 Tensor concat_norm_activation(Module& norm, Module* activation, const std::vector<Tensor>& inputs);
 
 // ---------------------------------------------------------------- bfloat16 inference

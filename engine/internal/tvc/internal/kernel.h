@@ -234,6 +234,9 @@ struct ChannelAffineParams {
 // (C)): with xhat = (x - mean) * invstd and means over N and *,
 //   grad_x = weight * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)),
 // sum_dy_xhat = Σ dy * xhat (the weight's gradient), sum_dy = Σ dy (the bias's); sums in double.
+// With a sixth input y (x's shape and layout: the ReLU of batch norm's output), dy is first
+// ReLU's gradient at y, grad_out * (y >= the dtype's smallest positive value) as relu's backward
+// (clamp_backward) computes it, in the same pass.
 
 // layer_norm: in = (x, contiguous, float32 or float64, seen as (R, D) rows; weight (D); bias (D),
 // both x's dtype) -> out = (y (x's shape, contiguous), mean (R), rstd (R)): per row the mean and
