@@ -878,8 +878,10 @@ TEST(Layers, NormActivationInTrainingFusesTheRelu) {
       }
       return std::make_pair(conv, bn);
     };
-    auto [conv_a, bn_a] = make();
-    auto [conv_b, bn_b] = make();
+    // (Pairs, not structured bindings, which clang 14's lambdas cannot capture.)
+    const auto a = make(), b = make();
+    Conv2d &conv_a = *a.first, &conv_b = *b.first;
+    BatchNorm2d &bn_a = *a.second, &bn_b = *b.second;
     ReLU relu_a(true), relu_b(true);
     const Tensor x = randn_of({2, 3, 9, 7}, 4), g = randn_of({2, 5, 9, 7}, 5);
     auto through = [&](Conv2d& conv, BatchNorm2d& bn, ReLU& relu_module, bool helper) {
@@ -890,27 +892,27 @@ TEST(Layers, NormActivationInTrainingFusesTheRelu) {
     };
     Tensor fused;
     const std::vector<std::string> ops = kernels_of([&] {
-      fused = through(*conv_a, *bn_a, relu_a, true);
+      fused = through(conv_a, bn_a, relu_a, true);
       fused.backward(g);
     });
     EXPECT_FALSE(ran(ops, "relu") || ran(ops, "clamp_backward")) << where;
     EXPECT_TRUE(ran(ops, "batch_norm_backward")) << where;
-    const Tensor separate = through(*conv_b, *bn_b, relu_b, false);
+    const Tensor separate = through(conv_b, bn_b, relu_b, false);
     separate.backward(g);
     EXPECT_EQ(bits(fused), bits(separate)) << where;
-    EXPECT_EQ(bits(conv_a->weight().grad()), bits(conv_b->weight().grad())) << where;
-    EXPECT_EQ(bits(bn_a->weight().grad()), bits(bn_b->weight().grad())) << where;
-    EXPECT_EQ(bits(bn_a->bias().grad()), bits(bn_b->bias().grad())) << where;
-    EXPECT_EQ(bits(bn_a->running_mean()), bits(bn_b->running_mean())) << where;
-    EXPECT_EQ(bits(bn_a->running_var()), bits(bn_b->running_var())) << where;
-    EXPECT_EQ(bn_a->num_batches_tracked().item<int64_t>(), 1) << where;
+    EXPECT_EQ(bits(conv_a.weight().grad()), bits(conv_b.weight().grad())) << where;
+    EXPECT_EQ(bits(bn_a.weight().grad()), bits(bn_b.weight().grad())) << where;
+    EXPECT_EQ(bits(bn_a.bias().grad()), bits(bn_b.bias().grad())) << where;
+    EXPECT_EQ(bits(bn_a.running_mean()), bits(bn_b.running_mean())) << where;
+    EXPECT_EQ(bits(bn_a.running_var()), bits(bn_b.running_var())) << where;
+    EXPECT_EQ(bn_a.num_batches_tracked().item<int64_t>(), 1) << where;
     // A hook on the ReLU: the modules one by one.
     int calls = 0;
     auto handle = relu_a.register_forward_hook([&](Module&, const TensorList&, const TensorList&) {
       ++calls;
       return std::optional<TensorList>();
     });
-    EXPECT_TRUE(ran(kernels_of([&] { through(*conv_a, *bn_a, relu_a, true); }), "relu")) << where;
+    EXPECT_TRUE(ran(kernels_of([&] { through(conv_a, bn_a, relu_a, true); }), "relu")) << where;
     handle.remove();
     EXPECT_EQ(calls, 1) << where;
   }
