@@ -1337,24 +1337,22 @@ void batch_norm_grad_f32(int64_t rows, int64_t n, int64_t rs, const float* dy, c
     round_apart(q);
     return p + q + d;
   };
-  // g_at(i, count): dy's first count values from i (count < W: zeros after).
-  auto rows_of = [&](auto g_at) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t at = r * rs;
-      int64_t i = 0;
-      for (; i + W <= n; i += W) {
-        const V v = lanes(g_at(at + i, W), load_lanes<W>(x + at + i));
-        __builtin_memcpy(dx + at + i, &v, sizeof(V));
-      }
-      // The tail as one more vector (a scalar loop would be vectorised with FMAs).
-      if (i < n) store_lanes<W>(lanes(g_at(at + i, n - i), load_first_lanes<W>(x + at + i, n - i)), n - i, dx + at + i);
-    }
-  };
-  rows_of([&](int64_t i, int64_t count) {
+  // dy's first count values from i (count < W: zeros after), masked where relu_y is given.
+  auto g_at = [&](int64_t i, int64_t count) {
     V g = load_first_lanes<W>(dy + i, count);
     if (relu_y) relu_gradient(g, load_first_lanes<W>(relu_y + i, count));
     return g;
-  });
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t at = r * rs;
+    int64_t i = 0;
+    for (; i + W <= n; i += W) {
+      const V v = lanes(g_at(at + i, W), load_lanes<W>(x + at + i));
+      __builtin_memcpy(dx + at + i, &v, sizeof(V));
+    }
+    // The tail as one more vector (a scalar loop would be vectorised with FMAs).
+    if (i < n) store_lanes<W>(lanes(g_at(at + i, n - i), load_first_lanes<W>(x + at + i, n - i)), n - i, dx + at + i);
+  }
 }
 
 // See WinogradInputF32.
