@@ -131,6 +131,40 @@ std::vector<OpRow> conv_rows() {
   rows.push_back(epilogue_row(EpilogueActivation::None, {1, 1}, {1, 1}, 2, true, ", padding=1, groups=2", "",
                               {randn_sample("grouped", {{2, 4, 5, 7}, {6, 2, 3, 3}, {6}, {6}, {2, 6, 5, 7}})}));
 
+  // inverted_residual, inputs (x, then weight, scale and shift of expand, depthwise and project):
+  // the one kernel where autograd does not record (small maps: layer by layer, or one band; the
+  // bands are NnOps.InvertedResidualGivesTheBitsOfItsConvolutions'), conv2d_epilogue's where it
+  // does and for other layouts.
+  auto inverted_residual_row = [](int64_t stride, bool add_input, std::vector<OpSample> samples) {
+    const int64_t E = samples.front().inputs[4].shape()[0];
+    auto affine = [](const std::string& conv, const std::string& scale, const std::string& shift) {
+      return conv + " * " + scale + ".view(1, -1, 1, 1) + " + shift + ".view(1, -1, 1, 1)";
+    };
+    std::string expr =
+        "F.hardswish(" +
+        affine("F.conv2d(F.relu6(" + affine("F.conv2d(a, b)", "c", "d") + "), e, stride=" + std::to_string(stride) +
+                   ", padding=1, groups=" + std::to_string(E) + ")",
+               "f", "g") +
+        ")";
+    expr = affine("F.conv2d(" + expr + ", h)", "i", "j") + (add_input ? " + a" : "");
+    return make_row(
+        Op::inverted_residual, [samples] { return with_layouts(samples); },
+        [=](In x) {
+          return inverted_residual(x[0], {x[1], x[2], x[3], EpilogueActivation::ReLU6},
+                                   {x[4], x[5], x[6], EpilogueActivation::Hardswish}, {stride, stride}, {1, 1},
+                                   {x[7], x[8], x[9], EpilogueActivation::None}, add_input);
+        },
+        expr, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  };
+  rows.push_back(inverted_residual_row(
+      1, true,
+      {randn_sample("input added",
+                    {{2, 4, 9, 7}, {12, 4, 1, 1}, {12}, {12}, {12, 1, 3, 3}, {12}, {12}, {4, 12, 1, 1}, {4}, {4}})}));
+  rows.push_back(inverted_residual_row(
+      2, false,
+      {randn_sample("stride 2",
+                    {{1, 3, 10, 11}, {8, 3, 1, 1}, {8}, {8}, {8, 1, 3, 3}, {8}, {8}, {5, 8, 1, 1}, {5}, {5}})}));
+
   auto conv1d_samples = [](std::vector<OpSample> cases) {
     OpSample nc = cases.front();
     nc.label = "non-contiguous " + nc.label;

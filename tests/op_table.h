@@ -2,7 +2,8 @@
 //
 // For every row, every sample and every CPU instruction-set path, tests/test_op_table.cpp:
 //  - runs a float64 finite-difference gradcheck of the differentiable inputs;
-//  - runs the op in float32 and compares forward and backward with our own float64 result;
+//  - runs the op in float32 and compares forward and backward with our own float64 result, and
+//    the forward once more where autograd does not record (fused ops' one kernel);
 //  - runs the op on float16 and bfloat16 inputs against float32 on the same rounded values;
 //  - compares float32 forward and backward with PyTorch (the row's `torch` expression, evaluated
 //    by tools/torch_oracle.py on the same inputs), err <= row.tol.
@@ -30,7 +31,7 @@ struct OpRow {
   std::function<std::vector<OpSample>()> samples;
   // The op under test; returns one tensor (pick one output of multi-output ops).
   std::function<Tensor(const std::vector<Tensor>&)> fn;
-  // PyTorch expression over inputs named a, b, c, d (in order), e.g. "torch.add(a, b)".
+  // PyTorch expression over inputs named a, b, c, ..., j (in order), e.g. "torch.add(a, b)".
   // Empty: the op has no PyTorch counterpart worth comparing (say why in `note`).
   std::string torch;
   // Indices of inputs to differentiate (floating inputs only). Empty: no gradient checks.

@@ -571,6 +571,45 @@ TEST(InvertedResidual, TheIdentityIsAddedInTheProjectionInInference) {
   }
 }
 
+// In inference each inverted residual block's expansion, depthwise layer and projection (the
+// expansion and depthwise layer where a squeeze-excitation follows) run as one kernel
+// (inverted_residual): one per block, the output of the recorded path (separate ops); a hook on
+// one block's depthwise convolution runs that block's layers one by one, and the hook once.
+TEST(InvertedResidual, BlocksRunAsOneKernelInInference) {
+  struct Case {
+    const char* name;
+    int blocks;
+    const char* depthwise;
+  };
+  for (const Case& c :
+       {Case{"mobilenet_v2", 17, "features.2.conv.1.0"}, Case{"mobilenet_v3_large", 15, "features.2.block.1.0"},
+        Case{"efficientnet_b0", 16, "features.2.0.block.1.0"}}) {
+    models::BackbonePtr model = models::create(c.name, {.num_classes = 10});
+    model->eval();
+    Generator gen(11);
+    const Tensor x = randn({2, 3, 96, 96}, {}, &gen);
+    const Tensor separate = model->forward(x.detach().requires_grad_()).detach();
+    auto kernels = [&](int expected) {
+      NoGradGuard no_grad;
+      KernelProfiler profiler;
+      EXPECT_LE(test::relative_error(model->forward(x), separate), 1e-5) << c.name;
+      int count = 0;
+      for (const KernelRecord& r : profiler.records()) count += r.op == "inverted_residual";
+      EXPECT_EQ(count, expected) << c.name;
+    };
+    kernels(c.blocks);
+    int calls = 0;
+    auto handle = model->get_submodule(c.depthwise)
+                      ->register_forward_hook([&calls](nn::Module&, const nn::TensorList&, const nn::TensorList&) {
+                        ++calls;
+                        return std::optional<nn::TensorList>();
+                      });
+    kernels(c.blocks - 1);
+    EXPECT_EQ(calls, 1) << c.name;
+    handle.remove();
+  }
+}
+
 TEST(ModelConformanceFull, EfficientNet) {
   for (const char* name :
        {"efficientnet_b1", "efficientnet_b2", "efficientnet_b3", "efficientnet_b4", "efficientnet_b5",

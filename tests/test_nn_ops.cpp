@@ -455,6 +455,7 @@ TEST(NnOps, DepthwisePlanesMatchFloat64) {
     {
       KernelProfiler profiler;
       const Tensor y = conv2d(x, w, shift, {c.stride, c.stride}, {pad, pad}, {c.dilation, c.dilation}, C);
+      for (const auto& r : profiler.records()) std::printf("%s %s\n", r.op.c_str(), r.path.c_str());
       ASSERT_EQ(profiler.records().size(), 1u) << where;
       if (cpu::has_depthwise_planes_kernel()) {
         EXPECT_EQ(profiler.records()[0].path, c.stride == 1 ? "depthwise planes" : "depthwise planes, stride 2")
@@ -601,6 +602,7 @@ TEST(NnOps, LinearGeluEqualsTheSeparateOps) {
             KernelProfiler profiler;
             fused = linear_gelu(x, w, b);
             // One kernel: the fused linear, no separate gelu (or add) after it.
+            for (const auto& r : profiler.records()) std::printf("%s %s\n", r.op.c_str(), r.path.c_str());
             ASSERT_EQ(profiler.records().size(), 1u) << where;
             EXPECT_EQ(profiler.records()[0].op, "linear") << where;
           }
@@ -668,6 +670,7 @@ TEST(NnOps, Conv2dWinogradMatchesFloat64) {
       {
         KernelProfiler profiler;
         y = conv2d(x, w, b, {1, 1}, pad);
+        for (const auto& r : profiler.records()) std::printf("%s %s\n", r.op.c_str(), r.path.c_str());
         ASSERT_EQ(profiler.records().size(), 1u) << where;
         EXPECT_EQ(profiler.records()[0].path.rfind("winograd F(4x4,3x3)", 0), 0u) << where;
       }
@@ -775,6 +778,7 @@ TEST(NnOps, Conv2dPositionRowsMatchFloat64) {
         NoGradGuard no_grad;
         KernelProfiler profiler;
         kept = conv2d(x, w, b, {1, 1}, pad);
+        for (const auto& r : profiler.records()) std::printf("%s %s\n", r.op.c_str(), r.path.c_str());
         ASSERT_EQ(profiler.records().size(), 1u) << where;
         EXPECT_EQ(profiler.records()[0].path.rfind("position rows gemm", 0) == 0, rows_kernel) << where;
       }
@@ -841,6 +845,7 @@ TEST(NnOps, Conv2dPositionRowsGiveTheSameBitsOnAnyThreads) {
       set_num_threads(t);
       KernelProfiler profiler;
       const Tensor y = conv2d(x, w, b, stride, pad);
+      for (const auto& r : profiler.records()) std::printf("%s %s\n", r.op.c_str(), r.path.c_str());
       ASSERT_EQ(profiler.records().size(), 1u) << where;
       if (cpu::has_rows_of_7_kernel()) {
         EXPECT_EQ(profiler.records()[0].path.rfind("position rows gemm", 0), 0u) << where;
@@ -966,6 +971,102 @@ TEST(NnOps, Conv2dEpilogueRejectsBadOperands) {
       },
       {"conv2d_epilogue", "residual", "[2, 3, 5, 5]", "[2, 3, 3, 3]"});
   expect_error([&] { conv2d_epilogue(x[0], w, c3, c3, Tensor(), relu); }, {"conv2d_epilogue", "[4, 5, 5]"});
+}
+
+// An inverted residual block in one kernel gives the bits of its conv2d_epilogue calls one after
+// the other, on every instruction set, by each of its ways (2 threads): bands of output rows of
+// large maps (rows read by two bands, the map's edges padded), whole maps of several
+// samples side by side, and layer by layer; with and without the expansion and the projection,
+// 3x3 and 5x5, stride 1 and 2, the input added.
+TEST(NnOps, InvertedResidualGivesTheBitsOfItsConvolutions) {
+  struct Case {
+    Shape x;
+    int64_t E, O, k, stride;
+    bool expand, project;
+    const char* path;
+  };
+  const Case cases[] = {
+      {{1, 16, 96, 96}, 64, 24, 3, 2, true, true, "inverted residual, bands of rows"},
+      {{2, 24, 40, 40}, 144, 24, 3, 1, true, true, "inverted residual, bands of rows"},  // input added
+      {{1, 32, 112, 112}, 32, 16, 3, 1, false, true, "inverted residual, bands of rows"},
+      {{1, 16, 112, 112}, 96, 0, 3, 2, true, false, "inverted residual, bands of rows"},
+      {{1, 24, 75, 75}, 72, 40, 5, 2, true, true, "inverted residual, bands of rows"},
+      {{1, 64, 150, 150}, 64, 24, 5, 2, false, true, "inverted residual, bands of rows"},     // edge rows copied
+      {{8, 40, 7, 7}, 240, 40, 5, 1, true, true, "inverted residual, samples side by side"},  // input added
+      {{3, 80, 14, 14}, 480, 0, 5, 1, true, false, "inverted residual, bands of rows"},       // a map a band
+      {{1, 40, 7, 7}, 240, 40, 5, 1, true, true, "inverted residual, layer by layer"},
+      {{2, 16, 64, 64}, 96, 0, 3, 1, true, false, "inverted residual, layer by layer"},
+  };
+  const int threads = get_num_threads();
+  set_num_threads(2);
+  NoGradGuard no_grad;
+  uint64_t seed = 30;
+  for (const Case& c : cases) {
+    const int64_t C = c.x[1], E = c.expand ? c.E : C;
+    auto layer = [&](int64_t out, int64_t in, int64_t k, EpilogueActivation activation) {
+      return ConvEpilogueLayer{randn_of({out, in, k, k}, DType::Float32, ++seed) * 0.3,
+                               randn_of({out}, DType::Float32, ++seed), randn_of({out}, DType::Float32, ++seed),
+                               activation};
+    };
+    const Tensor x = randn_of(c.x, DType::Float32, ++seed);
+    const ConvEpilogueLayer expand = c.expand ? layer(E, C, 1, EpilogueActivation::ReLU6) : ConvEpilogueLayer{};
+    const ConvEpilogueLayer depthwise = layer(E, 1, c.k, EpilogueActivation::Hardswish);
+    const ConvEpilogueLayer project = c.project ? layer(c.O, E, 1, EpilogueActivation::None) : ConvEpilogueLayer{};
+    const bool add_input = c.project && c.stride == 1 && c.O == C;
+    const std::array<int64_t, 2> stride{c.stride, c.stride}, padding{c.k / 2, c.k / 2};
+    const std::string where = cat_str(c.x, " E ", E, " O ", c.O, " ", c.k, "x", c.k, " stride ", c.stride);
+    for (Isa isa : available_isas()) {
+      set_isa(isa);
+      Tensor want = x;
+      if (c.expand)
+        want = conv2d_epilogue(want, expand.weight, expand.scale, expand.shift, Tensor(), expand.activation);
+      want = conv2d_epilogue(want, depthwise.weight, depthwise.scale, depthwise.shift, Tensor(), depthwise.activation,
+                             stride, padding, {1, 1}, E);
+      if (c.project)
+        want = conv2d_epilogue(want, project.weight, project.scale, project.shift, add_input ? x : Tensor(),
+                               project.activation);
+      std::vector<KernelRecord> records;
+      Tensor y;
+      {
+        KernelProfiler profiler;
+        y = inverted_residual(x, expand, depthwise, stride, padding, project, add_input);
+        records = profiler.records();
+      }
+      EXPECT_TRUE(same_bits(y, want)) << where << " " << isa_name(isa);
+      ASSERT_EQ(records.size(), 1u) << where;
+      EXPECT_EQ(records[0].op, "inverted_residual") << where;
+      EXPECT_EQ(records[0].path, c.path) << where;
+    }
+  }
+  set_isa(available_isas().back());
+  set_num_threads(threads);
+}
+
+TEST(NnOps, InvertedResidualRejectsBadOperands) {
+  const Tensor x = randn_of({2, 4, 6, 6}, DType::Float32, 1);
+  auto layer = [](int64_t out, int64_t in, int64_t k) {
+    return ConvEpilogueLayer{randn_of({out, in, k, k}, DType::Float32, 2), randn_of({out}, DType::Float32, 3),
+                             randn_of({out}, DType::Float32, 4), EpilogueActivation::ReLU};
+  };
+  const ConvEpilogueLayer expand = layer(8, 4, 1), depthwise = layer(8, 1, 3), project = layer(4, 8, 1);
+  const std::array<int64_t, 2> one{1, 1}, two{2, 2};
+  NoGradGuard no_grad;
+  expect_error([&] { inverted_residual(x, layer(8, 3, 1), depthwise, one, one, project, true); },
+               {"inverted_residual", "expand", "(out, 4, 1, 1)", "[8, 3, 1, 1]"});
+  expect_error([&] { inverted_residual(x, expand, layer(8, 2, 3), one, one, project, true); },
+               {"inverted_residual", "depthwise", "(8, 1, kh, kw)", "[8, 2, 3, 3]"});
+  expect_error([&] { inverted_residual(x, expand, depthwise, one, one, layer(4, 6, 1), true); },
+               {"inverted_residual", "project", "(out, 8, 1, 1)", "[4, 6, 1, 1]"});
+  expect_error([&] { inverted_residual(x, expand, depthwise, one, one, ConvEpilogueLayer{}, true); },
+               {"inverted_residual", "add_input", "project"});
+  expect_error([&] { inverted_residual(x, expand, depthwise, two, one, project, true); },
+               {"inverted_residual", "add_input", "[2, 4, 3, 3]", "[2, 4, 6, 6]"});
+  ConvEpilogueLayer short_scale = depthwise;
+  short_scale.scale = randn_of({7}, DType::Float32, 5);
+  expect_error([&] { inverted_residual(x, expand, short_scale, one, one, project, true); },
+               {"inverted_residual", "scale", "(8)", "[7]"});
+  expect_error([&] { inverted_residual(x[0], expand, depthwise, one, one, project, true); },
+               {"inverted_residual", "(N, C, H, W)", "[4, 6, 6]"});
 }
 
 // ---------------------------------------------------------------- pooling

@@ -179,6 +179,13 @@ TEST(OpTable, Float32MatchesFloat64) {
           EXPECT_EQ(out32.shape(), out64.shape()) << case_name(row, s);
           if (row.random && !is_floating(out32.dtype())) continue;
           EXPECT_LE(relative_error(out32, out64), row.tol) << case_name(row, s) << isa_suffix() << ": forward";
+          {
+            // Where autograd does not record, fused ops take their one kernel (conv2d_epilogue,
+            // inverted_residual, ...): that forward too.
+            NoGradGuard no_grad;
+            EXPECT_LE(relative_error(call(row, in32), out64), row.tol)
+                << case_name(row, s) << isa_suffix() << ": forward without autograd";
+          }
           if (!is_floating(out32.dtype())) continue;
           auto g64 = projected_grads(row, in64, out64), g32 = projected_grads(row, in32, out32);
           for (size_t k = 0; k < g64.size(); ++k)

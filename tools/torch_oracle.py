@@ -4,7 +4,7 @@
 Usage: torch_oracle.py MANIFEST.json RESULTS.json
 
 MANIFEST: {"cases": [{"name", "expr", "inputs": [{"dtype", "shape", "data", "channels_last",
-"grad"}], "proj": null | {"shape", "data"}}]}. Inputs are named a, b, c, d in the expression.
+"grad"}], "proj": null | {"shape", "data"}}]}. Inputs are named a, b, c, ..., j in the expression.
 RESULTS: {"results": [{"out": {"shape", "data"}, "grads": [null | {"shape", "data"}, ...]} or
 {"error": "..."}]}, one per case, where grads are those of sum(out * proj).
 """
@@ -43,7 +43,7 @@ def make_input(spec):
 def evaluate(case):
     inputs = [make_input(s) for s in case["inputs"]]
     env = {"torch": torch, "F": F, "math": math}
-    env.update(dict(zip("abcdefgh", inputs)))
+    env.update(dict(zip("abcdefghij", inputs)))
     out = eval(case["expr"], env)
     result = {"out": to_json(out), "grads": None}
     proj = case.get("proj")

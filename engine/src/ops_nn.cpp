@@ -243,6 +243,65 @@ Tensor conv2d_epilogue(const Tensor& input, const Tensor& weight, const Tensor& 
   return y;
 }
 
+Tensor inverted_residual(const Tensor& input, const ConvEpilogueLayer& expand, const ConvEpilogueLayer& depthwise,
+                         Pair stride, Pair padding, const ConvEpilogueLayer& project, bool add_input) {
+  TVC_CHECK(input.defined() && input.dim() == 4, "inverted_residual: input must be (N, C, H, W), got ",
+            input.defined() ? cat_str(input.shape()) : std::string("an undefined tensor"));
+  const int64_t C = input.shape()[1];
+  // Each layer's weight (out, in, kh, kw) with in as the layer before leaves it; its epilogue is
+  // checked by conv2d_epilogue or below.
+  auto check_weight = [](const char* layer, const Tensor& w, int64_t in, bool pointwise) {
+    TVC_CHECK(w.defined() && w.dim() == 4 && w.shape()[1] == (pointwise ? in : 1) &&
+                  (!pointwise || (w.shape()[2] == 1 && w.shape()[3] == 1)) && (pointwise || w.shape()[0] == in),
+              "inverted_residual: ", layer, " weight must be ",
+              pointwise ? cat_str("(out, ", in, ", 1, 1)") : cat_str("(", in, ", 1, kh, kw)"), " for ", in,
+              " channels in, got ", w.defined() ? cat_str(w.shape()) : std::string("an undefined tensor"));
+  };
+  if (expand.weight.defined()) check_weight("expand", expand.weight, C, true);
+  const int64_t E = expand.weight.defined() ? expand.weight.shape()[0] : C;
+  check_weight("depthwise", depthwise.weight, E, false);
+  if (project.weight.defined()) check_weight("project", project.weight, E, true);
+  TVC_CHECK(!add_input || project.weight.defined(), "inverted_residual: add_input needs a project layer");
+  const Shape dw_shape = conv2d_output_shape(input, depthwise.weight, stride, padding, {1, 1});  // (H, W) its input's
+  const int64_t O = project.weight.defined() ? project.weight.shape()[0] : E;
+  const Shape out_shape{input.shape()[0], O, dw_shape[2], dw_shape[3]};
+  TVC_CHECK(!add_input || out_shape == input.shape(), "inverted_residual: add_input needs the output shape ", out_shape,
+            " to be the input's, got ", input.shape());
+  std::vector<Tensor> in{input};
+  for (const ConvEpilogueLayer* layer : {&expand, &depthwise, &project}) {
+    if (!layer->weight.defined()) continue;
+    const int64_t channels = layer->weight.shape()[0];
+    for (const auto& [name, t] : {std::pair{"scale", &layer->scale}, std::pair{"shift", &layer->shift}})
+      TVC_CHECK(t->defined() && t->dim() == 1 && t->shape()[0] == channels && t->dtype() == input.dtype(),
+                "inverted_residual: ", name, " must be (", channels, ") of dtype ", dtype_name(input.dtype()),
+                " for weight shape ", layer->weight.shape(), ", got ",
+                t->defined() ? cat_str(t->shape(), " ", dtype_name(t->dtype())) : std::string("an undefined tensor"));
+    in.insert(in.end(), {layer->weight, layer->scale, layer->shift});
+  }
+  bool one_kernel = input.dtype() == DType::Float32 && input.is_contiguous() && input.numel() > 0 &&
+                    kernel_registry().supports(Op::inverted_residual, input.device()) &&
+                    !autograd::any_requires_grad(in);
+  for (const Tensor& t : in) one_kernel = one_kernel && t.dtype() == DType::Float32 && t.device() == input.device();
+  if (one_kernel) {
+    NoGradGuard no_grad;
+    Tensor y = empty(out_shape, {.dtype = input.dtype(), .device = input.device()});
+    InvertedResidualParams p{expand.weight.defined(), project.weight.defined(), add_input,
+                             expand.activation,       depthwise.activation,     project.activation,
+                             {stride[0], stride[1]},  {padding[0], padding[1]}};
+    detail::run(Op::inverted_residual, in, {y}, &p);
+    return y;
+  }
+  Tensor y = input;
+  if (expand.weight.defined())
+    y = conv2d_epilogue(y, expand.weight, expand.scale, expand.shift, Tensor(), expand.activation);
+  y = conv2d_epilogue(y, depthwise.weight, depthwise.scale, depthwise.shift, Tensor(), depthwise.activation, stride,
+                      padding, {1, 1}, E);
+  if (project.weight.defined())
+    y = conv2d_epilogue(y, project.weight, project.scale, project.shift, add_input ? input : Tensor(),
+                        project.activation);
+  return y;
+}
+
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
               int64_t dilation, int64_t groups) {
   check_conv("conv1d", input, weight, bias, groups, 1);

@@ -177,6 +177,29 @@ Tensor conv2d_epilogue(const Tensor& input, const Tensor& weight, const Tensor& 
                        const Tensor& residual, EpilogueActivation activation, std::array<int64_t, 2> stride = {1, 1},
                        std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1},
                        int64_t groups = 1);
+// One convolution of inverted_residual with its folded epilogue: weight, scale and shift (one
+// per output channel) and activation, as conv2d_epilogue takes them. An undefined weight: no
+// such layer.
+struct ConvEpilogueLayer {
+  Tensor weight, scale, shift;
+  EpilogueActivation activation = EpilogueActivation::None;
+};
+// An inverted residual block's convolutions (MobileNet v2/v3, EfficientNet) in evaluation, input
+// (N,C,H,W) ->
+//   expand:    a 1x1 convolution, weight (E,C,1,1)                         -> (N,E,H,W)
+//   depthwise: a kh x kw convolution of groups E, weight (E,1,kh,kw), with
+//              stride and padding                                          -> (N,E,Ho,Wo)
+//   project:   a 1x1 convolution, weight (O,E,1,1), plus the input when
+//              add_input (before its activation; then O == C, Ho == H, Wo == W) -> (N,O,Ho,Wo)
+// each with its epilogue (conv2d_epilogue's); without expand E = C, without project the result
+// is the depthwise layer's (N,E,Ho,Wo) and add_input must be false. The values are the
+// conv2d_epilogue calls' one after the other (the same sums). When autograd does not record, the
+// input is float32, dense NCHW, on a device with the kernel (the CPU): one kernel that runs the
+// layers over bands of output rows, sample by sample, so that the expanded maps stay in the
+// cores' caches instead of going to memory and back; otherwise those calls.
+Tensor inverted_residual(const Tensor& input, const ConvEpilogueLayer& expand, const ConvEpilogueLayer& depthwise,
+                         std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
+                         const ConvEpilogueLayer& project, bool add_input);
 // input (N,C,L), weight (O,C/groups,k), bias (O) -> (N,O,Lo).
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1,
               int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);

@@ -22,6 +22,10 @@
 // copy into y. conv2d_epilogue (an eval-mode conv, batch norm and activation) is this kernel with
 // the whole epilogue.
 //
+// inverted_residual (a MobileNet or EfficientNet block's 1x1 expansion, depthwise layer and 1x1
+// projection) runs these convolutions over bands of output rows or groups of whole maps, each on
+// one thread, the expanded and depthwise rows in the thread's scratch (inverted_residual_forward).
+//
 // bfloat16 inputs and weights (other than depthwise) go through the GEMM's bfloat16 form: float32
 // sums into a float32 block, the epilogue in float32, stored as bfloat16 (rounded once) or as
 // float32 (a float32 input with a bfloat16 weight, the input rounded by the op).
@@ -1698,6 +1702,183 @@ void conv_forward_bf16(const Operand<const BFloat16>& x, const BFloat16* w, cons
   });
 }
 
+// ---------------------------------------------------------------- inverted residual blocks
+
+// The layers of an inverted residual block (ops.h, inverted_residual), float32: the expansion
+// (absent: null), the depthwise layer with g its geometry over the whole input (N, E, H, W) ->
+// (N, E, Ho, Wo), the projection (absent: null) with its epilogue's residual the block's input.
+struct InvertedResidualLayers {
+  const Tensor* expand;
+  Epilogue<float> expand_e;
+  const Tensor& depthwise;
+  Epilogue<float> depthwise_e;
+  ConvGeom g;
+  const Tensor* project;
+  Epilogue<float> project_e;
+  bool add_input;
+  int64_t C, O;  // channels in and out of the block
+};
+
+// A 1x1 convolution's geometry: n samples of (C, H, W) -> (O, H, W).
+ConvGeom pointwise_geom(int64_t n, int64_t C, int64_t O, int64_t H, int64_t W) {
+  return ConvGeom{n, C, H, W, O, 1, C, O, 1, 1, H, W, H * W, C, 1, 1, 0, 0, 1, 1};
+}
+
+// The input rows [first, first + count) of the map the depthwise layer reads for its output rows
+// [r0, r1) of m samples, and its geometry g over them (kept: g's output row of output row r0):
+// - all of them: the layer's own geometry;
+// - with stride 1 and "same" padding, the rows it reaches inside the map: g keeps their count,
+//   its padding the map's edges, and the outputs of the rows past [r0, r1) are dropped;
+// - else exactly the rows it reads, those outside the map zeros in the buffer (zero_rows): g
+//   without vertical padding.
+// (Each depthwise path needs a consistent geometry: as many output rows as the input rows and
+// padding make, the same padding above and below.)
+struct BandRows {
+  int64_t first, count;
+  ConvGeom g;
+  int64_t kept;
+  bool zero_rows;
+};
+bool same_rows(const ConvGeom& g) { return g.sh == 1 && g.Ho == g.H; }
+int64_t band_rows_read(const ConvGeom& g, int64_t band) {
+  if (band == g.Ho) return g.H;
+  return same_rows(g) ? std::min(g.H, band + (g.kh - 1) * g.dh) : (band - 1) * g.sh + (g.kh - 1) * g.dh + 1;
+}
+BandRows band_rows(const ConvGeom& g, int64_t m, int64_t r0, int64_t r1) {
+  BandRows in{0, g.H, g, 0, false};
+  in.g.N = m;
+  if (r0 == 0 && r1 == g.Ho) return in;
+  if (same_rows(g)) {
+    in.first = std::max<int64_t>(0, r0 - g.ph);
+    in.count = std::min(g.H, r1 - 1 - g.ph + (g.kh - 1) * g.dh + 1) - in.first;
+    in.g.H = in.g.Ho = in.count;
+    in.kept = r0 - in.first;
+  } else {
+    in.first = r0 * g.sh - g.ph;
+    in.count = band_rows_read(g, r1 - r0);
+    in.g.H = in.count, in.g.ph = 0, in.g.Ho = r1 - r0;
+    in.zero_rows = in.first < 0 || in.first + in.count > g.H;
+  }
+  in.g.P = in.g.Ho * in.g.Wo;
+  return in;
+}
+
+// The block's output rows [r0, r1) of samples [n0, n0 + m): the expansion of the input rows
+// they reach into ex (E, m, rows, W; or those rows copied there, where rows outside the map are
+// zeros), the depthwise layer into dw (E, m, its output rows, Wo), the projection (with the
+// input's rows as its residual) into y; without a projection the depthwise rows go to y (then
+// they must be all it computes). (ex and dw hold the m samples side by side, so that each 1x1
+// convolution of several whole maps is one GEMM over their positions, reading and writing them
+// in place.)
+void inverted_residual_rows(const InvertedResidualLayers& b, const Operand<const float>& x, const Operand<float>& y,
+                            int64_t n0, int64_t m, int64_t r0, int64_t r1, float* ex, float* dw) {
+  const ConvGeom& g = b.g;
+  const BandRows in = band_rows(g, m, r0, r1);
+  const int64_t E = g.O, first = std::max<int64_t>(in.first, 0), end = std::min(in.first + in.count, g.H);
+  const Operand<const float> x_rows{x.p + n0 * x.s[0] + first * x.s[2], {x.s[0], x.s[1], x.s[2], x.s[3]}};
+  Operand<const float> dw_in = x_rows;
+  if (b.expand || in.zero_rows) {
+    const Operand<float> ex_rows{ex, {in.count * g.W, m * in.count * g.W, g.W, 1}};
+    const int64_t above = (first - in.first) * g.W, inside = (end - first) * g.W;  // floats of a plane
+    if (b.expand) {
+      const Operand<float> ex_inside{ex + above, {ex_rows.s[0], ex_rows.s[1], ex_rows.s[2], ex_rows.s[3]}};
+      conv_forward<float>(x_rows, *b.expand, b.expand_e, ex_inside, pointwise_geom(m, b.C, E, end - first, g.W));
+    }
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t c = 0; c < E; ++c) {
+        float* plane = ex + i * ex_rows.s[0] + c * ex_rows.s[1];
+        if (!b.expand) std::copy_n(x_rows.p + i * x.s[0] + c * x.s[1], inside, plane + above);  // rows dense
+        std::fill(plane, plane + above, 0.f);
+        std::fill(plane + above + inside, plane + in.count * g.W, 0.f);
+      }
+    dw_in = {ex, {ex_rows.s[0], ex_rows.s[1], ex_rows.s[2], ex_rows.s[3]}};
+  }
+  const Operand<float> y_rows{y.p + n0 * y.s[0] + r0 * y.s[2], {y.s[0], y.s[1], y.s[2], y.s[3]}};
+  if (!b.project) {  // (inverted_residual_forward runs no band of extra rows without a projection)
+    conv_forward<float>(dw_in, b.depthwise, b.depthwise_e, y_rows, in.g);
+    return;
+  }
+  const Operand<float> dw_out{dw, {in.g.P, m * in.g.P, in.g.Wo, 1}};
+  conv_forward<float>(dw_in, b.depthwise, b.depthwise_e, dw_out, in.g);
+  Epilogue<float> e = b.project_e;
+  if (b.add_input) {
+    e.residual = x.p + n0 * x.s[0] + r0 * x.s[2];
+    std::copy(x.s, x.s + 4, e.rs);
+  }
+  const Operand<const float> dw_rows{dw + in.kept * in.g.Wo, {dw_out.s[0], dw_out.s[1], dw_out.s[2], dw_out.s[3]}};
+  conv_forward<float>(dw_rows, *b.project, e, y_rows, pointwise_geom(m, E, b.O, r1 - r0, g.Wo));
+}
+
+// A band's expanded and depthwise rows at most this many bytes, so that they stay in a core's L2
+// cache (1 MB on Zen 4, 2 MB on Sapphire Rapids) between the layers.
+constexpr int64_t kInvertedResidualBandBytes = int64_t{1} << 20;
+// Bands whose input rows are more than this share above their own (the rows the depthwise
+// window reaches past a band, expanded for each of the two bands) cost more than they save: the
+// block runs layer by layer.
+constexpr double kMostExtraRows = 0.25;
+
+// The floats of the expanded (or copied) rows (ex) and depthwise rows (dw) of any band of at most
+// `band` output rows of m samples (band_rows).
+std::pair<int64_t, int64_t> inverted_residual_band_floats(const InvertedResidualLayers& b, int64_t m, int64_t band) {
+  const ConvGeom& g = b.g;
+  const int64_t rows = band_rows_read(g, band);
+  const bool copied = !same_rows(g) && band < g.Ho;  // where a band reaches past the map's edge
+  return {b.expand || copied ? m * g.O * rows * g.W : 0, b.project ? m * g.O * (same_rows(g) ? rows : band) * g.Wo : 0};
+}
+
+// y = the block over x, one of these ways:
+// - whole maps whose expanded and depthwise maps fit kInvertedResidualBandBytes: groups of
+//   samples side by side, about kGemmColumns output positions a group, at least as many groups
+//   as threads, each thread its share of groups;
+// - larger maps: bands of output rows of one sample, each of the most rows whose expanded and
+//   depthwise rows fit kInvertedResidualBandBytes, as many as make the bands of all samples a
+//   multiple of the threads, each thread its share of bands;
+// - layer by layer, all samples at once (each layer over the threads), where there would be
+//   fewer groups than threads, or the bands would read too many extra rows (kMostExtraRows), or
+//   compute extra depthwise rows without a projection (its rows go to y).
+// Each group or band runs its layers on its thread.
+void inverted_residual_forward(const InvertedResidualLayers& b, const Operand<const float>& x,
+                               const Operand<float>& y) {
+  const ConvGeom& g = b.g;
+  auto band_bytes = [&](int64_t rows) {
+    const auto [ex, dw] = inverted_residual_band_floats(b, 1, rows);
+    return (ex + dw) * static_cast<int64_t>(sizeof(float));
+  };
+  const int64_t threads = available_threads();
+  int64_t samples = 1, band = g.Ho;
+  if (band_bytes(g.Ho) <= kInvertedResidualBandBytes) {
+    samples = std::clamp<int64_t>(kGemmColumns / g.P, 1, g.N);
+    while (samples > 1 && (g.N + samples - 1) / samples < threads) --samples;
+    const int64_t groups = (g.N + samples - 1) / samples;
+    samples = (g.N + groups - 1) / groups;  // equal groups
+  } else {
+    while (band > 1 && band_bytes(band) > kInvertedResidualBandBytes) --band;
+    int64_t bands = (g.Ho + band - 1) / band;
+    while (g.N * bands % threads != 0) ++bands;
+    band = (g.Ho + bands - 1) / bands;
+  }
+  const int64_t bands = (g.Ho + band - 1) / band, items = (g.N + samples - 1) / samples * bands;
+  const double extra_rows = static_cast<double>((g.kh - 1) * g.dh + 1 - g.sh) / static_cast<double>(band * g.sh);
+  // (bands of "same" rows compute extra depthwise rows)
+  if ((bands > 1 && (extra_rows > kMostExtraRows || (same_rows(g) && !b.project))) || items < threads) {
+    const auto [ex, dw] = inverted_residual_band_floats(b, g.N, g.Ho);
+    inverted_residual_rows(b, x, y, 0, g.N, 0, g.Ho, thread_scratch<float, 18>(ex), thread_scratch<float, 19>(dw));
+    note_kernel_path("inverted residual, layer by layer");  // after the layers' own notes
+    return;
+  }
+  const int64_t work = g.N * g.O * g.P * (b.C + g.kh * g.kw + b.O) / items;
+  parallel_for(items, work, [&](int64_t begin, int64_t end) {
+    const auto [ex, dw] = inverted_residual_band_floats(b, samples, band);
+    float* const ex_rows = thread_scratch<float, 18>(ex);
+    float* const dw_rows = thread_scratch<float, 19>(dw);
+    for (int64_t it = begin; it < end; ++it) {
+      const int64_t n0 = it / bands * samples, r0 = it % bands * band;
+      inverted_residual_rows(b, x, y, n0, std::min(samples, g.N - n0), r0, std::min(g.Ho, r0 + band), ex_rows, dw_rows);
+    }
+  });
+  note_kernel_path(samples > 1 ? "inverted residual, samples side by side" : "inverted residual, bands of rows");
+}
+
 template <typename T>
 void conv_backward_input(const Operand<const T>& dy, const T* w, const Operand<T>& dx, const ConvGeom& g) {
   if (g.Cg == 1 && g.G > 1) return depthwise_backward_input(dy, w, dx, g);
@@ -1956,6 +2137,39 @@ void conv2d_epilogue_kernel(const KernelArgs& args) {
   });
 }
 
+// in = (input[, expand weight, scale, shift], depthwise weight, scale, shift[, project weight,
+// scale, shift]) -> out (output); float32, dense NCHW (the op checks).
+void inverted_residual_kernel(const KernelArgs& args) {
+  const auto& p = args.p<InvertedResidualParams>();
+  // Each layer's weight, scale and shift, dense (held while the kernel runs): expand, depthwise,
+  // project; none for an absent layer.
+  std::vector<Tensor> layer[3];
+  for (size_t i = 0, next = 1; i < 3; ++i)
+    if (i == 1 || (i == 0 && p.expand) || (i == 2 && p.project))
+      for (int k = 0; k < 3; ++k) layer[i].push_back(args.in[next++].contiguous());
+  auto weight = [&](int i) { return layer[i].empty() ? nullptr : &layer[i][0]; };
+  auto epilogue = [&](int i, EpilogueActivation activation) {
+    Epilogue<float> e;
+    if (!layer[i].empty())
+      e.scale = layer[i][1].data_ptr<float>(), e.shift = layer[i][2].data_ptr<float>(), e.activation = activation;
+    return e;
+  };
+  const Tensor &x = args.in[0], &y = args.out[0], &dw = layer[1][0];
+  const int64_t E = dw.shape()[0];
+  const Conv2dParams cp{{p.stride[0], p.stride[1]}, {p.padding[0], p.padding[1]}, {1, 1}, E};
+  const InvertedResidualLayers b{weight(0),
+                                 epilogue(0, p.expand_activation),
+                                 dw,
+                                 epilogue(1, p.depthwise_activation),
+                                 conv_geom({x.shape()[0], E, x.shape()[2], x.shape()[3]}, dw.shape(), y.shape(), cp),
+                                 weight(2),
+                                 epilogue(2, p.project_activation),
+                                 p.add_input,
+                                 x.shape()[1],
+                                 y.shape()[1]};
+  inverted_residual_forward(b, operand<const float>(x), operand<float>(y));
+}
+
 // in = (grad_output, weight) -> out (grad_input).
 void conv2d_backward_input_kernel(const KernelArgs& args) {
   const auto& p = args.p<Conv2dParams>();
@@ -1982,6 +2196,7 @@ void conv2d_backward_weight_kernel(const KernelArgs& args) {
 void register_conv_kernels(KernelRegistry& r) {
   r.set(Op::conv2d, Device::CPU, conv2d_kernel);
   r.set(Op::conv2d_epilogue, Device::CPU, conv2d_epilogue_kernel);
+  r.set(Op::inverted_residual, Device::CPU, inverted_residual_kernel);
   r.set(Op::conv2d_backward_input, Device::CPU, conv2d_backward_input_kernel);
   r.set(Op::conv2d_backward_weight, Device::CPU, conv2d_backward_weight_kernel);
 }

@@ -58,25 +58,57 @@ Tensor run_inverted_residual_body(nn::Module& module, const Tensor& x, const Ten
   auto& body = static_cast<nn::Sequential&>(module);
   const size_t n = body.size();
   // The child at i when it is a Conv2dNormActivation without hooks, else null.
-  auto layer_at = [&body](size_t i) -> nn::Sequential* {
+  auto layer_at = [&body, n](size_t i) -> nn::Sequential* {
+    if (i >= n) return nullptr;
     nn::Module& m = *body[i];
     if (typeid(m) != typeid(Conv2dNormActivation) || m.has_call_hooks() || static_cast<nn::Sequential&>(m).size() < 2)
       return nullptr;
     return static_cast<nn::Sequential*>(&m);
+  };
+  // Such a layer at i whose convolution is depthwise (groups = channels in), else null.
+  auto depthwise_at = [&layer_at](size_t i) -> nn::Sequential* {
+    nn::Sequential* layer = layer_at(i);
+    const auto* conv = layer ? dynamic_cast<const nn::Conv2d*>((*layer)[0].get()) : nullptr;
+    return conv && conv->groups > 1 && conv->groups == conv->in_channels ? layer : nullptr;
+  };
+  auto refs = [](nn::Sequential& layer) {
+    return nn::ConvNormActivationRefs{layer[0].get(), layer[1].get(), layer.size() > 2 ? layer[2].get() : nullptr};
   };
   // The child at i when it is a SqueezeExcitation without hooks followed by such a layer, else null.
   auto folding_pair = [&body, &layer_at, n](size_t i) -> SqueezeExcitation* {
     if (i + 1 >= n || typeid(*body[i]) != typeid(SqueezeExcitation) || body[i]->has_call_hooks()) return nullptr;
     return layer_at(i + 1) ? static_cast<SqueezeExcitation*>(body[i].get()) : nullptr;
   };
+  // The expansion (where the body has one), the depthwise layer and the projection (v2: a Conv2d
+  // and a BatchNorm2d ending the body; v3, EfficientNet: a layer of a convolution and norm ending
+  // it) through nn::inverted_residual_layers, the residual (the input) added there; with a
+  // squeeze-excitation after the depthwise layer, the expansion and depthwise layer alone.
+  Tensor y = x;
+  size_t start = 0;  // the first child the loop below runs
+  const bool expands = layer_at(0) && !depthwise_at(0) && depthwise_at(1);
+  const size_t dw_at = expands ? 1 : 0;
+  if (depthwise_at(dw_at) && (!residual.defined() || residual.is_same(x))) {
+    const nn::ConvNormActivationRefs expand = expands ? refs(*layer_at(0)) : nn::ConvNormActivationRefs{};
+    const nn::ConvNormActivationRefs depthwise = refs(*depthwise_at(dw_at));
+    const size_t i = dw_at + 1;
+    nn::ConvNormActivationRefs project{};
+    if (i + 2 == n && typeid(*body[i]) == typeid(nn::Conv2d) && typeid(*body[i + 1]) == typeid(nn::BatchNorm2d))
+      project = {body[i].get(), body[i + 1].get(), nullptr};
+    else if (i + 1 == n && layer_at(i) && layer_at(i)->size() == 2)
+      project = refs(*layer_at(i));
+    if (project.conv) return nn::inverted_residual_layers(expand, depthwise, project, x, residual.defined());
+    if (folding_pair(i)) {
+      y = nn::inverted_residual_layers(expand, depthwise, {}, x, false);
+      start = i;
+    }
+  }
   // Whether the last child is a layer that can take the residual: a convolution and norm alone
   // (the residual goes in before an activation).
   const bool last_takes_residual = n > 0 && layer_at(n - 1) && layer_at(n - 1)->size() == 2;
-  bool any = residual.defined();
-  for (size_t i = 0; i < n; ++i) any |= folding_pair(i) != nullptr;
+  bool any = residual.defined() || start > 0;
+  for (size_t i = start; i < n; ++i) any |= folding_pair(i) != nullptr;
   if (!any) return body(x);
-  Tensor y = x;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = start; i < n; ++i) {
     // v2's projection: a Conv2d and a BatchNorm2d end the body.
     if (residual.defined() && i + 2 == n && typeid(*body[i]) == typeid(nn::Conv2d) &&
         typeid(*body[i + 1]) == typeid(nn::BatchNorm2d))

@@ -298,20 +298,33 @@ BatchNorm* relu_after_batch_norm(Module& norm, Module* activation) {
   return bn->is_training() ? bn : nullptr;
 }
 
+// conv, norm and activation as one convolution with its epilogue (the norm folded into scale and
+// shift) for input x, with the other tensors of the call: where conv is a Conv2d, norm a
+// BatchNorm2d in evaluation mode with running statistics, activation null or one that
+// epilogue_activation names, none of them has hooks, x is (N, C, H, W) on a device with the fused
+// kernel and autograd does not record; else nullopt.
+std::optional<ConvEpilogueLayer> folded_layer(Module& conv, Module& norm, Module* activation, const Tensor& x,
+                                              std::initializer_list<Tensor> others) {
+  const std::optional<EpilogueActivation> act = epilogue_activation(activation);
+  auto* conv2d = typeid(conv) == typeid(Conv2d) ? static_cast<Conv2d*>(&conv) : nullptr;
+  auto* bn = typeid(norm) == typeid(BatchNorm2d) ? static_cast<BatchNorm*>(&norm) : nullptr;
+  std::vector<Tensor> inputs(others);
+  if (conv2d && bn) inputs.insert(inputs.end(), {x, conv2d->weight(), conv2d->bias(), bn->weight(), bn->bias()});
+  const bool fuse = act && conv2d && bn && !bn->is_training() && bn->running_mean().defined() && x.dim() == 4 &&
+                    !conv.has_call_hooks() && !norm.has_call_hooks() && !(activation && activation->has_call_hooks()) &&
+                    !autograd::any_requires_grad(inputs) && bn->num_features == conv2d->out_channels &&
+                    kernel_registry().supports(Op::conv2d_epilogue, x.device());
+  if (!fuse) return std::nullopt;
+  const auto [scale, shift] = folded_batch_norm(*conv2d, *bn, x.dtype(), x.device());
+  return ConvEpilogueLayer{conv2d->weight(), scale, shift, *act};
+}
+
 }  // namespace
 
 Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, const Tensor& x, const Tensor& residual,
                             const Tensor& input_scale) {
-  const std::optional<EpilogueActivation> act = epilogue_activation(activation);
-  auto* conv2d = typeid(conv) == typeid(Conv2d) ? static_cast<Conv2d*>(&conv) : nullptr;
-  auto* bn = typeid(norm) == typeid(BatchNorm2d) ? static_cast<BatchNorm*>(&norm) : nullptr;
-  const bool fuse = act && conv2d && bn && !bn->is_training() && bn->running_mean().defined() && x.dim() == 4 &&
-                    !conv.has_call_hooks() && !norm.has_call_hooks() && !(activation && activation->has_call_hooks()) &&
-                    !autograd::any_requires_grad(
-                        {x, conv2d->weight(), conv2d->bias(), bn->weight(), bn->bias(), residual, input_scale}) &&
-                    bn->num_features == conv2d->out_channels &&
-                    kernel_registry().supports(Op::conv2d_epilogue, x.device());
-  if (!fuse) {
+  const std::optional<ConvEpilogueLayer> layer = folded_layer(conv, norm, activation, x, {residual, input_scale});
+  if (!layer) {
     const Tensor z = conv(input_scale.defined() ? x * input_scale : x);
     if (!residual.defined())
       if (BatchNorm* with_relu = relu_after_batch_norm(norm, activation)) return with_relu->forward_relu(z);
@@ -319,9 +332,11 @@ Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, cons
     if (residual.defined()) y = y + residual;
     return activation ? (*activation)(y) : y;
   }
-  const auto [scale, shift] = folded_batch_norm(*conv2d, *bn, x.dtype(), x.device());
+  auto* conv2d = static_cast<Conv2d*>(&conv);
+  const Tensor &scale = layer->scale, &shift = layer->shift;
+  const EpilogueActivation act = layer->activation;
   if (!input_scale.defined() || !folds_input_scale(*conv2d, x, input_scale, residual))
-    return conv2d->forward_epilogue(input_scale.defined() ? x * input_scale : x, scale, shift, residual, *act);
+    return conv2d->forward_epilogue(input_scale.defined() ? x * input_scale : x, scale, shift, residual, act);
   // conv(x * s) = conv with the weight times s, per sample: sample n's channels are group n of
   // one (1, N * C, H, W) input, its weight W * s[n] (O, C), its epilogue the same.
   NoGradGuard no_grad;
@@ -330,9 +345,48 @@ Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, cons
       (conv2d->weight().reshape({1, O, C}) * input_scale.reshape({N, 1, C})).reshape({N * O, C, 1, 1});
   auto per_sample = [&](const Tensor& t) { return t.reshape({1, O}).expand({N, O}).reshape({N * O}); };
   const Tensor y = conv2d_epilogue(x.reshape({1, N * C, H, W}), weights, per_sample(scale), per_sample(shift),
-                                   residual.defined() ? residual.reshape({1, N * O, H, W}) : Tensor(), *act, {1, 1},
+                                   residual.defined() ? residual.reshape({1, N * O, H, W}) : Tensor(), act, {1, 1},
                                    {0, 0}, {1, 1}, N);
   return y.reshape({N, O, H, W});
+}
+
+namespace {
+
+// Whether conv is a Conv2d that inverted_residual can take as the layer kind says: 1x1 without
+// stride, padding or groups (pointwise), or depthwise (groups = channels in = channels out), with
+// zero padding on both sides; neither dilated.
+bool inverted_residual_conv(const Module& conv, bool pointwise) {
+  if (typeid(conv) != typeid(Conv2d)) return false;
+  const auto& c = static_cast<const Conv2d&>(conv);
+  const bool plain =
+      c.dilation == std::vector<int64_t>{1, 1} && c.padding_mode == PaddingMode::Zeros && c.padding_str != "same";
+  if (pointwise)
+    return plain && c.kernel_size == std::vector<int64_t>{1, 1} && c.stride == std::vector<int64_t>{1, 1} &&
+           c.padding == std::vector<int64_t>{0, 0} && c.groups == 1;
+  return plain && c.groups == c.in_channels && c.groups == c.out_channels;
+}
+
+}  // namespace
+
+Tensor inverted_residual_layers(const ConvNormActivationRefs& expand, const ConvNormActivationRefs& depthwise,
+                                const ConvNormActivationRefs& project, const Tensor& x, bool add_input) {
+  TVC_CHECK(depthwise.conv && depthwise.norm && (!add_input || project.conv),
+            "inverted_residual_layers: needs a depthwise convolution and norm, and a projection to add the input to");
+  auto folded = [&x](const ConvNormActivationRefs& layer, bool pointwise) -> std::optional<ConvEpilogueLayer> {
+    if (!layer.conv) return ConvEpilogueLayer{};
+    if (!inverted_residual_conv(*layer.conv, pointwise)) return std::nullopt;
+    return folded_layer(*layer.conv, *layer.norm, layer.activation, x, {});
+  };
+  const std::optional<ConvEpilogueLayer> e = folded(expand, true), d = folded(depthwise, false),
+                                         p = folded(project, true);
+  if (e && d && p && x.dim() == 4) {
+    const auto& dw = static_cast<const Conv2d&>(*depthwise.conv);
+    return inverted_residual(x, *e, *d, {dw.stride[0], dw.stride[1]}, {dw.padding[0], dw.padding[1]}, *p, add_input);
+  }
+  Tensor y = expand.conv ? conv_norm_activation(*expand.conv, *expand.norm, expand.activation, x) : x;
+  y = conv_norm_activation(*depthwise.conv, *depthwise.norm, depthwise.activation, y);
+  if (!project.conv) return y;
+  return conv_norm_activation(*project.conv, *project.norm, project.activation, y, add_input ? x : Tensor());
 }
 
 namespace {

@@ -262,6 +262,24 @@ Tensor linear_activation(Module& linear, Module& activation, const Tensor& x);
 Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, const Tensor& x,
                             const Tensor& residual = Tensor(), const Tensor& input_scale = Tensor());
 
+// A convolution, its norm and its activation (null: none) as conv_norm_activation takes them; a
+// null conv: no such layer.
+struct ConvNormActivationRefs {
+  Module* conv = nullptr;
+  Module* norm = nullptr;
+  Module* activation = nullptr;
+};
+// An inverted residual block's layers (MobileNet v2/v3, EfficientNet) over x (N, C, H, W): expand
+// (optional: a 1x1 convolution), depthwise, project (optional: a 1x1 convolution), each through
+// conv_norm_activation, the input added to the projection's result when add_input (the
+// projection needed); or, when each layer is one that conv_norm_activation fuses (with x), the 1x1
+// convolutions have no stride, padding or groups, the depthwise one has groups = its channels in
+// and out, and none is dilated or pads otherwise than with zeros on both sides, one
+// tvc::inverted_residual (the same values): the layers over bands of rows with the expanded maps
+// in cache. (N, C, H, W) -> (N, C_out, H_out, W_out).
+Tensor inverted_residual_layers(const ConvNormActivationRefs& expand, const ConvNormActivationRefs& depthwise,
+                                const ConvNormActivationRefs& project, const Tensor& x, bool add_input);
+
 // activation(norm(cat(inputs, 1))) (DenseNet's pre-activation of its concatenated features, and
 // its transitions' of one input), activation optional (null): the concatenation (none for one
 // input) and the modules' forwards one after the other, with their hooks; or, when norm is a BatchNorm2d in evaluation

@@ -210,6 +210,15 @@ struct Conv2dEpilogueParams {
   EpilogueActivation activation;
 };
 
+// inverted_residual: in = (input (N,C,H,W)[, expand weight (E,C,1,1), scale, shift], depthwise
+// weight (E,1,kh,kw), scale, shift[, project weight (O,E,1,1), scale, shift]) -> out (N,O,Ho,Wo),
+// or (N,E,Ho,Wo) without project (ops.h, inverted_residual); float32, input and output dense NCHW.
+struct InvertedResidualParams {
+  bool expand, project, add_input;
+  EpilogueActivation expand_activation, depthwise_activation, project_activation;
+  int64_t stride[2], padding[2];
+};
+
 // max_pool2d: in = (input) -> out (values, int64 indices into H*W of each plane).
 // max_pool2d_backward: in = (grad_out, indices) -> out (grad_input, zero-filled by the kernel).
 // avg_pool2d(_backward): in = (input | grad_out) -> out.

@@ -100,6 +100,7 @@
   X(conv2d_backward_input, BACKWARD)        \
   X(conv2d_backward_weight, BACKWARD)       \
   X(conv2d_epilogue, KERNEL)                \
+  X(inverted_residual, KERNEL)              \
   X(conv1d, COMPOSED)                       \
   X(max_pool2d, KERNEL)                     \
   X(max_pool2d_backward, BACKWARD)          \
