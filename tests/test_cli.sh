@@ -151,8 +151,9 @@ bench)
   # features.0 (Conv2dNormActivation): its convolution, batch norm and ReLU6 as one fused kernel
   grep -Eq '^features\.0 +conv2d_epilogue +few-channel rows +\[1, 32, 16, 16\] +1 +[0-9.]+$' "$tmp/verbose.out" ||
     fail "--verbose: no fused row for features.0: $(head -5 "$tmp/verbose.out")"
-  grep -Eq '^features\.1\.conv\.0 +conv2d_epilogue +depthwise (rows|channel blocks|planes) +\[1, 32, 16, 16\] +1 +[0-9.]+$' \
-    "$tmp/verbose.out" || fail "--verbose: no depthwise row for features.1.conv.0: $(head -8 "$tmp/verbose.out")"
+  # features.1 (an inverted residual block): its depthwise convolution and projection as one kernel
+  grep -Eq '^features\.1 +inverted_residual +inverted residual, (bands of rows|samples side by side|layer by layer) +\[1, 16, 16, 16\] +1 +[0-9.]+$' \
+    "$tmp/verbose.out" || fail "--verbose: no inverted residual row for features.1: $(head -8 "$tmp/verbose.out")"
   grep -Eq '^\(all kernels\) +[0-9.]+$' "$tmp/verbose.out" || fail "--verbose: no total: $(tail -3 "$tmp/verbose.out")"
   # bfloat16 inference: where the CPU has AVX512_BF16 it runs and says so; the generic
   # instruction set (or a CPU without it) refuses with a clear error.
