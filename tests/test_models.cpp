@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <regex>
 #include <tuple>
@@ -542,6 +543,18 @@ TEST(EfficientNet, SqueezeExcitationFoldsIntoTheProjectionInInference) {
   }
 }
 
+// How many kernels of model's inference forward of x (autograd not recording) `counted` picks;
+// its output checked against `separate`, the output of the recorded path (separate ops).
+int inference_kernels(nn::Module& model, const Tensor& x, const Tensor& separate,
+                      const std::function<bool(const KernelRecord&)>& counted) {
+  NoGradGuard no_grad;
+  KernelProfiler profiler;
+  EXPECT_LE(test::relative_error(model.forward(x), separate), 1e-5);
+  int count = 0;
+  for (const KernelRecord& r : profiler.records()) count += counted(r);
+  return count;
+}
+
 // An inverted residual block's identity is added inside its projection's fused kernel in
 // inference: no map-sized add, the output of the recorded path (separate ops); a hook on one
 // block's body or stochastic depth brings that block's add back.
@@ -549,24 +562,18 @@ TEST(InvertedResidual, TheIdentityIsAddedInTheProjectionInInference) {
   const std::pair<const char*, const char*> cases[] = {{"mobilenet_v2", "features.3.conv"},
                                                        {"mobilenet_v3_large", "features.1.block"},
                                                        {"efficientnet_b0", "features.2.1.stochastic_depth"}};
+  auto is_map_add = [](const KernelRecord& r) { return r.op == "add" && r.shape.size() == 4; };
   for (const auto& [name, hooked] : cases) {
+    SCOPED_TRACE(name);
     models::BackbonePtr model = models::create(name, {.num_classes = 10});
     model->eval();
     Generator gen(9);
     const Tensor x = randn({2, 3, 96, 96}, {}, &gen);
     const Tensor separate = model->forward(x.detach().requires_grad_()).detach();
-    auto adds = [&](int expected) {
-      NoGradGuard no_grad;
-      KernelProfiler profiler;
-      EXPECT_LE(test::relative_error(model->forward(x), separate), 1e-5) << name;
-      int count = 0;
-      for (const KernelRecord& r : profiler.records()) count += r.op == "add" && r.shape.size() == 4;
-      EXPECT_EQ(count, expected) << name;
-    };
-    adds(0);
+    EXPECT_EQ(inference_kernels(*model, x, separate, is_map_add), 0);
     auto handle = model->get_submodule(hooked)->register_forward_hook(
         [](nn::Module&, const nn::TensorList&, const nn::TensorList&) { return std::optional<nn::TensorList>(); });
-    adds(1);
+    EXPECT_EQ(inference_kernels(*model, x, separate, is_map_add), 1);
     handle.remove();
   }
 }
@@ -584,28 +591,22 @@ TEST(InvertedResidual, BlocksRunAsOneKernelInInference) {
   for (const Case& c :
        {Case{"mobilenet_v2", 17, "features.2.conv.1.0"}, Case{"mobilenet_v3_large", 15, "features.2.block.1.0"},
         Case{"efficientnet_b0", 16, "features.2.0.block.1.0"}}) {
+    SCOPED_TRACE(c.name);
     models::BackbonePtr model = models::create(c.name, {.num_classes = 10});
     model->eval();
     Generator gen(11);
     const Tensor x = randn({2, 3, 96, 96}, {}, &gen);
     const Tensor separate = model->forward(x.detach().requires_grad_()).detach();
-    auto kernels = [&](int expected) {
-      NoGradGuard no_grad;
-      KernelProfiler profiler;
-      EXPECT_LE(test::relative_error(model->forward(x), separate), 1e-5) << c.name;
-      int count = 0;
-      for (const KernelRecord& r : profiler.records()) count += r.op == "inverted_residual";
-      EXPECT_EQ(count, expected) << c.name;
-    };
-    kernels(c.blocks);
+    auto is_block = [](const KernelRecord& r) { return r.op == "inverted_residual"; };
+    EXPECT_EQ(inference_kernels(*model, x, separate, is_block), c.blocks);
     int calls = 0;
     auto handle = model->get_submodule(c.depthwise)
                       ->register_forward_hook([&calls](nn::Module&, const nn::TensorList&, const nn::TensorList&) {
                         ++calls;
                         return std::optional<nn::TensorList>();
                       });
-    kernels(c.blocks - 1);
-    EXPECT_EQ(calls, 1) << c.name;
+    EXPECT_EQ(inference_kernels(*model, x, separate, is_block), c.blocks - 1);
+    EXPECT_EQ(calls, 1);
     handle.remove();
   }
 }
