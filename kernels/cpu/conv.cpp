@@ -1827,9 +1827,9 @@ std::pair<int64_t, int64_t> inverted_residual_band_floats(const InvertedResidual
 }
 
 // y = the block over x, one of these ways:
-// - whole maps whose expanded and depthwise maps fit kInvertedResidualBandBytes: groups of
-//   samples side by side, about kGemmColumns output positions a group, at least as many groups
-//   as threads, each thread its share of groups;
+// - maps whose whole expanded and depthwise maps (of one sample) fit kInvertedResidualBandBytes:
+//   groups of samples side by side, about kGemmColumns output positions a group, at least as
+//   many groups as threads, each thread its share of groups;
 // - larger maps: bands of output rows of one sample, each of the most rows whose expanded and
 //   depthwise rows fit kInvertedResidualBandBytes, as many as make the bands of all samples a
 //   multiple of the threads, each thread its share of bands;
@@ -1867,7 +1867,9 @@ void inverted_residual_forward(const InvertedResidualLayers& b, const Operand<co
     return;
   }
   const int64_t work = g.N * g.O * g.P * (b.C + g.kh * g.kw + b.O) / items;
+  const bool grad_mode = is_grad_enabled();  // thread-local: the layers' kept weight forms follow the caller's
   parallel_for(items, work, [&](int64_t begin, int64_t end) {
+    const GradModeGuard callers_mode(grad_mode);
     const auto [ex, dw] = inverted_residual_band_floats(b, samples, band);
     float* const ex_rows = thread_scratch<float, 18>(ex);
     float* const dw_rows = thread_scratch<float, 19>(dw);
