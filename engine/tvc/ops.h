@@ -195,8 +195,9 @@ struct ConvEpilogueLayer {
 // is the depthwise layer's (N,E,Ho,Wo) and add_input must be false. The values are the
 // conv2d_epilogue calls' one after the other (the same sums). When autograd does not record, the
 // input is float32, dense NCHW, on a device with the kernel (the CPU): one kernel that runs the
-// layers over bands of output rows, sample by sample, so that the expanded maps stay in the
-// cores' caches instead of going to memory and back; otherwise those calls.
+// layers over bands of a sample's output rows (or groups of small maps side by side), each on one
+// thread, so that the expanded maps stay in the cores' caches instead of going to memory and
+// back; otherwise those calls.
 Tensor inverted_residual(const Tensor& input, const ConvEpilogueLayer& expand, const ConvEpilogueLayer& depthwise,
                          std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
                          const ConvEpilogueLayer& project, bool add_input);
