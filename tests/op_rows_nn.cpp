@@ -397,6 +397,29 @@ std::vector<OpRow> linalg_rows() {
         return c;
       },
       [](In x) { return linear(x[0], x[1], x[2]); }, "F.linear(a, b, c)", {0, 1, 2}));
+  rows.push_back(make_row(
+      Op::linear,
+      [] {
+        return std::vector<OpSample>{randn_sample("no bias", {{3, 4}, {5, 4}}),
+                                     randn_sample("no bias, 4-d", {{1, 2, 3, 37}, {21, 37}})};
+      },
+      [](In x) { return linear(x[0], x[1]); }, "F.linear(a, b)", {0, 1}));
+  // linear_gelu_linear (an MLP's two layers): the one kernel where autograd does not record (layer
+  // by layer at these sizes; the bands are NnOps.LinearGeluLinearGivesTheBitsOfItsTwoLinears'),
+  // the two ops where it does.
+  rows.push_back(make_row(
+      Op::linear_gelu_linear,
+      [] {
+        std::vector<OpSample> c{randn_sample("2-d", {{3, 4}, {6, 4}, {6}, {2, 6}, {2}}),
+                                randn_sample("3-d", {{2, 5, 7}, {9, 7}, {9}, {3, 9}, {3}})};
+        OpSample nc = randn_sample("non-contiguous", {{4, 3}, {5, 3}, {5}, {2, 5}, {2}});
+        nc.inputs = {non_contiguous(nc.inputs[0]), non_contiguous(nc.inputs[1]), nc.inputs[2],
+                     non_contiguous(nc.inputs[3]), nc.inputs[4]};
+        c.push_back(nc);
+        return c;
+      },
+      [](In x) { return linear_gelu_linear(x[0], x[1], x[2], x[3], x[4]); },
+      "F.linear(F.gelu(F.linear(a, b, c)), d, e)", {0, 1, 2, 3, 4}));
   // Attention: heads as ViT's (views of (N, L, H, D)), plain batches, one sequence, odd sizes.
   rows.push_back(make_row(
       Op::attention,

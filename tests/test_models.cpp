@@ -578,37 +578,44 @@ TEST(InvertedResidual, TheIdentityIsAddedInTheProjectionInInference) {
   }
 }
 
+// Model `name` (10 classes) in inference on a random (2, 3, size, size) input runs `blocks`
+// kernels `op` (each block's fused layers), with the output of the recorded path (separate ops);
+// a hook on the module `hooked` (of one block) runs that block's layers one by one, and the hook
+// once.
+void expect_fused_blocks(const char* name, int64_t size, const char* op, int blocks, const char* hooked) {
+  SCOPED_TRACE(name);
+  models::BackbonePtr model = models::create(name, {.num_classes = 10});
+  model->eval();
+  Generator gen(11);
+  const Tensor x = randn({2, 3, size, size}, {}, &gen);
+  const Tensor separate = model->forward(x.detach().requires_grad_()).detach();
+  auto is_block = [op](const KernelRecord& r) { return r.op == op; };
+  EXPECT_EQ(inference_kernels(*model, x, separate, is_block), blocks);
+  int calls = 0;
+  auto handle = model->get_submodule(hooked)->register_forward_hook(
+      [&calls](nn::Module&, const nn::TensorList&, const nn::TensorList&) {
+        ++calls;
+        return std::optional<nn::TensorList>();
+      });
+  EXPECT_EQ(inference_kernels(*model, x, separate, is_block), blocks - 1);
+  EXPECT_EQ(calls, 1);
+  handle.remove();
+}
+
 // In inference each inverted residual block's expansion, depthwise layer and projection (the
 // expansion and depthwise layer where a squeeze-excitation follows) run as one kernel
-// (inverted_residual): one per block, the output of the recorded path (separate ops); a hook on
-// one block's depthwise convolution runs that block's layers one by one, and the hook once.
+// (inverted_residual), the hook on one block's depthwise convolution.
 TEST(InvertedResidual, BlocksRunAsOneKernelInInference) {
-  struct Case {
-    const char* name;
-    int blocks;
-    const char* depthwise;
-  };
-  for (const Case& c :
-       {Case{"mobilenet_v2", 17, "features.2.conv.1.0"}, Case{"mobilenet_v3_large", 15, "features.2.block.1.0"},
-        Case{"efficientnet_b0", 16, "features.2.0.block.1.0"}}) {
-    SCOPED_TRACE(c.name);
-    models::BackbonePtr model = models::create(c.name, {.num_classes = 10});
-    model->eval();
-    Generator gen(11);
-    const Tensor x = randn({2, 3, 96, 96}, {}, &gen);
-    const Tensor separate = model->forward(x.detach().requires_grad_()).detach();
-    auto is_block = [](const KernelRecord& r) { return r.op == "inverted_residual"; };
-    EXPECT_EQ(inference_kernels(*model, x, separate, is_block), c.blocks);
-    int calls = 0;
-    auto handle = model->get_submodule(c.depthwise)
-                      ->register_forward_hook([&calls](nn::Module&, const nn::TensorList&, const nn::TensorList&) {
-                        ++calls;
-                        return std::optional<nn::TensorList>();
-                      });
-    EXPECT_EQ(inference_kernels(*model, x, separate, is_block), c.blocks - 1);
-    EXPECT_EQ(calls, 1);
-    handle.remove();
-  }
+  expect_fused_blocks("mobilenet_v2", 96, "inverted_residual", 17, "features.2.conv.1.0");
+  expect_fused_blocks("mobilenet_v3_large", 96, "inverted_residual", 15, "features.2.block.1.0");
+  expect_fused_blocks("efficientnet_b0", 96, "inverted_residual", 16, "features.2.0.block.1.0");
+}
+
+// In inference each MLP of Swin's and ConvNeXt's blocks (Linear, GELU[, Dropout], Linear) runs as
+// one kernel (linear_gelu_linear), the hook on one block's second Linear.
+TEST(TransformerMlp, BlocksRunAsOneKernelInInference) {
+  expect_fused_blocks("swin_t", 64, "linear_gelu_linear", 12, "features.3.1.mlp.3");
+  expect_fused_blocks("convnext_tiny", 64, "linear_gelu_linear", 18, "features.5.4.block.5");
 }
 
 TEST(ModelConformanceFull, EfficientNet) {

@@ -560,6 +560,30 @@ TEST(NnOps, LinearKeptWeightGivesTheBitsOfTheRecordedPath) {
     }
 }
 
+// A linear without a bias where autograd does not record is the linear kernel too (Swin's patch
+// merging: its kept weight), with the bits of matmul(x, weight^T) (what it runs with autograd):
+// few rows (dot products), the kept weight's rows, gemm's, 2-d and 4-d x, float32 and float64.
+TEST(NnOps, LinearWithoutBiasTakesTheKernelWithTheBitsOfMatmul) {
+  for (const Shape& x_shape : {Shape{5, 40}, Shape{49, 96}, Shape{1, 14, 14, 136}, Shape{1024, 33}})
+    for (DType dt : {DType::Float32, DType::Float64}) {
+      const std::string where = cat_str(x_shape, " ", dtype_name(dt));
+      const Tensor x = randn_of(x_shape, dt, 1), w = randn_of({70, x_shape.back()}, dt, 2);
+      Tensor y;
+      {
+        NoGradGuard no_grad;
+        KernelProfiler profiler;
+        y = linear(x, w);
+        ASSERT_EQ(profiler.records().size(), 1u) << where;
+        EXPECT_EQ(profiler.records()[0].op, "linear") << where;
+      }
+      EXPECT_TRUE(same_bits(y, matmul(x, w.t()))) << where;
+      const Tensor leaf = w.detach().requires_grad_();
+      const Tensor recorded = linear(x, leaf);
+      ASSERT_TRUE(recorded.requires_grad()) << where;
+      EXPECT_TRUE(same_bits(recorded.detach(), y)) << where;
+    }
+}
+
 // linear_gelu in inference (one kernel: the bias and the GELU applied to the product's blocks)
 // gives the separate linear and gelu ops' values bit for bit, in float32 (on every instruction
 // set) and float64, for shapes with one or several GEMM blocks, a strided x and a transposed
@@ -602,7 +626,6 @@ TEST(NnOps, LinearGeluEqualsTheSeparateOps) {
             KernelProfiler profiler;
             fused = linear_gelu(x, w, b);
             // One kernel: the fused linear, no separate gelu (or add) after it.
-            for (const auto& r : profiler.records()) std::printf("%s %s\n", r.op.c_str(), r.path.c_str());
             ASSERT_EQ(profiler.records().size(), 1u) << where;
             EXPECT_EQ(profiler.records()[0].op, "linear") << where;
           }
@@ -644,6 +667,129 @@ TEST(NnOps, LinearGeluEqualsTheSeparateOps) {
   }
   EXPECT_TRUE(identical(plain, gelu(linear(input, fc->weight(), fc->bias())).detach()));
   EXPECT_TRUE(identical(hooked, plain));
+}
+
+// linear_gelu_linear in inference (one kernel) gives the bits of linear_gelu then linear, on every
+// instruction set, by each of its ways (2 threads): bands of rows (each band on one thread, 2-d
+// and 3-d x, a strided x, band starts off the 14-row tiles' multiples), and the layers one after
+// the other where bands would not pay (a hidden matrix that stays in the caches, C more than a
+// band's rows, few rows, float64) or the instruction set has no 7-row kernel.
+TEST(NnOps, LinearGeluLinearGivesTheBitsOfItsTwoLinears) {
+  struct Case {
+    Shape x;
+    int64_t H, O;
+    bool strided, bands;
+    DType dtype;
+  };
+  const Case cases[] = {
+      {{2000, 40}, 300, 40, false, true, DType::Float32},    {{4, 701, 24}, 200, 30, false, true, DType::Float32},
+      {{3100, 33}, 190, 17, true, true, DType::Float32},     {{600, 64}, 300, 64, false, false, DType::Float32},
+      {{1000, 300}, 600, 300, false, false, DType::Float32}, {{5, 16}, 32, 16, false, false, DType::Float32},
+      {{2000, 40}, 300, 40, false, false, DType::Float64},
+  };
+  const int threads = get_num_threads();
+  set_num_threads(2);
+  NoGradGuard no_grad;
+  uint64_t seed = 40;
+  for (const Case& c : cases) {
+    const int64_t C = c.x.back();
+    Tensor x = randn_of(c.x, c.dtype, ++seed);
+    if (c.strided) x = cat({x, x}, -1).narrow(-1, 1, C);
+    const Tensor w1 = randn_of({c.H, C}, c.dtype, ++seed) * 0.3, b1 = randn_of({c.H}, c.dtype, ++seed);
+    const Tensor w2 = randn_of({c.O, c.H}, c.dtype, ++seed) * 0.1, b2 = randn_of({c.O}, c.dtype, ++seed);
+    const std::string where = cat_str(c.x, " H ", c.H, " O ", c.O, c.strided ? " strided " : " ", dtype_name(c.dtype));
+    for (Isa isa : available_isas()) {
+      set_isa(isa);
+      const Tensor want = linear(linear_gelu(x, w1, b1), w2, b2);
+      std::vector<KernelRecord> records;
+      Tensor y;
+      {
+        KernelProfiler profiler;
+        y = linear_gelu_linear(x, w1, b1, w2, b2);
+        records = profiler.records();
+      }
+      EXPECT_TRUE(same_bits(y, want)) << where << " " << isa_name(isa);
+      ASSERT_EQ(records.size(), 1u) << where;
+      EXPECT_EQ(records[0].op, "linear_gelu_linear") << where;
+      const bool bands = c.bands && cpu::has_rows_of_7_kernel();
+      EXPECT_EQ(records[0].path, bands ? "MLP, bands of rows" : "MLP, layer by layer") << where << " " << isa_name(isa);
+    }
+  }
+  set_isa(available_isas().back());
+  set_num_threads(threads);
+}
+
+// With autograd, linear_gelu_linear is the two ops with their gradients; a Sequential's Linear,
+// GELU, Dropout (evaluation mode) and Linear take it without grad as one kernel, and the modules'
+// forwards with a hook on any of the three or a Dropout that drops.
+TEST(NnOps, LinearGeluLinearRecordsTheTwoOpsAndServesSequential) {
+  const Tensor x = randn_of({4, 6}, DType::Float64, 1).requires_grad_(), w1 = randn_of({5, 6}, DType::Float64, 2),
+               b1 = randn_of({5}, DType::Float64, 3).requires_grad_(), w2 = randn_of({3, 5}, DType::Float64, 4),
+               b2 = randn_of({3}, DType::Float64, 5);
+  const Tensor y = linear_gelu_linear(x, w1, b1, w2, b2);
+  ASSERT_TRUE(y.requires_grad());
+  y.sum().backward();
+  const Tensor x2 = x.detach().requires_grad_(), b12 = b1.detach().requires_grad_();
+  linear(gelu(linear(x2, w1, b12)), w2, b2).sum().backward();
+  EXPECT_TRUE(same_bits(x.grad(), x2.grad()));
+  EXPECT_TRUE(same_bits(b1.grad(), b12.grad()));
+
+  auto fc1 = std::make_shared<nn::Linear>(6, 5), fc2 = std::make_shared<nn::Linear>(5, 3);
+  auto dropout = std::make_shared<nn::Dropout>(0.5);
+  nn::Sequential mlp{fc1, std::make_shared<nn::GELU>(), dropout, fc2};
+  mlp.eval();
+  const Tensor input = randn_of({2, 7, 6}, DType::Float32, 6);
+  const Tensor want = linear(linear_gelu(input, fc1->weight(), fc1->bias()), fc2->weight(), fc2->bias()).detach();
+  NoGradGuard no_grad;
+  auto kernels = [&] {
+    std::vector<std::string> ops;
+    Tensor y;
+    {
+      KernelProfiler profiler;
+      y = mlp(input);
+      for (const KernelRecord& r : profiler.records()) ops.push_back(r.op);
+    }
+    EXPECT_TRUE(same_bits(y, want));
+    return ops;
+  };
+  EXPECT_EQ(kernels(), std::vector<std::string>{"linear_gelu_linear"});
+  mlp.train();  // a Dropout that drops: linear_gelu, the dropout's mask and product, linear
+  {
+    KernelProfiler profiler;
+    mlp(input);
+    EXPECT_GT(profiler.records().size(), 2u);
+    EXPECT_EQ(profiler.records().front().op, "linear");
+    EXPECT_EQ(profiler.records().back().op, "linear");
+  }
+  dropout->p = 0.0;  // passes its input through in training too
+  EXPECT_EQ(kernels(), std::vector<std::string>{"linear_gelu_linear"});
+  int calls = 0;
+  fc2->register_forward_hook([&](nn::Module&, const nn::TensorList&, const nn::TensorList&) {
+    ++calls;
+    return std::optional<nn::TensorList>();
+  });
+  EXPECT_EQ(kernels(), (std::vector<std::string>{"linear", "linear"}));
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(NnOps, LinearGeluLinearRejectsBadOperands) {
+  const Tensor x = randn_of({3, 4}, DType::Float32, 1), w1 = randn_of({6, 4}, DType::Float32, 2),
+               b1 = randn_of({6}, DType::Float32, 3), w2 = randn_of({2, 6}, DType::Float32, 4),
+               b2 = randn_of({2}, DType::Float32, 5);
+  NoGradGuard no_grad;
+  expect_error(
+      [&] {
+        linear_gelu_linear(x, w1, b1, randn_of({2, 5}, DType::Float32, 6), b2);
+      },
+      {"linear_gelu_linear", "w2", "[2, 5]", "6"});
+  expect_error(
+      [&] {
+        linear_gelu_linear(randn_of({3, 5}, DType::Float32, 7), w1, b1, w2, b2);
+      },
+      {"linear_gelu_linear", "[3, 5]", "4"});
+  expect_error([&] { linear_gelu_linear(x, w1[0], b1, w2, b2); }, {"linear_gelu_linear", "2-d", "[4]"});
+  expect_error([&] { linear_gelu_linear(x, w1, randn_of({5}, DType::Float32, 8), w2, b2); }, {"[5]", "6"});
+  expect_error([&] { linear_gelu_linear(x, w1, b1, w2, randn_of({3}, DType::Float32, 9)); }, {"[3]", "2"});
 }
 
 // float32 3x3 stride-1 convolutions with enough channels and 4x4 output tiles take Winograd

@@ -160,16 +160,17 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 
 namespace {
 
-// Whether linear (with a bias) runs as the linear kernel: x, weight and bias of one float32 or
-// float64 dtype and device, something to compute, and the device has the kernel.
+// Whether linear runs as the linear kernel: x, weight and bias (if any) of one float32 or float64
+// dtype and device, something to compute, and the device has the kernel.
 bool linear_kernel_fits(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return (x.dtype() == DType::Float32 || x.dtype() == DType::Float64) && weight.dtype() == x.dtype() &&
-         bias.dtype() == x.dtype() && weight.device() == x.device() && bias.device() == x.device() && x.numel() > 0 &&
-         weight.shape()[1] > 0 && kernel_registry().supports(Op::linear, x.device());
+         (!bias.defined() || (bias.dtype() == x.dtype() && bias.device() == x.device())) &&
+         weight.device() == x.device() && x.numel() > 0 && weight.shape()[1] > 0 &&
+         kernel_registry().supports(Op::linear, x.device());
 }
 
-// The linear kernel on x (*, K), given as its rows (M, K): x @ weight^T + bias, then the GELU
-// where gelu is set, in x's shape but for the last dim; no autograd. The result is a tensor of its
+// The linear kernel on x (*, K), given as its rows (M, K): x @ weight^T (+ bias where defined),
+// then the GELU where gelu is set, in x's shape but for the last dim; no autograd. The result is a tensor of its
 // own (the kernel writes it through a (M, N) view), not a view: in-place ops on it (an inplace
 // ReLU after a Linear) are then allowed under autograd.
 Tensor run_linear(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& bias, bool gelu) {
@@ -179,7 +180,9 @@ Tensor run_linear(const Tensor& x, const Tensor& rows, const Tensor& weight, con
   shape.back() = N;
   Tensor out = empty(shape, {.dtype = x.dtype(), .device = x.device()});
   const LinearParams p{gelu};
-  detail::run(Op::linear, {rows.detach(), weight.detach(), bias.detach()}, {out.view({rows.shape()[0], N})}, &p);
+  std::vector<Tensor> in{rows.detach(), weight.detach()};
+  if (bias.defined()) in.push_back(bias.detach());
+  detail::run(Op::linear, in, {out.view({rows.shape()[0], N})}, &p);
   return out;
 }
 
@@ -212,6 +215,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     TVC_CHECK(bias.dim() == 1 && bias.shape()[0] == weight.shape()[0], "linear: bias of shape ", bias.shape(),
               " does not match out_features = ", weight.shape()[0]);
     if (linear_kernel_fits(x, weight, bias)) return linear_fused(x, weight, bias);
+  } else if (linear_kernel_fits(x, weight, bias) && !autograd::any_requires_grad({x, weight})) {
+    // Without a bias the kernel too (its kept weight), where autograd does not record: the bits
+    // of the matmul below.
+    return run_linear(x, x.reshape({-1, weight.shape()[1]}), weight, bias, false);
   }
   Tensor y;
   if (x.dtype() == DType::Float32 && weight.dtype() == DType::BFloat16) {
@@ -240,6 +247,32 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                      bias.shape()[0] == weight.shape()[0] && linear_kernel_fits(x, weight, bias) &&
                      !autograd::any_requires_grad({x, weight, bias});
   return fused ? run_linear(x, x.reshape({-1, weight.shape()[1]}), weight, bias, true) : gelu(linear(x, weight, bias));
+}
+
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
+  TVC_CHECK(w1.defined() && w1.dim() == 2 && w2.defined() && w2.dim() == 2,
+            "linear_gelu_linear: w1 and w2 must be 2-d (out_features, in_features), got shapes ",
+            w1.defined() ? cat_str(w1.shape()) : std::string("undefined"), " and ",
+            w2.defined() ? cat_str(w2.shape()) : std::string("undefined"));
+  TVC_CHECK(w2.shape()[1] == w1.shape()[0], "linear_gelu_linear: w2 of shape ", w2.shape(),
+            " does not take w1's out_features = ", w1.shape()[0], " (w1 shape ", w1.shape(), ")");
+  TVC_CHECK(x.defined() && x.dim() >= 1 && x.shape().back() == w1.shape()[1], "linear_gelu_linear: input of shape ",
+            x.defined() ? cat_str(x.shape()) : std::string("undefined"),
+            " does not end in w1's in_features = ", w1.shape()[1]);
+  const bool fused = b1.defined() && b2.defined() && linear_kernel_fits(x, w1, b1) && linear_kernel_fits(x, w2, b2) &&
+                     b1.dim() == 1 && b1.shape()[0] == w1.shape()[0] && b2.dim() == 1 &&
+                     b2.shape()[0] == w2.shape()[0] && kernel_registry().supports(Op::linear_gelu_linear, x.device()) &&
+                     !autograd::any_requires_grad({x, w1, b1, w2, b2});
+  if (!fused) return linear(linear_gelu(x, w1, b1), w2, b2);  // (which check the biases)
+  NoGradGuard no_grad;
+  const int64_t C = w1.shape()[1], O = w2.shape()[0];
+  const Tensor rows = x.reshape({-1, C});
+  Shape shape = x.shape();
+  shape.back() = O;
+  Tensor out = empty(shape, {.dtype = x.dtype(), .device = x.device()});
+  detail::run(Op::linear_gelu_linear, {rows.detach(), w1.detach(), b1.detach(), w2.detach(), b2.detach()},
+              {out.view({rows.shape()[0], O})});
+  return out;
 }
 
 Tensor Tensor::matmul(const Tensor& other) const { return tvc::matmul(*this, other); }

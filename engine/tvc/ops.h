@@ -154,6 +154,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // the GELU to each block of the product while in cache; otherwise the two ops, with their
 // gradients. An MLP's Linear then GELU (Sequential, nn::linear_activation) runs it in inference.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// linear(linear_gelu(x, w1, b1), w2, b2), an MLP's two layers: x (*, C), w1 (H, C), b1 (H),
+// w2 (O, H), b2 (O) -> (*, O). When autograd does not record it, all five are float32 or float64
+// of one dtype and device and the device has the kernel, one kernel with the bits of the two ops:
+// on the CPU it runs bands of rows each on one thread with their hidden rows in cache, where
+// that pays (C no more than a band's rows, as Swin's and ConvNeXt's first stages at batch 8),
+// else the two layers one after the other. Otherwise the two ops, with their gradients. An MLP's
+// Linear, GELU and Linear (Sequential, nn::linear_activation_linear) runs it in inference.
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2);
 
 // ---- convolution and pooling ----
 // input (N,C,H,W), weight (O,C/groups,kh,kw), bias (O) -> (N,O,Ho,Wo). Unbatched (C,H,W) input

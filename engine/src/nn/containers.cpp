@@ -34,9 +34,21 @@ Tensor Sequential::forward(const Tensor& x) {
       i += act ? 2 : 1;
       continue;
     }
-    // A Linear and a GELU go through linear_activation, which fuses them in inference.
+    // A Linear and a GELU go through linear_activation, and with a Linear after them (past a
+    // Dropout that passes its input through) linear_activation_linear: they fuse in inference.
     if (dynamic_cast<const Linear*>(m.get()) && dynamic_cast<const GELU*>(at(i + 1))) {
       ModulePtr linear = m, act = children_.item(i + 1).second;
+      const auto* dropout = dynamic_cast<const Dropout*>(at(i + 2));
+      const size_t next = dropout && typeid(*dropout) == typeid(Dropout) && !dropout->has_call_hooks() &&
+                                  (!dropout->is_training() || dropout->p.to_double() == 0)
+                              ? i + 3
+                              : i + 2;
+      if (dynamic_cast<const Linear*>(at(next))) {
+        ModulePtr linear2 = children_.item(next).second;
+        y = linear_activation_linear(*linear, *act, *linear2, y);
+        i = next;
+        continue;
+      }
       y = linear_activation(*linear, *act, y);
       ++i;
       continue;

@@ -470,6 +470,16 @@ Tensor linear_activation(Module& linear, Module& activation, const Tensor& x) {
   return activation(linear(x));
 }
 
+Tensor linear_activation_linear(Module& linear1, Module& activation, Module& linear2, const Tensor& x) {
+  auto* fc1 = typeid(linear1) == typeid(Linear) ? static_cast<Linear*>(&linear1) : nullptr;
+  auto* fc2 = typeid(linear2) == typeid(Linear) ? static_cast<Linear*>(&linear2) : nullptr;
+  auto* gelu = typeid(activation) == typeid(GELU) ? static_cast<GELU*>(&activation) : nullptr;
+  if (fc1 && fc2 && gelu && gelu->approximate == GeluApproximate::None && fc1->bias().defined() &&
+      fc2->bias().defined() && !linear1.has_call_hooks() && !activation.has_call_hooks() && !linear2.has_call_hooks())
+    return linear_gelu_linear(x, fc1->weight(), fc1->bias(), fc2->weight(), fc2->bias());
+  return linear2(linear_activation(linear1, activation, x));
+}
+
 // ---------------------------------------------------------------- bfloat16 inference
 
 int64_t convert_weights_to_bfloat16(Module& model) {

@@ -254,6 +254,13 @@ class Dropout : public Cloneable<Dropout> {
 // the erf form (those exact classes) and neither has hooks, tvc::linear_gelu (one kernel in
 // inference). Sequential calls it for a Linear followed by a GELU.
 Tensor linear_activation(Module& linear, Module& activation, const Tensor& x);
+// linear2(activation(linear1(x))) for an MLP's two Linear layers and the activation between:
+// their forwards one after the other, with their hooks (linear_activation for the first two); or,
+// when both linears are Linears with biases and activation a GELU of the erf form (those exact
+// classes) and none has hooks, tvc::linear_gelu_linear (one kernel in inference). Sequential calls
+// it for a Linear, a GELU and a Linear, with a Dropout between that passes its input through
+// (evaluation mode or p = 0, no hooks) left out.
+Tensor linear_activation_linear(Module& linear1, Module& activation, Module& linear2, const Tensor& x);
 
 // With input_scale (N, C, 1, 1) (a squeeze-excitation's output scale), the same for the input
 // x * input_scale; when fused, a 1x1 convolution without padding, stride or groups of a dense NCHW

@@ -179,13 +179,16 @@ struct FillParams {
 struct AttentionParams {
   bool bias = false, mask = false;
 };
-// linear: in = (x (M,K), weight (N,K), both any strides; bias (N)), float32 or float64, K >= 1 ->
-// out (M,N) contiguous = x @ weight^T + bias: the bias added to each finished block of the
-// product (rounded as the separate add rounds it), then with params.gelu the GELU (erf form) of
-// each element, as the gelu kernel computes it.
+// linear: in = (x (M,K), weight (N,K), both any strides[, bias (N)]), float32 or float64, K >= 1 ->
+// out (M,N) contiguous = x @ weight^T + bias: the bias (where given) added to each finished block
+// of the product (rounded as the separate add rounds it), then with params.gelu the GELU (erf
+// form) of each element, as the gelu kernel computes it.
 struct LinearParams {
   bool gelu = false;
 };
+// linear_gelu_linear: in = (x (M,C), w1 (H,C), b1 (H), w2 (O,H), b2 (O)), x and the weights any
+// strides, one dtype (float32 or float64), C >= 1 -> out (M,O) contiguous =
+// linear(gelu(linear(x, w1, b1)), w2, b2), each linear as the linear kernel computes it (the same bits).
 // Reductions (sum, amax, amin, argmax, argmin): the output is given in keepdim form; dims where
 // the output has extent 1 and the input does not are reduced.
 struct TopkParams {

@@ -95,6 +95,7 @@
   X(matmul, COMPOSED)                       \
   X(attention, KERNEL)                      \
   X(linear, KERNEL)                         \
+  X(linear_gelu_linear, KERNEL)             \
   /* convolution and pooling, N,C,H,W */    \
   X(conv2d, KERNEL)                         \
   X(conv2d_backward_input, BACKWARD)        \
