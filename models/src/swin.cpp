@@ -118,12 +118,13 @@ class ShiftedWindowAttention : public nn::Cloneable<ShiftedWindowAttention> {
       return 3 * region(y, hp, shift[0]) + region(x, wp, shift[1]);
     };
     const int64_t windows = (hp / w) * windows_x;
-    std::vector<double> mask;
-    mask.reserve(static_cast<size_t>(windows * tokens * tokens));
+    std::vector<int64_t> labels;  // (nW, T)
+    labels.reserve(static_cast<size_t>(windows * tokens));
     for (int64_t win = 0; win < windows; ++win)
-      for (int64_t i = 0; i < tokens; ++i)
-        for (int64_t j = 0; j < tokens; ++j) mask.push_back(label(win, i) == label(win, j) ? 0.0 : -100.0);
-    return tensor(mask, Shape{windows, tokens, tokens}).to(like.dtype()).to(like.device());
+      for (int64_t token = 0; token < tokens; ++token) labels.push_back(label(win, token));
+    const Tensor l = tensor(labels, Shape{windows, tokens}).to(like.device());
+    return masked_fill(zeros({windows, tokens, tokens}, {.dtype = like.dtype(), .device = like.device()}),
+                       ne(l.unsqueeze(2), l.unsqueeze(1)), -100.0);
   }
 
   int64_t window_, shift_, num_heads_;
