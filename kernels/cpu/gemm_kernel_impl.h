@@ -3,10 +3,14 @@
 //
 // Included only by those files. Everything here has internal linkage (anonymous namespace), so
 // each instruction set gets its own copy and none can be merged with another's by the linker;
-// for the same reason it includes no header beyond gemm_kernels.h.
+// for the same reason it includes no header beyond gemm_kernels.h and the compiler's intrinsics
+// (always inlined, never emitted as functions of their own).
 #pragma once
 
 #include <cstdint>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "gemm_kernels.h"
 
@@ -793,19 +797,62 @@ void silu_f32(int64_t n, const float* x, float* y) {
   map_lanes<W>(n, x, y, [](auto v) { return v * sigmoid_lanes<W>(v); });
 }
 
+// min(hi, max(lo, x)) in each lane, NaN kept: vmaxps and vminps where the instruction set has
+// them (they give their second operand for NaN), else two selects.
+template <int W>
+[[gnu::always_inline]] inline typename FloatVector<W>::type clamp_lanes(typename FloatVector<W>::type x, float lo,
+                                                                        float hi) {
+  typedef typename FloatVector<W>::type V;
+#ifdef __AVX512F__
+  if constexpr (W == 16) {  // (the masked forms: GCC 12 warns of the plain ones' undefined source)
+    const V upper = _mm512_mask_min_ps(x, 0xffff, V{} + hi, x);
+    return _mm512_mask_max_ps(upper, 0xffff, V{} + lo, upper);
+  }
+#endif
+#ifdef __AVX__
+  if constexpr (W == 8) return _mm256_max_ps(V{} + lo, _mm256_min_ps(V{} + hi, x));
+#endif
+  const V below = x > hi ? V{} + hi : x;
+  return below < lo ? V{} + lo : below;
+}
+
+// x * x - s exactly, for s = x * x rounded (|x| <= 20 here): one FMA where the instruction set
+// has it, else Dekker's product of x split into 12-bit halves (each partial product exact).
+template <int W>
+[[gnu::always_inline]] inline typename FloatVector<W>::type square_error_lanes(typename FloatVector<W>::type x,
+                                                                               typename FloatVector<W>::type s) {
+  typedef typename FloatVector<W>::type V;
+  typedef typename IntVector<W>::type I;
+#ifdef __AVX512F__
+  if constexpr (W == 16) return _mm512_fmsub_ps(x, x, s);
+#endif
+#ifdef __FMA__
+  if constexpr (W == 8) return _mm256_fmsub_ps(x, x, s);
+#endif
+  I bits;
+  __builtin_memcpy(&bits, &x, sizeof(V));
+  bits &= static_cast<int32_t>(0xfffff000u);
+  V high;
+  __builtin_memcpy(&high, &bits, sizeof(V));
+  const V low = x - high;
+  return ((high * high - s) + 2.0f * high * low) + low * low;
+}
+
 // Phi(x) = P(X <= x) for a standard normal X: with z = |x| / sqrt(2) and t = 1 / (1 + z / 2),
 // erfc(z) = t * exp(-z^2 + P(t)), P the degree-9 Chebyshev fit of Numerical Recipes (section 6.2,
 // fractional error below 1.2e-7 for every z), and Phi = erfc(z) / 2 below 0, 1 - erfc(z) / 2
 // above: relative precision in the negative tail, where 1 + erf(x / sqrt(2)) cancels. The
-// exponent -x^2 / 2 + P(t) is carried as a float pair (x split into 12-bit halves, so x^2 is an
-// exact sum; the sum with P by Fast2Sum), since its rounding alone, times e^..., would cost z^2
-// ulps. x is clamped to [-20, 20], where Phi is 0 and 1 in float.
+// exponent -x^2 / 2 + P(t) is carried as a float pair (x^2 as its rounded value and the exact
+// error, square_error_lanes; the sum with P by Fast2Sum), since its rounding alone, times e^...,
+// would cost z^2 ulps. x is clamped to [-20, 20], where Phi is 0 and 1 in float; the exponent is
+// then at least -200, so exp_lanes' NonPositive form (below -103.97 e^-103.97 scaled, 0 or
+// 2^-149, where the result is 0 or denormal anyway) serves. Measured on Zen 4, one thread, the
+// GELU of 16384 values in L1: 0.88 ns a value against 1.16 with two selects a clamp, the 12-bit
+// split and exp_lanes' overflow checks.
 template <int W>
 [[gnu::always_inline]] inline typename FloatVector<W>::type normal_cdf_lanes(typename FloatVector<W>::type x) {
   typedef typename FloatVector<W>::type V;
-  typedef typename IntVector<W>::type I;
-  V xc = x > 20.0f ? V{} + 20.0f : x;  // NaN stays NaN
-  xc = xc < -20.0f ? V{} - 20.0f : xc;
+  const V xc = clamp_lanes<W>(x, -20.0f, 20.0f);  // NaN stays NaN
   const V z = (xc < 0 ? -xc : xc) * 0.707106781186547524f;
   const V t = 1.0f / (1.0f + 0.5f * z);
   V p = V{} + 0.17087277f;
@@ -818,16 +865,11 @@ template <int W>
   p = p * t + 0.37409196f;
   p = p * t + 1.00002368f;
   p = p * t - 1.26551223f;
-  I bits;
-  __builtin_memcpy(&bits, &xc, sizeof(V));
-  bits &= static_cast<int32_t>(0xfffff000u);
-  V high;
-  __builtin_memcpy(&high, &bits, sizeof(V));
-  const V low = xc - high;
-  const V a = -0.5f * (high * high);                       // exact
-  const V b = p - 0.5f * (2.0f * high * low + low * low);  // -x^2 / 2 = a + (b - p), nearly exactly
+  const V square = xc * xc;
+  const V a = -0.5f * square;                                // exact
+  const V b = p - 0.5f * square_error_lanes<W>(xc, square);  // -x^2 / 2 + P = a + b, nearly exactly
   const V sum = a + b, rest = b - (sum - a);  // a + b exactly where |a| >= |b| (large |x|, where it matters)
-  const V half_erfc = 0.5f * t * exp_lanes<W>(sum) * (1.0f + rest);
+  const V half_erfc = 0.5f * t * exp_lanes<W, true>(sum) * (1.0f + rest);
   return xc < 0 ? half_erfc : 1.0f - half_erfc;
 }
 
