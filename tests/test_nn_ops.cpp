@@ -671,7 +671,7 @@ TEST(NnOps, LinearGeluEqualsTheSeparateOps) {
 
 // linear_gelu_linear in inference (one kernel) gives the bits of linear_gelu then linear, on every
 // instruction set, by each of its ways (2 threads): bands of rows (each band on one thread, 2-d
-// and 3-d x, a strided x, band starts off the 14-row tiles' multiples), and the layers one after
+// and 3-d x, a strided x, bands of unequal sizes that are not multiples of 14), and the layers one after
 // the other where bands would not pay (a hidden matrix that stays in the caches, C more than a
 // band's rows, few rows, float64) or the instruction set has no 7-row kernel.
 TEST(NnOps, LinearGeluLinearGivesTheBitsOfItsTwoLinears) {
