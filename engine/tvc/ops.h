@@ -158,7 +158,7 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // w2 (O, H), b2 (O) -> (*, O). When autograd does not record it, all five are float32 or float64
 // of one dtype and device and the device has the kernel, one kernel with the bits of the two ops:
 // on the CPU it runs bands of rows each on one thread with their hidden rows in cache, where
-// that pays (C no more than a band's rows, as Swin's and ConvNeXt's first stages at batch 8),
+// that pays (C no more than a band's rows: Swin's and ConvNeXt's first two stages),
 // else the two layers one after the other. Otherwise the two ops, with their gradients. An MLP's
 // Linear, GELU and Linear (Sequential, nn::linear_activation_linear) runs it in inference.
 Tensor linear_gelu_linear(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2);
