@@ -502,6 +502,38 @@ TEST(NnOps, GlobalAveragePoolOfChannelsLastGivesTheBitsOfNchw) {
     }
 }
 
+// A global average pool of dense NCHW planes (also a slice of a tensor's channels, and adaptive or
+// plain average pooling alike) sums each plane as one run in 8 lanes, value q into lane q % 8 in
+// order, the lanes combined ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), then divides by its size:
+// those bits, for float32 and float64, maps smaller and larger than the lanes.
+template <typename T>
+std::vector<double> plane_means_in_lanes(const std::vector<double>& values, int64_t planes, int64_t positions) {
+  std::vector<double> means(planes);
+  for (int64_t p = 0; p < planes; ++p) {
+    T lanes[8] = {};
+    for (int64_t q = 0; q < positions; ++q) lanes[q % 8] += static_cast<T>(values[p * positions + q]);
+    const T sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    means[p] = sum / static_cast<T>(positions);
+  }
+  return means;
+}
+TEST(NnOps, GlobalAveragePoolOfDensePlanesSumsEachPlaneInLanes) {
+  for (DType dt : {DType::Float32, DType::Float64})
+    for (const Shape& shape : {Shape{3, 5, 7, 7}, Shape{2, 9, 1, 13}, Shape{1, 3, 4, 2}, Shape{8, 40, 14, 14}})
+      for (bool slice : {false, true}) {
+        const Tensor whole = randn_of({shape[0], shape[1] + 3, shape[2], shape[3]}, dt, 8);
+        const Tensor x = slice ? whole.narrow(1, 2, shape[1]) : whole.narrow(1, 0, shape[1]).contiguous();
+        const std::string where = cat_str(shape_str(shape), slice ? " channel slice " : " ", dtype_name(dt));
+        NoGradGuard no_grad;
+        const int64_t planes = shape[0] * shape[1], positions = shape[2] * shape[3];
+        const std::vector<double> values = x.contiguous().to_vector();
+        const std::vector<double> want = dt == DType::Float32 ? plane_means_in_lanes<float>(values, planes, positions)
+                                                              : plane_means_in_lanes<double>(values, planes, positions);
+        EXPECT_EQ(adaptive_avg_pool2d(x, {1, 1}).to_vector(), want) << where;
+        EXPECT_EQ(avg_pool2d(x, {shape[2], shape[3]}).to_vector(), want) << where;
+      }
+}
+
 // A Linear's result is a tensor of its own, not a view of the kernel's output: an in-place ReLU
 // on it under autograd (VGG's classifier, Linear then ReLU(inplace=True)) runs, with the
 // gradients of the out-of-place ReLU, for 2-d and 3-d inputs, float32 and float64.

@@ -332,6 +332,22 @@ void epilogue_into(const void* ctx, T* c, int64_t c_rs, int64_t /*c_cs: 1, C is 
                    int64_t j0, int64_t cols) {
   const auto& out = *static_cast<const ConvBlockOutput<T, Y>*>(ctx);
   const Operand<Y>& y = out.y;
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<Y, float>) {
+    // One position a sample (1x1 maps side by side: squeeze-excitation blocks at batch > 1), its
+    // channels contiguous in y: each sample's column of C gathered into a row and through the
+    // epilogue as channels-last in one call, rather than one call per element (as
+    // epilogue_gemm_block takes a single column; the same bits). Measured on Zen 4, 2 threads,
+    // [8, 48, 1, 1] -> 1152 channels (EfficientNet-B0's last squeeze-excitations): 100 -> 68 us.
+    if (out.P == 1 && y.s[1] == 1 && channels_last_residual(*out.e)) {
+      float* column = thread_scratch<float, 4>(rows);
+      for (int64_t j = j0; j < j0 + cols; ++j) {
+        for (int64_t i = 0; i < rows; ++i) column[i] = c[i * c_rs + (j - j0)];
+        const int64_t n = out.n0 + j, o0 = out.o0 + i0;
+        epilogue_channels_last(*out.e, n, 0, 1, 1, o0, rows, column, rows, y.p + n * y.s[0] + o0, rows);
+      }
+      return;
+    }
+  }
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t o = out.o0 + i0 + i;
     for (int64_t j = j0; j < j0 + cols;) {  // in runs inside one sample
@@ -1167,9 +1183,13 @@ void im2col_samples(const Operand<const T>& x, int64_t n0, int64_t m, int64_t gi
 }
 
 // The (K, m*P) matrix of samples [n0, n0+m), group gi, of x: the input itself for a pointwise
-// conv (gather_columns), else its receptive fields (im2col), in scratch slot 0.
+// conv (gather_columns; with one position a sample, as a squeeze-excitation block's 1x1 maps,
+// read in place through the samples' stride: gathered element by element, [8, 1152, 1, 1] took
+// 34 us on Zen 4, its convolution to 48 channels 54 -> 24 us and 48 -> 1152 68 -> 40 us), else its
+// receptive fields (im2col), in scratch slot 0.
 template <typename T>
 Columns<T> input_columns(const Operand<const T>& x, int64_t n0, int64_t m, int64_t gi, const ConvGeom& g) {
+  if (is_pointwise(g) && g.H * g.W == 1) return {x.p + n0 * x.s[0] + gi * g.Cg * x.s[1], x.s[1], x.s[0]};
   if (is_pointwise(g)) return gather_columns<T, 0>(x, n0, m, gi * g.Cg, g.Cg, g.H, g.W);
   T* buf = thread_scratch<T, 0>(g.K * m * g.P);
   im2col_samples(x, n0, m, gi, g, buf);

@@ -293,6 +293,27 @@ void global_average_channels_last(const Tensor& x, const Tensor& y, const PlaneG
   });
 }
 
+// The average of every whole plane of an x whose planes are dense (a global average pool of
+// NCHW), into y's (n, c) elements: each plane summed as the planes' path sums a window of whole
+// rows (sum_in_lanes over the plane as one run; the same bits), with the pointers and strides
+// read once rather than per plane and output (a squeeze-excitation block's pool at batch 8,
+// [8, 1152, 7, 7], 0.35 ms on one thread before, Zen 4).
+template <typename T, typename C>
+void global_average_planes(const Tensor& x, const Tensor& y, const PlaneGeom& g, C divisor) {
+  const T* xp = static_cast<const T*>(x.raw_data());
+  T* yp = static_cast<T*>(y.raw_data());
+  const int64_t xs0 = x.strides()[0], xs1 = x.strides()[1], ys0 = y.strides()[0], ys1 = y.strides()[1];
+  const int64_t positions = g.H * g.W;
+  parallel_for(g.N * g.C, positions, [&](int64_t b, int64_t e) {
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t n = it / g.C, c = it % g.C;
+      const T* plane = xp + n * xs0 + c * xs1;
+      const C sum = sum_in_lanes<C>(positions, [&](int64_t i) { return static_cast<C>(plane[i]); });
+      yp[n * ys0 + c * ys1] = static_cast<T>(sum / divisor);
+    }
+  });
+}
+
 // Whether every window is the 2x2 block at (2 oh, 2 ow) with one divisor (average pooling of
 // kernel 2, stride 2 and no padding; adaptive pooling to half the size): DenseNet's transitions.
 // A window's rows depend on oh only and its columns on ow only.
@@ -343,10 +364,12 @@ struct AvgForward {
     using C = compute_t<T>;
     PlaneGeom g = plane_geom(x, y);
     int64_t xs2 = x.strides()[2], xs3 = x.strides()[3], ys2 = y.strides()[2], ys3 = y.strides()[3];
-    if (g.Ho == 1 && g.Wo == 1 && g.H * g.W > 0 && x.strides()[1] == 1 && xs3 == g.C && xs2 == g.W * g.C) {
+    if (g.Ho == 1 && g.Wo == 1 && g.H * g.W > 0) {
       const Window win = window(p, g, 0, 0);
-      if (win.h0 == 0 && win.h1 == g.H && win.w0 == 0 && win.w1 == g.W)
+      const bool whole = win.h0 == 0 && win.h1 == g.H && win.w0 == 0 && win.w1 == g.W;
+      if (whole && x.strides()[1] == 1 && xs3 == g.C && xs2 == g.W * g.C)
         return global_average_channels_last<T, C>(x, y, g, static_cast<C>(win.divisor));
+      if (whole && xs3 == 1 && xs2 == g.W) return global_average_planes<T, C>(x, y, g, static_cast<C>(win.divisor));
     }
     if (windows_are_2x2_blocks(p, g, window))
       return average_2x2_blocks<T, C>(x, y, g, static_cast<C>(window(p, g, 0, 0).divisor));
