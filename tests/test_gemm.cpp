@@ -228,6 +228,31 @@ TEST(Gemm, BitIdenticalForAnyThreadCount) {
   set_num_threads(threads);
 }
 
+// Products of few rows (x @ W^T, a linear layer's batch) and of one column (a matrix-vector
+// product) are dot products, several rows at a time against each column: every element gets the
+// bits of cpu::dot of its row of A and column of B, for each row count up to the dot products'
+// limit and past a group's, K around the vector widths (whole groups of 4 vectors, single vectors,
+// a scalar tail), beta 0 and 1, on every instruction set.
+TEST(Gemm, DotProductRowsGiveTheBitsOfOneDotEach) {
+  for_each_isa([&] {
+    for (const int64_t K : {16, 40, 67, 300})
+      for (const auto& [M, N] : {std::pair<int64_t, int64_t>{1, 37}, {3, 37}, {4, 37}, {5, 37}, {8, 37}, {70, 1}})
+        for (const float beta : {0.f, 1.f}) {
+          std::mt19937 gen(static_cast<uint32_t>(K * 100 + M));
+          Matrix<float> a(M, K, Layout::RowMajor, gen), b(K, N, Layout::ColMajor, gen), c(M, N, Layout::RowMajor, gen);
+          std::vector<float> got = c.buf;
+          cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, got.data(), N, 1, beta);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              const float s = cpu::dot(K, a.buf.data() + i * a.rs, b.buf.data() + j * b.cs);
+              const float want = beta == 0.f ? s : s + beta * c.buf[i * N + j];
+              ASSERT_EQ(got[i * N + j], want)
+                  << "M=" << M << " N=" << N << " K=" << K << " beta " << beta << " at " << i << ", " << j;
+            }
+        }
+  });
+}
+
 // gemm_rows_of_7 (a linear layer's rows as 7-row tiles, B packed whole beforehand, the last
 // columns in narrower tiles; tiles two at a time over half panels where the kernel has that form)
 // gives the bits of gemm on the same operands, on every path of this machine that has the kernel

@@ -473,27 +473,38 @@ namespace {
 // convolutions of a pooled map) with A's rows contiguous: each element is one dot product of an
 // A row and a B column, both read in place, since packing costs more than so few products per
 // element. Columns (rows, for one column) are split over threads and every dot product runs in a
-// fixed order, so results do not depend on the threads.
+// fixed order, so results do not depend on the threads. The kernel takes several rows of A at once
+// against each column (DotRowsF32), loading the column's vectors once for them: measured on Zen 4,
+// 2 threads, 8 x 960 -> 1280 (MobileNet v3's classifier at batch 8) 0.24-0.27 -> 0.17 ms, 4 x 1280
+// -> 1000 0.14 -> 0.078 ms (AVX2 0.9x); 8 x 2048 -> 1000 the same (its 8 MB weight from memory).
 constexpr int64_t kDotRows = 8;
 
 void gemm_dots(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, const float* B, int64_t b_cs, float* C,
                int64_t c_rs, int64_t c_cs, float beta, const BlockSink<float>& sink) {
-  const DotF32 dot = active_kernels().dot;
-  auto element = [&](int64_t i, int64_t j) {
-    float s = dot(K, A + i * a_rs, B + j * b_cs);
-    float& c = C[i * c_rs + j * c_cs];
-    c = beta == 0.f ? s : s + beta * c;
+  const DotRowsF32 dot_rows = active_kernels().dot_rows;
+  // Rows [i0, i1) of C's column j, in chunks whose sums the kernel makes together (each of B's
+  // vectors loaded once for several rows of A).
+  auto column_rows = [&](int64_t j, int64_t i0, int64_t i1) {
+    constexpr int64_t kChunk = 64;
+    float sums[kChunk];
+    for (int64_t r0 = i0; r0 < i1; r0 += kChunk) {
+      const int64_t rows = std::min(kChunk, i1 - r0);
+      dot_rows(K, A + r0 * a_rs, a_rs, rows, B + j * b_cs, sums);
+      for (int64_t r = 0; r < rows; ++r) {
+        float& c = C[(r0 + r) * c_rs + j * c_cs];
+        c = beta == 0.f ? sums[r] : sums[r] + beta * c;
+      }
+    }
   };
   if (N == 1) {
     parallel_for(M, K, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) element(i, 0);
+      column_rows(0, i0, i1);
       sink(C + i0 * c_rs, c_rs, c_cs, i0, i1 - i0, 0, 1);
     });
     return;
   }
   parallel_for(N, M * K, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j)
-      for (int64_t i = 0; i < M; ++i) element(i, j);
+    for (int64_t j = j0; j < j1; ++j) column_rows(j, 0, M);
     sink(C + j0 * c_cs, c_rs, c_cs, 0, M, j0, j1 - j0);
   });
 }
@@ -686,7 +697,11 @@ void max_into(int64_t n, const float* src, int64_t stride, float* dst) {
   active_kernels().max_into(n, src, stride, dst);
 }
 
-float dot(int64_t n, const float* a, const float* b) { return active_kernels().dot(n, a, b); }
+float dot(int64_t n, const float* a, const float* b) {
+  float sum;
+  active_kernels().dot_rows(n, a, 0, 1, b, &sum);
+  return sum;
+}
 
 void epilogue_row(int64_t n, const float* x, float* y, const float* scale, const float* shift, const float* residual,
                   RowActivation act) {

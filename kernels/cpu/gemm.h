@@ -145,7 +145,7 @@ void max_into(int64_t n, const float* src, int64_t stride, float* dst);
 const WinogradF43& winograd_f43();
 
 // The dot product of n contiguous floats a and b with the active instruction set's kernel, summed
-// in a fixed order (gemm_kernels.h, DotF32).
+// in a fixed order (gemm_kernels.h, DotRowsF32, one row).
 float dot(int64_t n, const float* a, const float* b);
 
 // A convolution's epilogue over n contiguous floats with the active instruction set's kernel

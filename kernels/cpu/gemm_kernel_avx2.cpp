@@ -42,7 +42,7 @@ extern const GemmKernels gemm_kernels_avx2 = {
     nullptr,
     nullptr,
     conv_rows_f32<8, 4>,
-    dot<8>,
+    dot_rows<8>,
     exp_f32<8>,
     sigmoid_f32<8>,
     silu_f32<8>,

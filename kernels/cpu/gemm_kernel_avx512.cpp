@@ -378,7 +378,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
     depthwise_planes,
     depthwise_stride2_planes,
     conv_rows_f32<16, 8>,
-    dot<16>,
+    dot_rows<16>,
     exp_f32<16>,
     sigmoid_f32<16>,
     silu_f32<16>,

@@ -28,7 +28,7 @@ extern const GemmKernels gemm_kernels_generic = {
     nullptr,
     nullptr,
     conv_rows_f32<4, 4>,
-    dot<4>,
+    dot_rows<4>,
     exp_f32<4>,
     sigmoid_f32<4>,
     silu_f32<4>,

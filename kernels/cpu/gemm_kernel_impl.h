@@ -518,31 +518,53 @@ void depthwise_row(int64_t n, int64_t taps, const float* const* rows, const floa
   if (rest > 0) last_blocks[(rest + W - 1) / W - 1](ow, rest, taps, rows, w, stride, bias, y);
 }
 
-// See DotF32: 4 vector accumulators of W lanes, added pairwise, then the lanes, then the tail.
-template <int W>
-float dot(int64_t n, const float* a, const float* b) {
+// R of DotRowsF32's dot products (rows a + r * a_rs, r < R), each b vector loaded once for all:
+// per row 4 vector accumulators of W lanes, added pairwise, then the lanes, then the tail.
+template <int W, int R>
+void dot_rows_of(int64_t n, const float* a, int64_t a_rs, const float* b, float* out) {
   typedef typename FloatVector<W>::type V;
-  V acc[4] = {};
+  V acc[R][4] = {};
   int64_t i = 0;
   for (; i + 4 * W <= n; i += 4 * W)
 #pragma GCC unroll 4
     for (int u = 0; u < 4; ++u) {
-      V av, bv;
-      __builtin_memcpy(&av, a + i + u * W, sizeof(V));
+      V bv;
       __builtin_memcpy(&bv, b + i + u * W, sizeof(V));
-      acc[u] += av * bv;
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        V av;
+        __builtin_memcpy(&av, a + r * a_rs + i + u * W, sizeof(V));
+        acc[r][u] += av * bv;
+      }
     }
   for (; i + W <= n; i += W) {
-    V av, bv;
-    __builtin_memcpy(&av, a + i, sizeof(V));
+    V bv;
     __builtin_memcpy(&bv, b + i, sizeof(V));
-    acc[0] += av * bv;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      V av;
+      __builtin_memcpy(&av, a + r * a_rs + i, sizeof(V));
+      acc[r][0] += av * bv;
+    }
   }
-  V total = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-  float sum = 0;
-  for (int lane = 0; lane < W; ++lane) sum += total[lane];
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const V total = (acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]);
+    float sum = 0;
+    for (int lane = 0; lane < W; ++lane) sum += total[lane];
+    for (int64_t k = i; k < n; ++k) sum += a[r * a_rs + k] * b[k];
+    out[r] = sum;
+  }
+}
+
+// See DotRowsF32: rows in groups of as many as keep their accumulators in registers (4 with 32
+// vector registers, else 2), then the rest.
+template <int W>
+void dot_rows(int64_t n, const float* a, int64_t a_rs, int64_t rows, const float* b, float* out) {
+  constexpr int G = W == 16 ? 4 : 2;
+  int64_t r = 0;
+  for (; r + G <= rows; r += G) dot_rows_of<W, G>(n, a + r * a_rs, a_rs, b, out + r);
+  for (; r < rows; ++r) dot_rows_of<W, 1>(n, a + r * a_rs, a_rs, b, out + r);
 }
 
 // e^x of W floats, within 2 ulp: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is

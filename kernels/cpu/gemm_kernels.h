@@ -224,8 +224,9 @@ struct DepthwiseStride2Planes {
   int64_t y_stride;
 };
 using DepthwiseStride2PlanesF32 = void (*)(const DepthwiseStride2Planes& d);
-// The dot product of n floats a and b (both contiguous), summed in a fixed order.
-using DotF32 = float (*)(int64_t n, const float* a, const float* b);
+// out[r] = the dot product of n floats, row r of a (a + r * a_rs) and b (both contiguous), for
+// r < rows, each summed in a fixed order whatever rows is.
+using DotRowsF32 = void (*)(int64_t n, const float* a, int64_t a_rs, int64_t rows, const float* b, float* out);
 // A transposing copy, as the GEMM packs a transposed B (a linear layer's weight, x @ W^T) or a
 // row-major A (a convolution's weights):
 //   dst[k * dst_ld + j] = src[j * src_ld + k] for j < cols, k < k_n.
@@ -336,7 +337,7 @@ struct GemmKernels {
   DepthwisePlanesF32 depthwise_planes;                 // null where the instruction set has none
   DepthwiseStride2PlanesF32 depthwise_stride2_planes;  // the same
   ConvRowsF32 conv_rows;
-  DotF32 dot;
+  DotRowsF32 dot_rows;
   UnaryF32 exp, sigmoid, silu, gelu;
   SoftmaxRowF32 softmax;
   GeluBackwardF32 gelu_backward;
