@@ -455,7 +455,6 @@ TEST(NnOps, DepthwisePlanesMatchFloat64) {
     {
       KernelProfiler profiler;
       const Tensor y = conv2d(x, w, shift, {c.stride, c.stride}, {pad, pad}, {c.dilation, c.dilation}, C);
-      for (const auto& r : profiler.records()) std::printf("%s %s\n", r.op.c_str(), r.path.c_str());
       ASSERT_EQ(profiler.records().size(), 1u) << where;
       if (cpu::has_depthwise_planes_kernel()) {
         EXPECT_EQ(profiler.records()[0].path, c.stride == 1 ? "depthwise planes" : "depthwise planes, stride 2")
@@ -848,7 +847,6 @@ TEST(NnOps, Conv2dWinogradMatchesFloat64) {
       {
         KernelProfiler profiler;
         y = conv2d(x, w, b, {1, 1}, pad);
-        for (const auto& r : profiler.records()) std::printf("%s %s\n", r.op.c_str(), r.path.c_str());
         ASSERT_EQ(profiler.records().size(), 1u) << where;
         EXPECT_EQ(profiler.records()[0].path.rfind("winograd F(4x4,3x3)", 0), 0u) << where;
       }
@@ -956,7 +954,6 @@ TEST(NnOps, Conv2dPositionRowsMatchFloat64) {
         NoGradGuard no_grad;
         KernelProfiler profiler;
         kept = conv2d(x, w, b, {1, 1}, pad);
-        for (const auto& r : profiler.records()) std::printf("%s %s\n", r.op.c_str(), r.path.c_str());
         ASSERT_EQ(profiler.records().size(), 1u) << where;
         EXPECT_EQ(profiler.records()[0].path.rfind("position rows gemm", 0) == 0, rows_kernel) << where;
       }
@@ -1023,7 +1020,6 @@ TEST(NnOps, Conv2dPositionRowsGiveTheSameBitsOnAnyThreads) {
       set_num_threads(t);
       KernelProfiler profiler;
       const Tensor y = conv2d(x, w, b, stride, pad);
-      for (const auto& r : profiler.records()) std::printf("%s %s\n", r.op.c_str(), r.path.c_str());
       ASSERT_EQ(profiler.records().size(), 1u) << where;
       if (cpu::has_rows_of_7_kernel()) {
         EXPECT_EQ(profiler.records()[0].path.rfind("position rows gemm", 0), 0u) << where;
