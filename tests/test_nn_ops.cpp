@@ -313,6 +313,44 @@ TEST(NnOps, Conv2dRejectsBadShapes) {
   expect_error([&] { avg_pool2d(x, {7, 7}); }, {"avg_pool2d", "[2, 4, 5, 5]"});
 }
 
+// A 1x1 convolution of 1x1 maps (a squeeze-excitation's squeeze and excitation), several samples
+// side by side and one alone, grouped or not, is a linear layer of each sample's channels: its
+// values against float64's linear (float32 within 1e-6, float64 1e-14), plain and with an
+// epilogue.
+TEST(NnOps, Conv2dOfOnePositionMapsIsALinearLayerOfEachSample) {
+  struct Case {
+    int64_t N, C, O, groups;
+  };
+  for (DType dt : {DType::Float32, DType::Float64})
+    for (const Case& c : {Case{1, 40, 96, 1}, Case{2, 40, 96, 1}, Case{3, 1152, 48, 1}, Case{8, 48, 1152, 1},
+                          Case{5, 8, 32, 1}, Case{4, 24, 16, 2}}) {
+      const std::string where = cat_str("N ", c.N, " C ", c.C, " O ", c.O, " groups ", c.groups, " ", dtype_name(dt));
+      const int64_t Cg = c.C / c.groups, Og = c.O / c.groups;
+      const Tensor x = randn_of({c.N, c.C, 1, 1}, dt, 21), w = randn_of({c.O, Cg, 1, 1}, dt, 22);
+      const Tensor bias = randn_of({c.O}, dt, 23), scale = randn_of({c.O}, dt, 24);
+      // float64: each group's channels through its rows of the weight
+      std::vector<Tensor> parts;
+      for (int64_t g = 0; g < c.groups; ++g)
+        parts.push_back(linear(x.to(DType::Float64).reshape({c.N, c.C}).narrow(1, g * Cg, Cg),
+                               w.to(DType::Float64).reshape({c.O, Cg}).narrow(0, g * Og, Og)));
+      const Tensor sums = cat(parts, 1).reshape({c.N, c.O, 1, 1});
+      const Tensor b64 = bias.to(DType::Float64).view({1, c.O, 1, 1}),
+                   s64 = scale.to(DType::Float64).view({1, c.O, 1, 1});
+      const double tol = dt == DType::Float32 ? 1e-6 : 1e-14;
+      NoGradGuard no_grad;
+      EXPECT_LE(relative_error(conv2d(x, w, bias, {1, 1}, {0, 0}, {1, 1}, c.groups).to(DType::Float64), sums + b64),
+                tol)
+          << where;
+      const Tensor affine = sums * s64 + b64;
+      EXPECT_LE(relative_error(conv2d_epilogue(x, w, scale, bias, Tensor(), EpilogueActivation::SiLU, {1, 1}, {0, 0},
+                                               {1, 1}, c.groups)
+                                   .to(DType::Float64),
+                               affine * sigmoid(affine)),
+                tol)
+          << where;
+    }
+}
+
 // The fused epilogue kernel (no autograd) against the separate ops (autograd recording), in
 // float32, float64 and bfloat16 (its GEMM form; against float64), over the kernel's paths: pointwise and 3x3 GEMMs (in
 // place, the epilogue inside the GEMM on one or several threads, and several samples per GEMM on small maps), grouped,
