@@ -253,58 +253,60 @@ TEST(Gemm, DotProductRowsGiveTheBitsOfOneDotEach) {
   });
 }
 
-// gemm_rows_of_7 (a linear layer's rows as 7-row tiles, B packed whole beforehand, the last
-// columns in narrower tiles; tiles two at a time over half panels where the kernel has that form)
-// gives the bits of gemm on the same operands, on every path of this machine that has the kernel
-// (AVX-512), with 1 and 2 threads: M whole sevens and fourteens and not (a last tile of 7 rows, of
-// 8), N with each narrow tail (1 to 3 vectors) and past a panel (a second half panel of 4
-// columns), K across KC blocks, A read in place down its columns, along its rows and packed from
-// a strided matrix, beta 0 and 1 (shapes large enough for gemm's blocked path). Paths without it
-// say so (the linear layers then take gemm).
-TEST(Gemm, RowsOf7KernelGivesTheBitsOfGemm) {
-  const int64_t shapes[][3] = {{49, 512, 4608}, {196, 40, 300}, {14, 100, 33}, {50, 17, 800},
-                               {7, 64, 11},     {147, 177, 9},  {197, 96, 768}};
+// gemm_b_panels (B packed whole beforehand into panels) gives the bits of gemm on the same
+// operands, on every path of this machine, with 1 and 2 threads, for gemm's own tiles and the
+// 7-row tiles where the instruction set has them (AVX-512; a linear layer's rows as 7-row tiles,
+// the last columns in narrower tiles, tiles two at a time over half panels where the kernel has
+// that form): M whole sevens and fourteens and not (a last tile of 7 rows, of 8), N with each
+// narrow tail (1 to 3 vectors) and past a panel (a second half panel of 4 columns), K across KC
+// blocks, A read in place down its columns, along its rows and packed from a strided matrix, beta
+// 0 and 1 (shapes large enough for gemm's blocked path). Paths without the 7-row kernel say so (the
+// linear layers then take gemm's tiles).
+TEST(Gemm, PackedBPanelsGiveTheBitsOfGemm) {
+  const int64_t shapes[][3] = {{49, 512, 4608}, {196, 40, 300}, {14, 100, 33},  {50, 17, 800},
+                               {7, 64, 11},     {147, 177, 9},  {197, 96, 768}, {300, 70, 530}};
   const int threads = get_num_threads();
-  int checked = 0;
+  int checked_rows_of_7 = 0;
   for_each_isa([&] {
-    if (!cpu::has_rows_of_7_kernel()) {
-      EXPECT_TRUE(active_isa() == Isa::generic || active_isa() == Isa::avx2);
-      return;
-    }
-    for (const auto& s : shapes) {
-      const int64_t M = s[0], N = s[1], K = s[2];
-      for (Layout la : {Layout::ColMajor, Layout::RowMajor, Layout::Strided})
-        for (Layout lb : {Layout::ColMajor, Layout::RowMajor})
-          for (float beta : {0.f, 1.f})
-            for (int t : {1, 2}) {
-              // (gemm takes dot products there, as a linear layer of up to 8 rows does)
-              if (la == Layout::RowMajor && lb == Layout::ColMajor && M <= 8) continue;
-              set_num_threads(t);
-              apply_num_threads();  // the kernel is called directly, not through an op that applies it
-              std::mt19937 gen(static_cast<uint32_t>(M * N + K));
-              Matrix<float> a(M, K, la, gen), b(K, N, lb, gen), c(M, N, Layout::RowMajor, gen);
-              std::vector<float> panels(static_cast<size_t>(cpu::rows_of_7_packed_floats(K, N)), NAN);
-              cpu::pack_rows_of_7_b(K, N, b.buf.data(), b.rs, b.cs, panels.data());
-              Matrix<float> want = c, got = c;
-              cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, want.buf.data(), want.rs,
-                               want.cs, beta);
-              cpu::gemm_rows_of_7(M, N, K, a.buf.data(), a.rs, a.cs, panels.data(), got.buf.data(), got.rs, got.cs,
-                                  beta);
-              ASSERT_EQ(got.values(), want.values())
-                  << "M=" << M << " N=" << N << " K=" << K << " A " << layout_name(la) << " B " << layout_name(lb)
-                  << " beta " << beta << " threads " << t;
-              ++checked;
-            }
+    if (!cpu::has_rows_of_7_kernel()) EXPECT_TRUE(active_isa() == Isa::generic || active_isa() == Isa::avx2);
+    for (cpu::GemmTile tile : {cpu::GemmTile::standard, cpu::GemmTile::rows_of_7}) {
+      if (tile == cpu::GemmTile::rows_of_7 && !cpu::has_rows_of_7_kernel()) continue;
+      for (const auto& s : shapes) {
+        const int64_t M = s[0], N = s[1], K = s[2];
+        for (Layout la : {Layout::ColMajor, Layout::RowMajor, Layout::Strided})
+          for (Layout lb : {Layout::ColMajor, Layout::RowMajor})
+            for (float beta : {0.f, 1.f})
+              for (int t : {1, 2}) {
+                // (gemm takes dot products there, as a linear layer of up to 8 rows does)
+                if (la == Layout::RowMajor && lb == Layout::ColMajor && M <= 8) continue;
+                set_num_threads(t);
+                apply_num_threads();  // the kernel is called directly, not through an op that applies it
+                std::mt19937 gen(static_cast<uint32_t>(M * N + K));
+                Matrix<float> a(M, K, la, gen), b(K, N, lb, gen), c(M, N, Layout::RowMajor, gen);
+                std::vector<float> panels(static_cast<size_t>(cpu::packed_b_floats(tile, K, N)), NAN);
+                cpu::pack_b_panels(tile, K, N, b.buf.data(), b.rs, b.cs, panels.data());
+                Matrix<float> want = c, got = c;
+                cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, want.buf.data(), want.rs,
+                                 want.cs, beta);
+                cpu::gemm_b_panels(tile, M, N, K, a.buf.data(), a.rs, a.cs, panels.data(), got.buf.data(), got.rs,
+                                   got.cs, beta);
+                ASSERT_EQ(got.values(), want.values())
+                    << "M=" << M << " N=" << N << " K=" << K << " A " << layout_name(la) << " B " << layout_name(lb)
+                    << " beta " << beta << " threads " << t << " " << isa_name(active_isa())
+                    << (tile == cpu::GemmTile::rows_of_7 ? " 7-row tiles" : " gemm's tiles");
+                checked_rows_of_7 += tile == cpu::GemmTile::rows_of_7;
+              }
+      }
     }
   });
   set_num_threads(threads);
   if (cpu::has_rows_of_7_kernel()) {
-    EXPECT_GT(checked, 0);
+    EXPECT_GT(checked_rows_of_7, 0);
   }
 }
 
 // gemm_rows_of_7_offsets (a convolution's zero-padded input read in place through per-k offsets)
-// gives the bits of gemm_rows_of_7 on the explicit matrix those offsets describe, with 1, 2 and 3
+// gives the bits of gemm_b_panels on the explicit matrix those offsets describe, with 1, 2 and 3
 // threads (3 split panels' tiles between threads unevenly): stride 1 and 2, N with each narrow
 // tail and past a panel, K across KC blocks (a 3x3 window over 10 to 150 channels), several
 // samples, panels of one and two vectors (their tiles two at a time, an odd one alone); its
@@ -340,13 +342,13 @@ TEST(Gemm, RowsOf7OffsetsGiveTheBitsOfTheExplicitColumns) {
       for (int64_t r = 0; r < M; ++r)
         for (int64_t k = 0; k < K; ++k) a[r * K + k] = padded[starts[r / 7] + r % 7 * s.stride + offsets[k]];
       Matrix<float> b(K, N, Layout::RowMajor, gen);
-      std::vector<float> panels(static_cast<size_t>(cpu::rows_of_7_packed_floats(K, N)), NAN);
-      cpu::pack_rows_of_7_b(K, N, b.buf.data(), b.rs, b.cs, panels.data());
+      std::vector<float> panels(static_cast<size_t>(cpu::packed_b_floats(cpu::GemmTile::rows_of_7, K, N)), NAN);
+      cpu::pack_b_panels(cpu::GemmTile::rows_of_7, K, N, b.buf.data(), b.rs, b.cs, panels.data());
       for (int t : {1, 2, 3}) {
         set_num_threads(t);
         apply_num_threads();  // the kernel is called directly, not through an op that applies it
         std::vector<float> want(static_cast<size_t>(M * N), NAN), got(static_cast<size_t>(M * N), NAN);
-        cpu::gemm_rows_of_7(M, N, K, a.data(), K, 1, panels.data(), want.data(), N, 1, 0.f);
+        cpu::gemm_b_panels(cpu::GemmTile::rows_of_7, M, N, K, a.data(), K, 1, panels.data(), want.data(), N, 1, 0.f);
         std::vector<int> seen(static_cast<size_t>(M * N), 0);
         struct Seen {
           std::vector<int>* seen;
@@ -384,7 +386,7 @@ TEST(Gemm, RowsOf7OffsetsGiveTheBitsOfTheExplicitColumns) {
 
 // Without offsets: A's element [7 t + i][k] at a[tile_starts[t] + i + k * k_stride] (a pointwise
 // convolution's NCHW input, several samples, channel stride k_stride), as the explicit matrix
-// gives it through gemm_rows_of_7, with 1 and 2 threads, K across KC blocks, N with a narrow tail
+// gives it through gemm_b_panels, with 1 and 2 threads, K across KC blocks, N with a narrow tail
 // (16 and 48: tiles one at a time; 16 + 32: the last two at a time over a half panel);
 // 7 tiles a sample, so tiles of consecutive positions go two at a time and one a sample alone.
 TEST(Gemm, RowsOf7WithoutOffsetsGiveTheBitsOfTheExplicitColumns) {
@@ -405,13 +407,13 @@ TEST(Gemm, RowsOf7WithoutOffsetsGiveTheBitsOfTheExplicitColumns) {
         for (int64_t r = 0; r < M; ++r)
           for (int64_t k = 0; k < K; ++k) a[r * K + k] = x[starts[r / 7] + r % 7 + k * P];
         Matrix<float> b(K, N, Layout::RowMajor, gen);
-        std::vector<float> panels(static_cast<size_t>(cpu::rows_of_7_packed_floats(K, N)), NAN);
-        cpu::pack_rows_of_7_b(K, N, b.buf.data(), b.rs, b.cs, panels.data());
+        std::vector<float> panels(static_cast<size_t>(cpu::packed_b_floats(cpu::GemmTile::rows_of_7, K, N)), NAN);
+        cpu::pack_b_panels(cpu::GemmTile::rows_of_7, K, N, b.buf.data(), b.rs, b.cs, panels.data());
         for (int t : {1, 2}) {
           set_num_threads(t);
           apply_num_threads();  // the kernel is called directly, not through an op that applies it
           std::vector<float> want(static_cast<size_t>(M * N), NAN), got(static_cast<size_t>(M * N), NAN);
-          cpu::gemm_rows_of_7(M, N, K, a.data(), K, 1, panels.data(), want.data(), N, 1, 0.f);
+          cpu::gemm_b_panels(cpu::GemmTile::rows_of_7, M, N, K, a.data(), K, 1, panels.data(), want.data(), N, 1, 0.f);
           cpu::gemm_rows_of_7_offsets(0, tiles, {x.data(), starts.data(), nullptr, P, 1}, N, K, panels.data(),
                                       got.data(), N, 1);
           ASSERT_EQ(got, want) << "K " << K << " N " << N << " threads " << t;

@@ -596,15 +596,15 @@ TEST(NnOps, LinearResultTakesInPlaceOpsUnderAutograd) {
 }
 
 // A float32 linear without autograd reads its weight packed once and kept with the weight's
-// storage where the CPU has the 7-row kernel: its results (linear and linear_gelu; 9 to 1024 rows,
-// the last past the kept path, a strided x, outputs past and short of a 64-column panel) are those
-// of the recorded path (a weight that requires grad, packed by gemm on each call) bit for bit,
-// follow in-place changes of the weight, and equal them with keeping switched off.
+// storage where the CPU has the 7-row kernel: on 7-row tiles up to 256 rows, on gemm's tiles
+// beyond. Its results (linear and linear_gelu; 9 to 1024 rows, a strided x, outputs past and short
+// of a 64-column panel) are those of the recorded path (a weight that requires grad, packed by
+// gemm on each call) bit for bit on every instruction set, taken in turn, follow in-place changes
+// of the weight, and equal them with keeping switched off.
 TEST(NnOps, LinearKeptWeightGivesTheBitsOfTheRecordedPath) {
   for (const auto& [rows, in, out] : {std::array<int64_t, 3>{9, 40, 70}, std::array<int64_t, 3>{49, 768, 100},
                                       std::array<int64_t, 3>{197, 130, 64}, std::array<int64_t, 3>{1024, 33, 17}})
     for (bool strided : {false, true}) {
-      const std::string where = cat_str(rows, " x ", in, " -> ", out, strided ? " strided" : "");
       Tensor x = randn_of({rows, strided ? 2 * in : in}, DType::Float32, 1);
       if (strided) x = x.narrow(1, 0, in);
       Tensor w = randn_of({out, in}, DType::Float32, 2);
@@ -614,18 +614,34 @@ TEST(NnOps, LinearKeptWeightGivesTheBitsOfTheRecordedPath) {
         return (with_gelu ? linear_gelu(x, leaf, b) : linear(x, leaf, b)).detach();
       };
       NoGradGuard no_grad;
-      EXPECT_TRUE(same_bits(linear(x, w, b), recorded(false))) << where;
-      EXPECT_TRUE(same_bits(linear_gelu(x, w, b), recorded(true))) << where;
-      EXPECT_TRUE(same_bits(linear(x, w, b), recorded(false))) << where;  // the kept weight
-      w.mul_(-0.5);
-      EXPECT_TRUE(same_bits(linear(x, w, b), recorded(false))) << where;
-      set_keep_derived_data(false);  // nothing kept: gemm's own packing
-      EXPECT_TRUE(same_bits(linear(x, w, b), recorded(false))) << where;
-      set_keep_derived_data(true);
-      EXPECT_LE(relative_error(linear(x, w, b).to(DType::Float64),
-                               linear(x.to(DType::Float64), w.to(DType::Float64), b.to(DType::Float64))),
-                2e-6)
-          << where;
+      for (Isa isa : available_isas()) {
+        set_isa(isa);
+        const std::string where = cat_str(rows, " x ", in, " -> ", out, strided ? " strided " : " ", isa_name(isa));
+        {
+          const Tensor want = recorded(false);
+          KernelProfiler profiler;
+          const Tensor got = linear(x, w, b);
+          const std::vector<KernelRecord> records = profiler.records();
+          EXPECT_TRUE(same_bits(got, want)) << where;
+          ASSERT_EQ(records.size(), 1u) << where;
+          const char* path = !cpu::has_rows_of_7_kernel() ? "gemm"
+                             : rows <= 256                ? "kept weight, 7-row tiles"
+                                                          : "kept weight, gemm tiles";
+          EXPECT_EQ(records[0].path, path) << where;
+        }
+        EXPECT_TRUE(same_bits(linear_gelu(x, w, b), recorded(true))) << where;
+        EXPECT_TRUE(same_bits(linear(x, w, b), recorded(false))) << where;  // the kept weight
+        w.mul_(-0.5);
+        EXPECT_TRUE(same_bits(linear(x, w, b), recorded(false))) << where;
+        set_keep_derived_data(false);  // nothing kept: gemm's own packing
+        EXPECT_TRUE(same_bits(linear(x, w, b), recorded(false))) << where;
+        set_keep_derived_data(true);
+        EXPECT_LE(relative_error(linear(x, w, b).to(DType::Float64),
+                                 linear(x.to(DType::Float64), w.to(DType::Float64), b.to(DType::Float64))),
+                  2e-6)
+            << where;
+      }
+      set_isa(available_isas().back());
     }
 }
 

@@ -1376,7 +1376,7 @@ bool winograd_backward_input(const Operand<const float>& dy, const float* w, con
 
 // Float32 convolutions of one group whose GEMMs have few columns (the positions of 7x7 and 14x14
 // maps: 49 and 196 fill AVX-512's 32-column tiles to 49/64 and 196/224) run transposed, with the
-// output positions as the rows of C in the 7-row tiles of gemm_rows_of_7 (every map of a 224x224
+// output positions as the rows of C in the 7-row tiles of gemm_b_panels (every map of a 224x224
 // network from 56x56 down is a whole number of sevens) and the output channels as its columns:
 //   C (cols, O) = columns^T (cols, K) @ W^T (K, O),
 // W^T packed once and kept with the weight's storage when the weight cannot change while the
@@ -1386,7 +1386,7 @@ bool winograd_backward_input(const Operand<const float>& dy, const float* w, con
 // (channels, positions) in blocks of channels and positions through epilogue_into: a pass over the output that the
 // standard path does not make, so the path is taken where the multiply-adds the standard tiles waste on padding
 // columns, (padded - cols) * K per output channel, are at least kPositionRowsWaste per padded column. The sums are
-// those of the standard path bit for bit (gemm_rows_of_7). Measured on Zen 4, 2 threads, batch 1, against the standard
+// those of the standard path bit for bit (gemm_b_panels). Measured on Zen 4, 2 threads, batch 1, against the standard
 // path: 0.59-0.91x the time at 7x7 and 14x14 with K of 160 to 4608 (ResNet's and DenseNet's last stages, MobileNet's
 // and EfficientNet's 1x1 convolutions there), 0.96x with K = 256 at 14x14; slower where it is not taken: 1.24x with K =
 // 64 at 14x14, 1.15-2.5x on 28x28 and 56x56 maps, whose tiles waste little.
@@ -1648,8 +1648,8 @@ void conv_forward(const Operand<const T>& x, const Tensor& weight, const Epilogu
     if (use_few_channel_rows(g)) return few_channel_rows_forward(x, w, e, y, g);
     if (use_position_rows(g)) {
       const float* panels = weight_form<12>(
-          weight, WeightForm::rows_of_7_panels, g.O, g.K, rows_of_7_packed_floats(g.K, g.O),
-          [&](const float* w32, float* dst) { pack_rows_of_7_b(g.K, g.O, w32, 1, g.K, dst); }, hold);
+          weight, WeightForm::rows_of_7_panels, g.O, g.K, packed_b_floats(GemmTile::rows_of_7, g.K, g.O),
+          [&](const float* w32, float* dst) { pack_b_panels(GemmTile::rows_of_7, g.K, g.O, w32, 1, g.K, dst); }, hold);
       return position_rows_forward(x, panels, e, y, g);
     }
   }

@@ -281,6 +281,12 @@ const float* spread_ahead(const float* next, int64_t floats, int64_t calls, int6
   return next + std::max<int64_t>(0, std::min(call * step, lines - kc)) * kFloatsPerLine;
 }
 
+// How gemm_blocked reads B: through its strides, packing each block (or reading its rows in place
+// where they are contiguous and few rows of C use them), the same with the caller's word that B is
+// in the cores' caches (gemm's b_in_cache), or as full-depth NR-column panels packed beforehand
+// (pack_b_panels; the 7-row kernel's B always).
+enum class BRead { strides, strides_in_cache, panels };
+
 // One thread's share: the blocked algorithm of the file comment on C[0:M, 0:N], which is the
 // block at (i_off, j_off) of the whole C; each MR-row panel of a C block goes to sink once its
 // last K block is done (still in L1).
@@ -289,7 +295,7 @@ const float* spread_ahead(const float* next, int64_t floats, int64_t calls, int6
 template <typename T, typename Acc, typename Kernel>
 void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
                   int64_t b_rs, int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink,
-                  int64_t i_off, int64_t j_off, bool b_in_cache) {
+                  int64_t i_off, int64_t j_off, BRead b_read) {
   using P = typename Packing<T>::type;
   constexpr int64_t per = Packing<T>::k_per_element;
   const int64_t mr = tile_rows(kn), nr = kn.nr;
@@ -303,9 +309,10 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
   // The same for A with few columns: its full MR-row panels in place, read down its columns when
   // they are contiguous, else along its rows when those are (for bfloat16, when each pair of k is
   // a 32-bit word of the row: K and the row stride even, A 4-byte aligned).
-  // The 7-row kernel's B comes packed whole (gemm_rows_of_7), and its A is read in place.
+  // B packed whole beforehand (b_read panels) is read as it is; the 7-row kernel's A is read in place.
   constexpr bool rows_kernel = std::is_same_v<Kernel, GemmRowsKernelF32>;
-  const bool b_in_place = std::is_same_v<T, P> && b_cs == 1 && M <= kBInPlaceRows &&
+  const bool b_panels = b_read == BRead::panels;
+  const bool b_in_place = std::is_same_v<T, P> && !b_panels && b_cs == 1 && M <= kBInPlaceRows &&
                           KC * b_rs * static_cast<int64_t>(sizeof(T)) <= kBInPlaceBlockBytes;
   const bool a_in_place = std::is_same_v<T, P> && a_rs == 1 && (N <= kAInPlaceColumns || rows_kernel);
   const bool pairs_are_words =
@@ -346,10 +353,10 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
         int64_t in_place = b_in_place ? nc / nr * nr : 0;  // columns read from B itself
         int64_t fused = 0;                                 // columns packed by the first row panel's micro-kernel
         if constexpr (std::is_same_v<Kernel, GemmKernelF32>)
-          if (!b_in_place && b_cs == 1 && M <= kFusedPackRows && (b_in_cache || kc <= kFusedPackAnyDepth) && mc >= mr &&
-              kn.micro_pack_b)
+          if (!b_in_place && !b_panels && b_cs == 1 && M <= kFusedPackRows &&
+              (b_read == BRead::strides_in_cache || kc <= kFusedPackAnyDepth) && mc >= mr && kn.micro_pack_b)
             fused = nc / nr * nr;
-        if (!rows_kernel && in_place + fused < nc)
+        if (!b_panels && in_place + fused < nc)
           pack_b(kc, nc - in_place - fused, nr, b_block + in_place + fused, b_rs, b_cs, bp + fused * kp);
         for (int64_t ir = 0; ir < mc; ir += mr) {
           auto micro = kn.micro;
@@ -371,10 +378,11 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
           for (int64_t jr = 0; jr < nc; jr += nr) {
             bool direct = jr < in_place;
             const int64_t n = std::min(nr, nc - jr);
-            const P* b_panel = direct ? reinterpret_cast<const P*>(b_block) + jr : bp + (jr - in_place) * kp;
+            const P* b_panel = b_panels ? reinterpret_cast<const P*>(B) + (jc + jr) / nr * K * nr + pc * nr
+                               : direct ? reinterpret_cast<const P*>(b_block) + jr
+                                        : bp + (jr - in_place) * kp;
             const P* ahead = b_panel;
             if constexpr (rows_kernel) {
-              b_panel = B + (jc + jr) / nr * K * nr + pc * nr;
               const P* next_panel = next_jc + jr < N ? B + (next_jc + jr) / nr * K * nr + next_pc * nr : nullptr;
               // The i-th call (in 7-row tiles) on this panel of the block fetches its share of the next.
               auto ahead_of = [&](int64_t call) {
@@ -406,8 +414,8 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
                     kp, a_panel, a_ks, b_block + jr, b_rs, b, c_row + jr * c_cs, c_rs, c_cs, m, n, bp + jr * kp);
             }
             if (!packs)
-              narrow_kernel(kn, micro, m, n)(kp, a_panel, a_ks, b_panel, direct && !rows_kernel ? b_rs : nr, b,
-                                             c_row + jr * c_cs, c_rs, c_cs, m, n, ahead);
+              narrow_kernel(kn, micro, m, n)(kp, a_panel, a_ks, b_panel, direct ? b_rs : nr, b, c_row + jr * c_cs, c_rs,
+                                             c_cs, m, n, ahead);
             if (tiles_epilogue) sink(c_row + jr * c_cs, c_rs, c_cs, i_off + ic + ir, m, j_off + jc + jr, n);
           }
           if (pc + kc == K && !tiles_epilogue) sink(c_row, c_rs, c_cs, i_off + ic + ir, m, j_off + jc, nc);
@@ -441,9 +449,6 @@ void gemm_small(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64
     }
   sink(C, c_rs, c_cs, 0, M, 0, N);
 }
-
-// Which micro-kernel family a product runs on (gemm_rows_of_7).
-enum class GemmTile { standard, rows_of_7 };
 
 // Up to this many multiply-adds the small path is used (it wins for these sizes).
 constexpr int64_t kSmallGemm = 8 * 8 * 8;
@@ -512,7 +517,7 @@ void gemm_dots(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, co
 template <typename T, typename Acc, typename Kernel>
 void gemm_packed(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
                  int64_t b_rs, int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink,
-                 bool b_in_cache = false) {
+                 BRead b_read) {
   const int64_t mr = tile_rows(kn);
   int64_t mtiles = (M + mr - 1) / mr, ntiles = (N + kn.nr - 1) / kn.nr;
   int64_t threads = 1;
@@ -530,8 +535,8 @@ void gemm_packed(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, 
     int64_t n1 = std::min(N, ntiles * (tj + 1) / g.tn * kn.nr);
     if (m0 < m1 && n0 < n1)
       gemm_blocked(kn, m1 - m0, n1 - n0, K, A + m0 * a_rs, a_rs, a_cs,
-                   std::is_same_v<Kernel, GemmRowsKernelF32> ? B + n0 / kn.nr * K * kn.nr : B + n0 * b_cs, b_rs, b_cs,
-                   C + m0 * c_rs + n0 * c_cs, c_rs, c_cs, beta, sink, m0, n0, b_in_cache);
+                   b_read == BRead::panels ? B + n0 / kn.nr * K * kn.nr : B + n0 * b_cs, b_rs, b_cs,
+                   C + m0 * c_rs + n0 * c_cs, c_rs, c_cs, beta, sink, m0, n0, b_read);
   };
   if (threads == 1) return run(0, 1);
 #ifdef _OPENMP
@@ -545,14 +550,9 @@ void gemm_packed(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, 
 template <typename T, typename Acc>
 void gemm_any(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
               int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink,
-              GemmTile tile = GemmTile::standard, bool b_in_cache = false) {
+              bool b_in_cache = false) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) return scale_c(M, N, C, c_rs, c_cs, beta, sink);
-  if constexpr (std::is_same_v<T, float>) {
-    const GemmRowsKernelF32& rows7 = active_kernels().f32_rows7;
-    if (tile == GemmTile::rows_of_7 && rows7.mr != 0)
-      return gemm_packed(rows7, M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, sink);
-  }
   // A column-major C is computed as C^T = B^T @ A^T, so the micro-kernel writes along rows.
   if (c_rs == 1 && c_cs != 1)
     return gemm_any(N, M, K, B, b_cs, b_rs, A, a_cs, a_rs, C, c_cs, c_rs, beta,
@@ -562,7 +562,13 @@ void gemm_any(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t
     if ((M <= kDotRows || N == 1) && a_cs == 1 && b_rs == 1)
       return gemm_dots(M, N, K, A, a_rs, B, b_cs, C, c_rs, c_cs, beta, sink);
   gemm_packed(KernelFor<T>::get(active_kernels()), M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, sink,
-              b_in_cache);
+              b_in_cache ? BRead::strides_in_cache : BRead::strides);
+}
+
+// The NR of tile's float32 kernel.
+int64_t panel_columns(GemmTile tile) {
+  const GemmKernels& k = active_kernels();
+  return tile == GemmTile::rows_of_7 ? k.f32_rows7.nr : k.f32.nr;
 }
 
 }  // namespace
@@ -570,27 +576,32 @@ void gemm_any(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t
 template <typename T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
           int64_t b_cs, T* C, int64_t c_rs, int64_t c_cs, T beta, const GemmEpilogue<T>* epilogue, bool b_in_cache) {
-  gemm_any(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, BlockSink<T>{epilogue, false},
-           GemmTile::standard, b_in_cache);
+  gemm_any(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, BlockSink<T>{epilogue, false}, b_in_cache);
 }
 bool has_rows_of_7_kernel() { return active_kernels().f32_rows7.mr != 0; }
 int64_t gemm_tile_columns() { return active_kernels().f32.nr; }
 int64_t rows_of_7_tile_columns() { return active_kernels().f32_rows7.nr; }
-int64_t rows_of_7_packed_floats(int64_t K, int64_t N) {
-  const int64_t nr = active_kernels().f32_rows7.nr;
+int64_t packed_b_floats(GemmTile tile, int64_t K, int64_t N) {
+  const int64_t nr = panel_columns(tile);
   return (N + nr - 1) / nr * nr * K;
 }
-void pack_rows_of_7_b(int64_t K, int64_t N, const float* B, int64_t b_rs, int64_t b_cs, float* panels) {
-  const int64_t nr = active_kernels().f32_rows7.nr;
+void pack_b_panels(GemmTile tile, int64_t K, int64_t N, const float* B, int64_t b_rs, int64_t b_cs, float* panels) {
+  const int64_t nr = panel_columns(tile);
   parallel_for((N + nr - 1) / nr, K * nr, [&](int64_t q0, int64_t q1) {
     const int64_t j0 = q0 * nr, j1 = std::min(N, q1 * nr);
     pack_b(K, j1 - j0, nr, B + j0 * b_cs, b_rs, b_cs, panels + j0 * K);
   });
 }
-void gemm_rows_of_7(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* b_panels,
-                    float* C, int64_t c_rs, int64_t c_cs, float beta, const GemmEpilogue<float>* epilogue) {
-  gemm_any(M, N, K, A, a_rs, a_cs, b_panels, 0, 0, C, c_rs, c_cs, beta, BlockSink<float>{epilogue, false},
-           GemmTile::rows_of_7);
+void gemm_b_panels(GemmTile tile, int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs,
+                   const float* b_panels, float* C, int64_t c_rs, int64_t c_cs, float beta,
+                   const GemmEpilogue<float>* epilogue) {
+  if (M <= 0 || N <= 0) return;
+  const BlockSink<float> sink{epilogue, false};
+  if (K <= 0) return scale_c(M, N, C, c_rs, c_cs, beta, sink);
+  const GemmKernels& k = active_kernels();
+  if (tile == GemmTile::rows_of_7)
+    return gemm_packed(k.f32_rows7, M, N, K, A, a_rs, a_cs, b_panels, 0, 0, C, c_rs, c_cs, beta, sink, BRead::panels);
+  gemm_packed(k.f32, M, N, K, A, a_rs, a_cs, b_panels, 0, 0, C, c_rs, c_cs, beta, sink, BRead::panels);
 }
 void gemm_rows_of_7_offsets(int64_t first_tile, int64_t last_tile, const RowsOf7Input& in, int64_t N, int64_t K,
                             const float* b_panels, float* C, int64_t c_rs, int64_t c_cs,
@@ -922,38 +933,52 @@ void linear_epilogue(const void* ctx, T* c, int64_t c_rs, int64_t, int64_t, int6
 }
 
 // A float32 linear layer whose weight cannot change while the result is used (weight_form.h)
-// reads the weight packed once and kept with its storage, through gemm_rows_of_7, where gemm packs
-// it on every call (x @ W^T reads W^T down its columns): ViT's, Swin's and ConvNeXt's layers at
-// batch 1 pack 2.4-9.4 MB of weights per call for 49-197 rows. Taken where the instruction set
-// has the kernel, for a contiguous weight, more than kDotRows rows and one column (else gemm's dot
-// products), up to kKeptLinearRows rows. The sums are gemm's bit for bit. Measured on Zen 4, 2
-// threads, against gemm (alternating): 0.68-0.82x the time at 49 rows (768 <-> 3072), 0.84-0.95x
-// at 196-197 rows but 1.02-1.04x for 3072 -> 768 there, 1.06x at 1000 rows.
+// reads the weight packed once into panels (gemm_b_panels) and kept with its storage, where gemm
+// packs it on every call (x @ W^T reads W^T down its columns): ViT's, Swin's and ConvNeXt's layers
+// at batch 1 pack 2.4-9.4 MB of weights per call for 49-197 rows. Where the instruction set has the
+// 7-row kernel (AVX-512), for a contiguous weight, more than kDotRows rows and one column (else
+// gemm's dot products): up to kKeptLinearRows rows on the 7-row tiles, more on gemm's own tiles.
+// The sums are gemm's bit for bit. Measured on Zen 4, 2 threads, against gemm (alternating): the
+// 7-row tiles 0.68-0.82x the time at 49 rows (768 <-> 3072), 0.84-0.95x at 196-197 rows but
+// 1.02-1.04x for 3072 -> 768 there, 1.06x at 1000 rows; gemm's tiles on the kept panels 0.94-0.99x
+// from 392 to 25088 rows (the layers of ViT-B/16, Swin-T and ConvNeXt-T at batch 8), where
+// gemm's packing of W^T took ~6% of 1568 x 384 -> 1536. (On AVX2 gemm's tiles on kept panels
+// measured 0.97-1.05x: not taken there.)
 constexpr int64_t kKeptLinearRows = 256;
-bool use_kept_linear_weight(int64_t M, int64_t N, int64_t K, const Tensor& w) {
-  return has_rows_of_7_kernel() && M > kDotRows && N > 1 && M <= kKeptLinearRows && N * K * M > kSmallGemm &&
-         w.is_contiguous() && may_keep_weight_form(w);
-}
 
-// The weight's panels kept for gemm_rows_of_7 where use_kept_linear_weight(M, N, K, w) (held by
-// hold while they are read), else null.
-const float* kept_linear_panels(int64_t M, int64_t N, int64_t K, const Tensor& w, std::shared_ptr<const void>& hold) {
-  if (!use_kept_linear_weight(M, N, K, w)) return nullptr;
-  return weight_form<13>(
-      w, WeightForm::rows_of_7_panels, N, K, rows_of_7_packed_floats(K, N),
-      [&](const float* w32, float* dst) { pack_rows_of_7_b(K, N, w32, 1, K, dst); }, hold);
+// A linear layer's weight packed for gemm_b_panels (panels null where the layer takes gemm), held by
+// hold while it is read.
+struct KeptLinearWeight {
+  const float* panels = nullptr;
+  GemmTile tile = GemmTile::standard;
+  std::shared_ptr<const void> hold;
+};
+
+KeptLinearWeight kept_linear_weight(int64_t M, int64_t N, int64_t K, const Tensor& w) {
+  KeptLinearWeight kept;
+  if (!has_rows_of_7_kernel() || M <= kDotRows || N <= 1 || N * K * M <= kSmallGemm || !w.is_contiguous() ||
+      !may_keep_weight_form(w))
+    return kept;
+  kept.tile = M <= kKeptLinearRows ? GemmTile::rows_of_7 : GemmTile::standard;
+  const WeightForm form = kept.tile == GemmTile::rows_of_7 ? WeightForm::rows_of_7_panels : WeightForm::standard_panels;
+  kept.panels = weight_form<13>(
+      w, form, N, K, packed_b_floats(kept.tile, K, N),
+      [&](const float* w32, float* dst) { pack_b_panels(kept.tile, K, N, w32, 1, K, dst); }, kept.hold);
+  return kept;
 }
 
 // out (M,N), rows out_rs apart, = x (M,K) @ w (N,K)^T (+ bias where not null), then the GELU
-// where gelu is set: through the weight's kept panels where given (kept_linear_panels), else gemm.
+// where gelu is set: through the weight's kept panels where it has them (kept_linear_weight), else
+// gemm.
 template <typename T>
 void linear_rows(int64_t M, int64_t N, int64_t K, const T* x, int64_t x_rs, int64_t x_cs, const Tensor& w,
-                 const float* panels, const T* bias, bool gelu, T* out, int64_t out_rs) {
+                 const KeptLinearWeight& kept, const T* bias, bool gelu, T* out, int64_t out_rs) {
   const LinearEpilogue<T> e{bias, gelu};
   const GemmEpilogue<T> both{linear_epilogue<T>, &e};
   const GemmEpilogue<T>* epilogue = bias || gelu ? &both : nullptr;
   if constexpr (std::is_same_v<T, float>)
-    if (panels) return gemm_rows_of_7(M, N, K, x, x_rs, x_cs, panels, out, out_rs, 1, 0.f, epilogue);
+    if (kept.panels)
+      return gemm_b_panels(kept.tile, M, N, K, x, x_rs, x_cs, kept.panels, out, out_rs, 1, 0.f, epilogue);
   gemm<T>(M, N, K, x, x_rs, x_cs, w.data_ptr<T>(), w.strides()[1], w.strides()[0], out, out_rs, 1, T(0), epilogue);
 }
 
@@ -963,11 +988,13 @@ void linear_kernel(const KernelArgs& args) {
   const Tensor& w = args.in[1];
   const int64_t M = x.shape()[0], K = x.shape()[1], N = w.shape()[0];
   auto run = [&]<typename T>() {
-    std::shared_ptr<const void> hold;
-    const float* panels = std::is_same_v<T, float> ? kept_linear_panels(M, N, K, w, hold) : nullptr;
+    const KeptLinearWeight kept = std::is_same_v<T, float> ? kept_linear_weight(M, N, K, w) : KeptLinearWeight{};
+    note_kernel_path(!kept.panels                       ? "gemm"
+                     : kept.tile == GemmTile::rows_of_7 ? "kept weight, 7-row tiles"
+                                                        : "kept weight, gemm tiles");
     const T* bias = args.in.size() > 2 ? args.in[2].data_ptr<T>() : nullptr;
-    linear_rows<T>(M, N, K, x.data_ptr<T>(), x.strides()[0], x.strides()[1], w, panels, bias,
-                   args.p<LinearParams>().gelu, args.out[0].data_ptr<T>(), N);
+    linear_rows<T>(M, N, K, x.data_ptr<T>(), x.strides()[0], x.strides()[1], w, kept, bias, args.p<LinearParams>().gelu,
+                   args.out[0].data_ptr<T>(), N);
   };
   if (x.dtype() == DType::Float32) return run.template operator()<float>();
   if (x.dtype() == DType::Float64) return run.template operator()<double>();
@@ -1005,21 +1032,19 @@ void linear_gelu_linear_kernel(const KernelArgs& args) {
       const int64_t bands = threads * ((M + threads * kMlpBandRows - 1) / (threads * kMlpBandRows));
       auto start = [&](int64_t b) { return b == bands ? M : M * b / bands / 14 * 14; };
       const int64_t most_rows = (M + bands - 1) / bands + 14;
-      std::shared_ptr<const void> hold1, hold2;
       // (More than kDotRows rows: the two calls' own path, whose sums bands must give.)
-      const float* panels1 =
-          M > kDotRows && C * bands <= M && M * H * int64_t{sizeof(float)} > threads * kMlpCachedHiddenBytes
-              ? kept_linear_panels(most_rows, H, C, w1, hold1)
-              : nullptr;
-      const float* panels2 = panels1 ? kept_linear_panels(most_rows, O, H, w2, hold2) : nullptr;
-      if (panels2) {
+      KeptLinearWeight kept1, kept2;
+      if (M > kDotRows && C * bands <= M && M * H * int64_t{sizeof(float)} > threads * kMlpCachedHiddenBytes)
+        kept1 = kept_linear_weight(most_rows, H, C, w1);
+      if (kept1.panels) kept2 = kept_linear_weight(most_rows, O, H, w2);
+      if (kept2.panels) {
         note_kernel_path("MLP, bands of rows");
         parallel_for(bands, M / bands * H * (C + O), [&](int64_t first, int64_t last) {
           float* hidden = thread_scratch<float, 20>(most_rows * H);
           for (int64_t band = first; band < last; ++band) {
             const int64_t r0 = start(band), m = start(band + 1) - r0;
-            linear_rows<float>(m, H, C, x.data_ptr<float>() + r0 * x_rs, x_rs, x_cs, w1, panels1, b1, true, hidden, H);
-            linear_rows<float>(m, O, H, hidden, H, 1, w2, panels2, b2, false, out + r0 * O, O);
+            linear_rows<float>(m, H, C, x.data_ptr<float>() + r0 * x_rs, x_rs, x_cs, w1, kept1, b1, true, hidden, H);
+            linear_rows<float>(m, O, H, hidden, H, 1, w2, kept2, b2, false, out + r0 * O, O);
           }
         });
         return;
@@ -1028,11 +1053,10 @@ void linear_gelu_linear_kernel(const KernelArgs& args) {
     // The two layers one after the other, the hidden matrix in this thread's scratch.
     note_kernel_path("MLP, layer by layer");
     T* hidden = thread_scratch<T, 20>(M * H);
-    std::shared_ptr<const void> hold1, hold2;
-    const float* panels1 = std::is_same_v<T, float> ? kept_linear_panels(M, H, C, w1, hold1) : nullptr;
-    const float* panels2 = std::is_same_v<T, float> ? kept_linear_panels(M, O, H, w2, hold2) : nullptr;
-    linear_rows<T>(M, H, C, x.data_ptr<T>(), x_rs, x_cs, w1, panels1, b1, true, hidden, H);
-    linear_rows<T>(M, O, H, hidden, H, 1, w2, panels2, b2, false, out, O);
+    const KeptLinearWeight kept1 = std::is_same_v<T, float> ? kept_linear_weight(M, H, C, w1) : KeptLinearWeight{};
+    const KeptLinearWeight kept2 = std::is_same_v<T, float> ? kept_linear_weight(M, O, H, w2) : KeptLinearWeight{};
+    linear_rows<T>(M, H, C, x.data_ptr<T>(), x_rs, x_cs, w1, kept1, b1, true, hidden, H);
+    linear_rows<T>(M, O, H, hidden, H, 1, w2, kept2, b2, false, out, O);
   };
   if (x.dtype() == DType::Float32) return run.template operator()<float>();
   if (x.dtype() == DType::Float64) return run.template operator()<double>();

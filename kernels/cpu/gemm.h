@@ -46,36 +46,42 @@ struct GemmGrid {
 };
 GemmGrid gemm_thread_grid(int64_t threads, int64_t mtiles, int64_t ntiles, int64_t mr, int64_t nr);
 
-// The float32 form on the instruction set's 7-row micro-kernel (GemmRowsKernelF32: C's rows in
-// sevens, two tiles at a time over half panels where it has that form, its last columns in
-// narrower tiles), for a C whose rows are a linear layer's rows or a convolution's output
-// positions and its columns output channels, with B packed beforehand (a weight, packed once):
-// b_panels from pack_rows_of_7_b, rows_of_7_packed_floats(K, N) floats. A is read in place or
-// packed. Every element gets the same sums in the same order as from gemm's blocked path (each
-// over k in order, in blocks of the same KC: products of more than 8 * 8 * 8 multiply-adds with
-// more than 8 rows), so the two agree bit for bit. Only where has_rows_of_7_kernel() (AVX-512).
+// The float32 GEMM with B packed beforehand (a weight, packed once) into full-depth panels of NR
+// columns for one micro-kernel family (GemmTile): element (k, j) of B at
+// b_panels[j / NR * K * NR + k * NR + j % NR], the columns past N zero; pack_b_panels makes them,
+// packed_b_floats(tile, K, N) floats. rows_of_7: the instruction set's 7-row micro-kernel
+// (GemmRowsKernelF32: C's rows in sevens, two tiles at a time over half panels where it has that
+// form, its last columns in narrower tiles), for a C whose rows are a linear layer's rows or a
+// convolution's output positions and its columns output channels; only where
+// has_rows_of_7_kernel() (AVX-512). standard: gemm's own micro-kernel, which then reads the panels
+// where it would pack B's blocks. A is read in place or packed. Every element gets the same sums
+// in the same order as from gemm's blocked path (each over k in order, in blocks of the same KC),
+// so the two agree bit for bit where gemm takes that path: products of more than 8 * 8 * 8
+// multiply-adds, more than 8 rows and more than one column, C not column-major.
+enum class GemmTile { standard, rows_of_7 };
 bool has_rows_of_7_kernel();
 int64_t gemm_tile_columns();       // the columns of gemm's float32 tiles (NR) on the active instruction set
-int64_t rows_of_7_tile_columns();  // the 7-row tiles' columns (NR); the panels are NR columns wide
-int64_t rows_of_7_packed_floats(int64_t K, int64_t N);
-void pack_rows_of_7_b(int64_t K, int64_t N, const float* B, int64_t b_rs, int64_t b_cs, float* b_panels);
-void gemm_rows_of_7(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* b_panels,
-                    float* C, int64_t c_rs, int64_t c_cs, float beta, const GemmEpilogue<float>* epilogue = nullptr);
+int64_t rows_of_7_tile_columns();  // the 7-row tiles' columns (NR)
+int64_t packed_b_floats(GemmTile tile, int64_t K, int64_t N);
+void pack_b_panels(GemmTile tile, int64_t K, int64_t N, const float* B, int64_t b_rs, int64_t b_cs, float* b_panels);
+void gemm_b_panels(GemmTile tile, int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs,
+                   const float* b_panels, float* C, int64_t c_rs, int64_t c_cs, float beta,
+                   const GemmEpilogue<float>* epilogue = nullptr);
 
 // Where gemm_rows_of_7_offsets reads A, in place (a convolution's input, zero-padded where its
 // windows have taps, as its own im2col): every 7-row tile is 7 positions at a step from one start,
 //   A[7 t + i][k] = a[tile_starts[t] + i * step + k_offsets[k]]   (i < 7),
 // or, without k_offsets (step 1), a[tile_starts[t] + i + k * k_stride]: a pointwise convolution's
-// input channels, read as gemm_rows_of_7 reads the columns of an A with contiguous columns.
+// input channels, read as gemm_b_panels reads the columns of an A with contiguous columns.
 struct RowsOf7Input {
   const float* a;
   const int64_t* tile_starts;  // per tile
   const int64_t* k_offsets;    // per k, or null
   int64_t k_stride, step;
 };
-// gemm_rows_of_7 over an A read through `in`: the tiles [first_tile, last_tile) of
+// gemm_b_panels(GemmTile::rows_of_7, ...) over an A read through `in`: the tiles [first_tile, last_tile) of
 // C (7 * tiles, N) = A (7 * tiles, K) @ B, beta 0, every element of A they read readable, B packed
-// by pack_rows_of_7_b. Each element of C gets the sums gemm_rows_of_7 gives it for the same A (in
+// by pack_b_panels(GemmTile::rows_of_7, ...). Each element of C gets the sums gemm_b_panels gives it for the same A (in
 // K blocks of the same size, in order), the epilogue on each finished 7-row tile. Only where
 // has_rows_of_7_kernel().
 void gemm_rows_of_7_offsets(int64_t first_tile, int64_t last_tile, const RowsOf7Input& in, int64_t N, int64_t K,

@@ -13,10 +13,13 @@
 namespace tvc::cpu {
 
 // Which form (Storage::DerivedKey's first number). The key's other numbers are the weight's
-// storage offset and two of its sizes, so views of one storage keep forms of their own.
+// storage offset and two of its sizes, so views of one storage keep forms of their own. A form's
+// layout must not depend on the active instruction set (set_isa can change it between calls)
+// unless only sets that share it make that form (the panels: the AVX-512 sets).
 enum class WeightForm : int64_t {
   rows_of_7_panels = 1,  // W^T (K, N) of a contiguous (N, K) weight packed for gemm_rows_of_7
   winograd = 2,          // a 3x3 convolution's weights transformed for Winograd F(4x4, 3x3)
+  standard_panels = 3,   // W^T (K, N) of a contiguous (N, K) weight packed for GemmTile::standard
 };
 
 // Whether a kernel may keep a form of w: keeping is on (set_keep_derived_data) and w's values
