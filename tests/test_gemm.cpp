@@ -268,7 +268,9 @@ TEST(Gemm, PackedBPanelsGiveTheBitsOfGemm) {
   const int threads = get_num_threads();
   int checked_rows_of_7 = 0;
   for_each_isa([&] {
-    if (!cpu::has_rows_of_7_kernel()) EXPECT_TRUE(active_isa() == Isa::generic || active_isa() == Isa::avx2);
+    if (!cpu::has_rows_of_7_kernel()) {
+      EXPECT_TRUE(active_isa() == Isa::generic || active_isa() == Isa::avx2);
+    }
     for (cpu::GemmTile tile : {cpu::GemmTile::standard, cpu::GemmTile::rows_of_7}) {
       if (tile == cpu::GemmTile::rows_of_7 && !cpu::has_rows_of_7_kernel()) continue;
       for (const auto& s : shapes) {
@@ -751,6 +753,42 @@ TEST(VectorFunctions, MatchFloat64OnEveryInstructionSet) {
       EXPECT_TRUE(same_values(f.op(odd), f.op(x).slice(0, 3, 3 + 37))) << f.name;
     }
   });
+}
+
+// Softmax rows of up to four vectors (Swin's 49 scores a row), which the kernel takes in registers
+// two rows at a time, give the bits of the passes over memory that longer rows take: each row
+// against itself padded with -inf to past that length (whose padding adds e^-inf = 0 to its sums),
+// on every instruction set, for 1 to 5 rows of lengths around the vector widths, rows with a
+// NaN, +inf, all -inf, and masked scores of -100 (outputs in the denormal range).
+TEST(SoftmaxRows, ShortRowsGiveTheBitsOfTheLongRowsPath) {
+  std::mt19937 gen(13);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  const int64_t pad = 70;  // past 4 vectors of 16 lanes
+  int checked = 0;
+  for_each_isa([&] {
+    for (int64_t rows : {1, 2, 3, 5})
+      for (int64_t n : {1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 49, 63, 64}) {
+        std::vector<float> x(rows * n), padded(rows * (n + pad), -INFINITY);
+        for (float& v : x) v = dist(gen);
+        for (int64_t i = 0; i < n; i += 3) x[i] = -100.0f;                         // a masked score in row 0
+        if (rows > 2) x[2 * n + n / 2] = NAN;                                      // row 2
+        if (rows > 3) x[3 * n + n - 1] = INFINITY;                                 // row 3
+        if (rows > 4) std::fill(x.begin() + 4 * n, x.begin() + 5 * n, -INFINITY);  // row 4
+        for (int64_t r = 0; r < rows; ++r) std::copy_n(x.begin() + r * n, n, padded.begin() + r * (n + pad));
+        std::vector<float> got(rows * n, 7.0f), want(rows * (n + pad), 7.0f);
+        cpu::softmax_rows(rows, n, x.data(), got.data());
+        cpu::softmax_rows(rows, n + pad, padded.data(), want.data());
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t i = 0; i < n; ++i) {
+            const float g = got[r * n + i], w = want[r * (n + pad) + i];
+            ASSERT_TRUE(std::memcmp(&g, &w, sizeof(float)) == 0 || (std::isnan(g) && std::isnan(w)))
+                << isa_name(active_isa()) << " rows " << rows << " n " << n << " at " << r << ", " << i << ": " << g
+                << " vs " << w;
+          }
+        ++checked;
+      }
+  });
+  EXPECT_GT(checked, 0);
 }
 
 // Batch norm's row passes (gemm_kernels.h, BatchNormRowsF32) of every instruction set: each sum

@@ -748,7 +748,7 @@ void vector_function(VectorFunction f, int64_t n, const float* x, float* y) {
   kernels[static_cast<int>(f)](n, x, y);
 }
 
-void softmax_row(int64_t n, const float* x, float* y) { active_kernels().softmax(n, x, y); }
+void softmax_rows(int64_t rows, int64_t n, const float* x, float* y) { active_kernels().softmax(rows, n, x, y); }
 
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t,
                           float*, int64_t, int64_t, float, const GemmEpilogue<float>*, bool);
@@ -892,7 +892,7 @@ void attention_kernel(const KernelArgs& args) {
                 k.strides()[rank - 1], k.strides()[rank - 2], scores, S, 1, T(0));
         add_rows(bias, b, r0, m, scores);
         add_rows(mask, b, r0, m, scores);
-        for (int64_t i = 0; i < m; ++i) softmax_row(S, scores + i * S, scores + i * S);
+        softmax_rows(m, S, scores, scores);
         gemm<T>(m, Dv, S, scores, S, 1, v.data_ptr<T>() + batch_offset(v, b), v.strides()[rank - 2],
                 v.strides()[rank - 1], out.data_ptr<T>() + batch_offset(out, b) + r0 * out.strides()[rank - 2],
                 out.strides()[rank - 2], out.strides()[rank - 1], T(0));

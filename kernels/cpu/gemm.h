@@ -181,12 +181,12 @@ const BatchNormRowsF32& batch_norm_rows();
 enum class VectorFunction { exp, sigmoid, silu, gelu };
 void vector_function(VectorFunction f, int64_t n, const float* x, float* y);
 
-// The softmax of one row of n >= 1 contiguous values (y may be x), as the softmax kernel computes
-// rows: float32 with the active instruction set's kernel (gemm_kernels.h, SoftmaxRowF32: the
-// vector e^x, the sum in double), float64 element by element; a NaN in the row makes every
-// output NaN.
-void softmax_row(int64_t n, const float* x, float* y);
-void softmax_row(int64_t n, const double* x, double* y);
+// The softmax of each of `rows` rows of n >= 1 values, row r at x + r * n and y + r * n (y may be
+// x), as the softmax kernel computes rows: float32 with the active instruction set's kernel
+// (gemm_kernels.h, SoftmaxRowsF32: the vector e^x, the sum in double), float64 element by element;
+// a NaN in a row makes every output of the row NaN.
+void softmax_rows(int64_t rows, int64_t n, const float* x, float* y);
+void softmax_rows(int64_t rows, int64_t n, const double* x, double* y);
 
 // gelu's (erf form) backward over n contiguous floats with the active instruction set's kernel
 // (gemm_kernels.h, GeluBackwardF32): dx[i] = dy[i] * (Phi(x[i]) + x[i] * phi(x[i])).

@@ -762,9 +762,22 @@ template <typename T>
   }
 }
 
-// See SoftmaxRowF32.
+// The sum of y[0..n) in double as SoftmaxRowsF32 makes it.
+inline float softmax_sum(int64_t n, const float* y) {
+  D8 sums = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    D8 v;
+    eight_doubles(y + i, v);
+    sums += v;
+  }
+  for (; i < n; ++i) sums[i % 8] += y[i];
+  return static_cast<float>(lanes_total(sums));
+}
+
+// The softmax of one row (SoftmaxRowsF32) in passes over memory.
 template <int W>
-void softmax_f32(int64_t n, const float* x, float* y) {
+void softmax_row_f32(int64_t n, const float* x, float* y) {
   typedef typename FloatVector<W>::type V;
   // A NaN is passed over here (it may hide other values of its lane) but reaches the sum through
   // x - m, and so every output.
@@ -785,19 +798,92 @@ void softmax_f32(int64_t n, const float* x, float* y) {
   }
   for (; i < n; ++i) y[i] = x[i] - m;
   exp_f32<W>(n, y, y);
-  D8 sums = {};
-  for (i = 0; i + 8 <= n; i += 8) {
-    D8 v;
-    eight_doubles(y + i, v);
-    sums += v;
-  }
-  for (; i < n; ++i) sums[i % 8] += y[i];
-  const float s = static_cast<float>(lanes_total(sums));
+  const float s = softmax_sum(n, y);
   for (i = 0; i + W <= n; i += W) {
     const V v = load_lanes<W>(y + i) / s;
     __builtin_memcpy(y + i, &v, sizeof(V));
   }
   for (; i < n; ++i) y[i] /= s;
+}
+
+// The softmax of G consecutive rows of n <= kSoftmaxShortVectors vectors each (Swin's 49 scores a
+// row), side by side: each row read once into registers, the lanes past n -inf (no part in the
+// maximum, e^-inf = 0 after it), its sum made from the registers (8 lanes at a time, as
+// softmax_sum: 0 added for the lanes past n). The same values as softmax_row_f32, whose passes over
+// memory and chains of dependent steps (one row at a time) cost such rows more than their
+// arithmetic. W >= 8 (its halves of 8 lanes).
+constexpr int kSoftmaxShortVectors = 4;
+// Lanes [8 H, 8 H + 8) of v (W 8 or 16).
+template <int W, int H>
+[[gnu::always_inline]] inline F8 eight_lanes(typename FloatVector<W>::type v) {
+  if constexpr (W == 8) {
+    F8 f;
+    __builtin_memcpy(&f, &v, sizeof(F8));
+    return f;
+  } else {
+    return __builtin_shufflevector(v, v, 8 * H, 8 * H + 1, 8 * H + 2, 8 * H + 3, 8 * H + 4, 8 * H + 5, 8 * H + 6,
+                                   8 * H + 7);
+  }
+}
+template <int W, int G>
+[[gnu::always_inline]] inline void softmax_short_rows_f32(int64_t n, const float* x, float* y) {
+  typedef typename FloatVector<W>::type V;
+  typedef typename IntVector<W>::type I;
+  constexpr int R = kSoftmaxShortVectors;
+  const int64_t vectors = (n + W - 1) / W;
+  I lane;
+#pragma GCC unroll 16
+  for (int k = 0; k < W; ++k) lane[k] = k;
+  const V minus_inf = V{} - __builtin_inff();
+  V v[G][R];
+  float m[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int64_t count = n - r * W;
+      v[g][r] = count <= 0                           ? minus_inf
+                : lane < static_cast<int32_t>(count) ? load_first_lanes<W>(x + g * n + r * W, count)
+                                                     : minus_inf;
+    }
+    V top = v[g][0];
+#pragma GCC unroll 4
+    for (int r = 1; r < R; ++r) top = v[g][r] > top ? v[g][r] : top;
+    m[g] = top[0];  // (a NaN may be passed over here, but reaches every output through the sum)
+#pragma GCC unroll 16
+    for (int k = 1; k < W; ++k) m[g] = top[k] > m[g] ? top[k] : m[g];
+  }
+  float s[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    D8 sums = {};
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      if (r >= vectors) break;
+      v[g][r] = exp_lanes<W>(v[g][r] - m[g]);
+      sums += __builtin_convertvector(eight_lanes<W, 0>(v[g][r]), D8);
+      if constexpr (W == 16)
+        if (r * W + 8 < n) sums += __builtin_convertvector(eight_lanes<W, 1>(v[g][r]), D8);
+    }
+    s[g] = static_cast<float>(lanes_total(sums));
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+      if (r < vectors) store_lanes<W>(v[g][r] / s[g], n - r * W, y + g * n + r * W);
+}
+
+// See SoftmaxRowsF32.
+template <int W>
+void softmax_f32(int64_t rows, int64_t n, const float* x, float* y) {
+  int64_t r = 0;
+  if constexpr (W >= 8)
+    if (n <= kSoftmaxShortVectors * W) {
+      for (; r + 2 <= rows; r += 2) softmax_short_rows_f32<W, 2>(n, x + r * n, y + r * n);
+      for (; r < rows; ++r) softmax_short_rows_f32<W, 1>(n, x + r * n, y + r * n);
+    }
+  for (; r < rows; ++r) softmax_row_f32<W>(n, x + r * n, y + r * n);
 }
 
 // sigmoid(x) = 1 / (1 + z) for x >= 0 and z / (1 + z) below, with z = e^-|x|: z never overflows,

@@ -272,13 +272,13 @@ struct WinogradF43 {
 // both within 3 ulp or 1e-40 (silu's tail is x times a sigmoid in the denormal range), gelu
 // x * Phi(x) (erf form) within 8 ulp or 1e-40.
 using UnaryF32 = void (*)(int64_t n, const float* x, float* y);
-// The softmax of a row of n >= 1 contiguous floats (y may be x): with m the row's largest value,
-// y = e^(x - m) (UnaryF32's e^x) over their sum, summed in double in 8 lanes (element i into lane
-// i % 8, in order; then ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))) and rounded to float once, each
-// quotient rounded once: given the instruction set's e^x, the sums and quotients are the same on
-// every instruction set (e^x itself differs in its last bits between them). A NaN in the row makes
-// every output NaN.
-using SoftmaxRowF32 = void (*)(int64_t n, const float* x, float* y);
+// The softmax of each of `rows` rows of n >= 1 floats, row r at x + r * n and y + r * n (y may be
+// x): with m the row's largest value, y = e^(x - m) (UnaryF32's e^x) over their sum, summed in
+// double in 8 lanes (element i into lane i % 8, in order; then ((0 + 1) + (2 + 3)) + ((4 + 5) +
+// (6 + 7))) and rounded to float once, each quotient rounded once: given the instruction set's
+// e^x, the sums and quotients are the same on every instruction set (e^x itself differs in its
+// last bits between them). A NaN in a row makes every output of the row NaN.
+using SoftmaxRowsF32 = void (*)(int64_t rows, int64_t n, const float* x, float* y);
 // gelu's (erf form) backward over n contiguous floats (dx may be dy or x):
 //   dx[i] = dy[i] * (Phi(x[i]) + x[i] * phi(x[i])), phi(x) = e^(-x^2 / 2) / sqrt(2 pi),
 // Phi as in UnaryF32's gelu.
@@ -339,7 +339,7 @@ struct GemmKernels {
   ConvRowsF32 conv_rows;
   DotRowsF32 dot_rows;
   UnaryF32 exp, sigmoid, silu, gelu;
-  SoftmaxRowF32 softmax;
+  SoftmaxRowsF32 softmax;
   GeluBackwardF32 gelu_backward;
   EpilogueRowF32 epilogue;
   EpilogueChannelsF32 epilogue_channels;

@@ -276,12 +276,14 @@ void layer_norm_backward_kernel(const KernelArgs& args) {
 
 }  // namespace
 
-void softmax_row(int64_t n, const double* x, double* y) {
-  double m = x[0];
-  for (int64_t i = 1; i < n; ++i) m = x[i] > m || x[i] != x[i] ? x[i] : m;
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(x[i] - m);
-  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - m) / s;
+void softmax_rows(int64_t rows, int64_t n, const double* x, double* y) {
+  for (int64_t r = 0; r < rows; ++r, x += n, y += n) {
+    double m = x[0];
+    for (int64_t i = 1; i < n; ++i) m = x[i] > m || x[i] != x[i] ? x[i] : m;
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += std::exp(x[i] - m);
+    for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - m) / s;
+  }
 }
 
 namespace {
@@ -302,9 +304,7 @@ void softmax_kernel(const KernelArgs& args) {
     T* yp = y.data_ptr<T>();
     if constexpr (std::is_same_v<T, float>) {
       if (inner == 1) {
-        parallel_for(outer, 8 * n, [&](int64_t b, int64_t e) {
-          for (int64_t r = b; r < e; ++r) softmax_row(n, xp + r * n, yp + r * n);
-        });
+        parallel_for(outer, 8 * n, [&](int64_t b, int64_t e) { softmax_rows(e - b, n, xp + b * n, yp + b * n); });
         return;
       }
     }
