@@ -77,9 +77,10 @@ void index_kernel(const KernelArgs& args) {
   const Tensor& small = kAdd ? src : out;
   const int64_t size = big.shape()[dim], stride = big.strides()[dim];
   const Tensor& index = args.in[1];
-  std::vector<int64_t> rows(static_cast<size_t>(index.numel()));
-  for (int64_t j = 0; j < index.numel(); ++j)
-    rows[j] = checked_index(static_cast<const int64_t*>(index.raw_data())[j * index.strides()[0]], size, op);
+  const int64_t count = index.numel(), index_stride = index.strides()[0];
+  const int64_t* indices = static_cast<const int64_t*>(index.raw_data());
+  std::vector<int64_t> rows(static_cast<size_t>(count));
+  for (int64_t j = 0; j < count; ++j) rows[j] = checked_index(indices[j * index_stride], size, op);
   if (small.numel() == 0) return;  // (an empty tensor's storage may have no data to offset)
   dispatch_numeric(src.dtype(), op, [&]<typename T>() {
     T* pbig = static_cast<T*>(big.storage()->data()) + big.storage_offset();
