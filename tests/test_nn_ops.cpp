@@ -645,6 +645,45 @@ TEST(NnOps, LinearKeptWeightGivesTheBitsOfTheRecordedPath) {
     }
 }
 
+// A weight keeps one panel form (each a copy of the weight) where the CPU has the 7-row kernel:
+// used first with few rows it keeps the 7-row panels, and a later call of more than 256 rows
+// takes gemm; used first with many rows it keeps gemm's panels, which a later call of few rows
+// reads. Every call has the bits of the recorded path, on every instruction set (without the
+// 7-row kernel: gemm).
+TEST(NnOps, LinearWeightKeepsOnePanelForm) {
+  const Tensor few = randn_of({49, 96}, DType::Float32, 1), many = randn_of({300, 96}, DType::Float32, 2);
+  const Tensor b = randn_of({80}, DType::Float32, 3);
+  NoGradGuard no_grad;
+  uint64_t seed = 4;
+  for (Isa isa : available_isas()) {
+    set_isa(isa);
+    for (bool few_first : {true, false}) {
+      const Tensor w = randn_of({80, 96}, DType::Float32, ++seed);  // nothing kept yet
+      const Tensor leaf = w.detach().requires_grad_();
+      std::vector<std::string> paths;
+      for (const Tensor& x : few_first ? std::vector<Tensor>{few, many} : std::vector<Tensor>{many, few}) {
+        Tensor want;
+        {
+          GradModeGuard grad(true);
+          want = linear(x, leaf, b).detach();
+        }
+        KernelProfiler profiler;
+        const Tensor got = linear(x, w, b);
+        const std::vector<KernelRecord> records = profiler.records();
+        ASSERT_EQ(records.size(), 1u);
+        paths.push_back(records[0].path);
+        EXPECT_TRUE(same_bits(got, want)) << x.shape() << " " << isa_name(isa);
+      }
+      std::vector<std::string> expected{"gemm", "gemm"};
+      if (cpu::has_rows_of_7_kernel())
+        expected = few_first ? std::vector<std::string>{"kept weight, 7-row tiles", "gemm"}
+                             : std::vector<std::string>{"kept weight, gemm tiles", "kept weight, gemm tiles"};
+      EXPECT_EQ(paths, expected) << isa_name(isa) << (few_first ? " few rows first" : " many rows first");
+    }
+  }
+  set_isa(available_isas().back());
+}
+
 // A linear without a bias where autograd does not record is the linear kernel too (Swin's patch
 // merging: its kept weight), with the bits of matmul(x, weight^T) (what it runs with autograd):
 // few rows (dot products), the kept weight's rows, gemm's, 2-d and 4-d x, float32 and float64.

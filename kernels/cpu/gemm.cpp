@@ -959,7 +959,12 @@ KeptLinearWeight kept_linear_weight(int64_t M, int64_t N, int64_t K, const Tenso
   if (!has_rows_of_7_kernel() || M <= kDotRows || N <= 1 || N * K * M <= kSmallGemm || !w.is_contiguous() ||
       !may_keep_weight_form(w))
     return kept;
-  kept.tile = M <= kKeptLinearRows ? GemmTile::rows_of_7 : GemmTile::standard;
+  // A weight keeps one panel form (each a copy of the weight: ViT-L/16's 1.2 GB): calls of up to
+  // kKeptLinearRows rows read gemm's panels where those are kept, and larger ones take gemm
+  // (packing per call, as before gemm's panels were kept) where the 7-row panels are.
+  const bool standard_kept = has_weight_form(w, WeightForm::standard_panels, N, K);
+  if (M > kKeptLinearRows && !standard_kept && has_weight_form(w, WeightForm::rows_of_7_panels, N, K)) return kept;
+  kept.tile = M <= kKeptLinearRows && !standard_kept ? GemmTile::rows_of_7 : GemmTile::standard;
   const WeightForm form = kept.tile == GemmTile::rows_of_7 ? WeightForm::rows_of_7_panels : WeightForm::standard_panels;
   kept.panels = weight_form<13>(
       w, form, N, K, packed_b_floats(kept.tile, K, N),

@@ -29,6 +29,11 @@ inline bool may_keep_weight_form(const Tensor& w) {
   return keep_derived_data() && !(is_grad_enabled() && w.requires_grad());
 }
 
+// Whether w's storage keeps the form `form` of w (sizes a and b in the key) now.
+inline bool has_weight_form(const Tensor& w, WeightForm form, int64_t a, int64_t b) {
+  return w.storage()->derived({static_cast<int64_t>(form), w.storage_offset(), a, b}) != nullptr;
+}
+
 // The form of the float32 weight w (contiguous, sizes a and b in the key) made by
 // make(w's values, destination) into `floats` floats: kept with w's storage when
 // may_keep_weight_form(w) (Storage::derived; held by `hold` for the call), else made into the
