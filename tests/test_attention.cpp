@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <functional>
 
+#include "../kernels/cpu/gemm.h"
 #include "compare.h"
 #include "test_helpers.h"
 #include "torch_golden.h"
@@ -18,6 +19,7 @@
 #include "tvc/internal/kernel.h"
 #include "tvc/nn/attention.h"
 #include "tvc/nn/init.h"
+#include "tvc/profiler.h"
 
 namespace tvc::test {
 namespace {
@@ -305,6 +307,44 @@ TEST(AttentionOp, MaskedPairsGiveTheBitsOfTheComposedOps) {
   // This thread still makes denormals (1e-41 here) after the kernel.
   const Tensor tiny = tensor(std::vector<float>{1e-38f, 2e-38f}), small = tensor(std::vector<float>{1e-3f, 1e-3f});
   EXPECT_GT(min(tiny * small).item<double>(), 0.0);
+}
+
+// With few keys (S up to 4 vectors of the instruction set's lanes) and more than 8 rows the kernel
+// keeps each row's scores in registers through one pass ("few keys, rows in registers"), with the
+// sums of the composed ops: bit for bit on every instruction set, taken in turn, for partial
+// vectors of keys and of v's columns, rows not a multiple of the pass's 4, q with strided rows, k
+// contiguous and transposed, a bias broadcast over the batch and a mask of -100 and -inf entries.
+TEST(AttentionOp, FewKeysGiveTheBitsOfTheComposedOps) {
+  struct Case {
+    int64_t L, S, D, Dv;
+  };
+  uint64_t seed = 30;
+  for (const Case c : {Case{49, 49, 32, 32}, Case{13, 7, 9, 6}, Case{9, 17, 16, 40}, Case{30, 33, 24, 18},
+                       Case{11, 64, 9, 70}, Case{8, 49, 32, 32}, Case{100, 2, 40, 16}, Case{12, 65, 8, 8}}) {
+    const Tensor q = randn_of({2, 3, c.L, 2 * c.D}, ++seed).narrow(3, 0, c.D);
+    const Tensor k = seed % 2 ? randn_of({2, 3, c.S, c.D}, ++seed) : randn_of({2, 3, c.D, c.S}, ++seed).transpose(2, 3);
+    const Tensor v = randn_of({2, 3, c.S, c.Dv}, ++seed), bias = randn_of({3, c.L, c.S}, ++seed);
+    std::vector<float> masked;
+    int64_t at = 0;
+    for (double x : randn_of({c.L, c.S}, ++seed).to_vector())
+      masked.push_back(at++ % c.S == 0 ? 0.f : x < -1 ? -INFINITY : x < 0 ? -100.f : 0.f);
+    const Tensor mask = tensor(masked, Shape{c.L, c.S});
+    for (Isa isa : available_isas()) {
+      set_isa(isa);
+      const Tensor composed = matmul(softmax(matmul(q, k.transpose(2, 3)) + bias + mask, -1), v);
+      const std::string where = cat_str("L ", c.L, " S ", c.S, " D ", c.D, " Dv ", c.Dv, " ", isa_name(isa));
+      KernelProfiler profiler;
+      const Tensor fused = attention(q, k, v, bias, mask);
+      const std::vector<KernelRecord> records = profiler.records();
+      ASSERT_EQ(fused.shape(), composed.shape()) << where;
+      EXPECT_EQ(fused.to_vector(), composed.to_vector()) << where;
+      ASSERT_EQ(records.size(), 1u) << where;
+      EXPECT_EQ(records[0].path,
+                c.L > 8 && c.S <= cpu::attention_short_keys() ? "few keys, rows in registers" : "gemm, softmax, gemm")
+          << where;
+    }
+    set_isa(available_isas().back());
+  }
 }
 
 // A parallel region's workers take the floating-point mode of the thread that starts it: with

@@ -188,6 +188,10 @@ void vector_function(VectorFunction f, int64_t n, const float* x, float* y);
 void softmax_rows(int64_t rows, int64_t n, const float* x, float* y);
 void softmax_rows(int64_t rows, int64_t n, const double* x, double* y);
 
+// The most keys (S) the attention kernel's one-pass form for few keys takes on the active
+// instruction set (gemm_kernels.h, AttentionShortF32), 0 where it has none.
+int64_t attention_short_keys();
+
 // gelu's (erf form) backward over n contiguous floats with the active instruction set's kernel
 // (gemm_kernels.h, GeluBackwardF32): dx[i] = dy[i] * (Phi(x[i]) + x[i] * phi(x[i])).
 void gelu_backward(int64_t n, const float* dy, const float* x, float* dx);

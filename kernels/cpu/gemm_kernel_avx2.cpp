@@ -48,6 +48,7 @@ extern const GemmKernels gemm_kernels_avx2 = {
     silu_f32<8>,
     gelu_f32<8>,
     softmax_f32<8>,
+    attention_short_f32<8>,
     gelu_backward_f32<8>,
     epilogue_f32<8>,
     epilogue_channels_f32<8>,

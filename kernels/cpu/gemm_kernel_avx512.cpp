@@ -384,6 +384,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
     silu_f32<16>,
     gelu_f32<16>,
     softmax_f32<16>,
+    attention_short_f32<16>,
     gelu_backward_f32<16>,
     epilogue_f32<16>,
     epilogue_channels_f32<16>,

@@ -34,6 +34,7 @@ extern const GemmKernels gemm_kernels_generic = {
     silu_f32<4>,
     gelu_f32<4>,
     softmax_f32<4>,
+    nullptr,
     gelu_backward_f32<4>,
     epilogue_f32<4>,
     epilogue_channels_f32<4>,

@@ -806,13 +806,12 @@ void softmax_row_f32(int64_t n, const float* x, float* y) {
   for (; i < n; ++i) y[i] /= s;
 }
 
-// The softmax of G consecutive rows of n <= kSoftmaxShortVectors vectors each (Swin's 49 scores a
-// row), side by side: each row read once into registers, the lanes past n -inf (no part in the
-// maximum, e^-inf = 0 after it), its sum made from the registers (8 lanes at a time, as
+// The softmax of G rows of n <= NV vectors each (NV <= kShortRowVectors: Swin's 49 scores a
+// row), side by side, in registers: v[g] holds row g, its lanes past n -inf (no part in the
+// maximum, e^-inf = 0 after it); the sum made from the registers (8 lanes at a time, as
 // softmax_sum: 0 added for the lanes past n). The same values as softmax_row_f32, whose passes over
 // memory and chains of dependent steps (one row at a time) cost such rows more than their
 // arithmetic. W >= 8 (its halves of 8 lanes).
-constexpr int kSoftmaxShortVectors = 4;
 // Lanes [8 H, 8 H + 8) of v (W 8 or 16).
 template <int W, int H>
 [[gnu::always_inline]] inline F8 eight_lanes(typename FloatVector<W>::type v) {
@@ -825,41 +824,26 @@ template <int W, int H>
                                    8 * H + 7);
   }
 }
-template <int W, int G>
-[[gnu::always_inline]] inline void softmax_short_rows_f32(int64_t n, const float* x, float* y) {
+template <int W, int G, int NV>
+[[gnu::always_inline]] inline void softmax_short_vectors(int64_t n, typename FloatVector<W>::type (&v)[G][NV]) {
   typedef typename FloatVector<W>::type V;
-  typedef typename IntVector<W>::type I;
-  constexpr int R = kSoftmaxShortVectors;
-  const int64_t vectors = (n + W - 1) / W;
-  I lane;
-#pragma GCC unroll 16
-  for (int k = 0; k < W; ++k) lane[k] = k;
-  const V minus_inf = V{} - __builtin_inff();
-  V v[G][R];
   float m[G];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int g = 0; g < G; ++g) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const int64_t count = n - r * W;
-      v[g][r] = count <= 0                           ? minus_inf
-                : lane < static_cast<int32_t>(count) ? load_first_lanes<W>(x + g * n + r * W, count)
-                                                     : minus_inf;
-    }
     V top = v[g][0];
 #pragma GCC unroll 4
-    for (int r = 1; r < R; ++r) top = v[g][r] > top ? v[g][r] : top;
+    for (int r = 1; r < NV; ++r) top = v[g][r] > top ? v[g][r] : top;
     m[g] = top[0];  // (a NaN may be passed over here, but reaches every output through the sum)
 #pragma GCC unroll 16
     for (int k = 1; k < W; ++k) m[g] = top[k] > m[g] ? top[k] : m[g];
   }
   float s[G];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int g = 0; g < G; ++g) {
     D8 sums = {};
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      if (r >= vectors) break;
+    for (int r = 0; r < NV; ++r) {
+      if (r * W >= n) break;
       v[g][r] = exp_lanes<W>(v[g][r] - m[g]);
       sums += __builtin_convertvector(eight_lanes<W, 0>(v[g][r]), D8);
       if constexpr (W == 16)
@@ -867,11 +851,46 @@ template <int W, int G>
     }
     s[g] = static_cast<float>(lanes_total(sums));
   }
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int r = 0; r < NV; ++r)
+      if (r * W < n) v[g][r] /= s[g];
+}
+
+// v with its lanes from `count` on set to -inf.
+template <int W>
+[[gnu::always_inline]] inline typename FloatVector<W>::type minus_inf_from(typename FloatVector<W>::type v,
+                                                                           int64_t count) {
+  typedef typename FloatVector<W>::type V;
+  typedef typename IntVector<W>::type I;
+  I lane;
+#pragma GCC unroll 16
+  for (int k = 0; k < W; ++k) lane[k] = k;
+  const V minus_inf = V{} - __builtin_inff();
+  return lane < static_cast<int32_t>(count) ? v : minus_inf;
+}
+
+// G consecutive rows of n <= kShortRowVectors vectors through softmax_short_vectors.
+template <int W, int G>
+[[gnu::always_inline]] inline void softmax_short_rows_f32(int64_t n, const float* x, float* y) {
+  typedef typename FloatVector<W>::type V;
+  constexpr int R = kShortRowVectors;
+  const V minus_inf = V{} - __builtin_inff();
+  V v[G][R];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int64_t count = n - r * W;
+      v[g][r] = count <= 0 ? minus_inf : minus_inf_from<W>(load_first_lanes<W>(x + g * n + r * W, count), count);
+    }
+  softmax_short_vectors<W, G, R>(n, v);
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g)
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
-      if (r < vectors) store_lanes<W>(v[g][r] / s[g], n - r * W, y + g * n + r * W);
+      if (r * W < n) store_lanes<W>(v[g][r], n - r * W, y + g * n + r * W);
 }
 
 // See SoftmaxRowsF32.
@@ -879,11 +898,129 @@ template <int W>
 void softmax_f32(int64_t rows, int64_t n, const float* x, float* y) {
   int64_t r = 0;
   if constexpr (W >= 8)
-    if (n <= kSoftmaxShortVectors * W) {
+    if (n <= kShortRowVectors * W) {
       for (; r + 2 <= rows; r += 2) softmax_short_rows_f32<W, 2>(n, x + r * n, y + r * n);
       for (; r < rows; ++r) softmax_short_rows_f32<W, 1>(n, x + r * n, y + r * n);
     }
   for (; r < rows; ++r) softmax_row_f32<W>(n, x + r * n, y + r * n);
+}
+
+// One row of an additive term of attention's scores (bias or mask): its elements [r W, r W + W)
+// of row i as a vector (lanes past S as they come: the caller sets them to -inf).
+template <int W>
+[[gnu::always_inline]] inline typename FloatVector<W>::type score_term(const float* t, int64_t rs, int64_t cs,
+                                                                       int64_t i, int64_t j0, int64_t S) {
+  typename FloatVector<W>::type x{};
+  const float* row = t + i * rs + j0 * cs;
+  if (cs == 1) return load_first_lanes<W>(row, S - j0);
+#pragma GCC unroll 16
+  for (int k = 0; k < W; ++k)
+    if (j0 + k < S) x[k] = row[k * cs];
+  return x;
+}
+
+// G rows of an attention item from row i0 (see AttentionShortF32): their scores in NV vectors
+// each (kt: k^T, NV * W floats a row), softmax, then P (stored at p, NV * W floats a row) @ v in
+// chunks of U vectors of v's columns.
+template <int W, int G, int NV>
+[[gnu::always_inline]] inline void attention_short_rows(const AttentionItemF32& a, int64_t i0, const float* kt,
+                                                        float* p) {
+  typedef typename FloatVector<W>::type V;
+  constexpr int SW = NV * W, U = 2;
+  V s[G][NV];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int r = 0; r < NV; ++r) s[g][r] = V{};
+  const float* q = a.q + i0 * a.q_rs;
+  for (int64_t d = 0; d < a.D; ++d) {
+    V kv[NV];
+#pragma GCC unroll 4
+    for (int r = 0; r < NV; ++r) kv[r] = load_lanes<W>(kt + d * SW + r * W);
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const float qv = q[g * a.q_rs + d * a.q_cs];
+#pragma GCC unroll 4
+      for (int r = 0; r < NV; ++r) s[g][r] = FmaStep::step(s[g][r], qv, kv[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int r = 0; r < NV; ++r) {
+      if (a.bias) s[g][r] += score_term<W>(a.bias, a.bias_rs, a.bias_cs, i0 + g, r * W, a.S);
+      if (a.mask) s[g][r] += score_term<W>(a.mask, a.mask_rs, a.mask_cs, i0 + g, r * W, a.S);
+      s[g][r] = minus_inf_from<W>(s[g][r], a.S - r * W);
+    }
+  softmax_short_vectors<W, G, NV>(a.S, s);
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int r = 0; r < NV; ++r) __builtin_memcpy(p + g * SW + r * W, &s[g][r], sizeof(V));
+  // Columns [j0, j0 + U W) of the G output rows, the last `left` of them where Partial.
+  auto columns = [&]<bool Partial>(int64_t j0, int64_t left) {
+    V o[G][U];
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) o[g][u] = V{};
+    for (int64_t t = 0; t < a.S; ++t) {
+      const float* vrow = a.v + t * a.v_rs + j0;
+      V vv[U];
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u)
+        vv[u] = !Partial       ? load_lanes<W>(vrow + u * W)
+                : left > u * W ? load_first_lanes<W>(vrow + u * W, left - u * W)
+                               : V{};
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+        for (int u = 0; u < U; ++u) o[g][u] = FmaStep::step(o[g][u], p[g * SW + t], vv[u]);
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u)
+        if (!Partial || left > u * W) store_lanes<W>(o[g][u], left - u * W, a.out + (i0 + g) * a.out_rs + j0 + u * W);
+  };
+  int64_t j0 = 0;
+  for (; j0 + U * W <= a.Dv; j0 += U * W) columns.template operator()<false>(j0, U * W);
+  if (j0 < a.Dv) columns.template operator()<true>(j0, a.Dv - j0);
+}
+
+// See AttentionShortF32 (S <= NV * W): k^T packed once, then the rows kAttentionRows at a time.
+constexpr int kAttentionRows = 4;
+static_assert(kAttentionRows <= kShortRowVectors);  // p's rows in the scratch (AttentionShortF32)
+template <int W, int NV>
+void attention_short_vectors(const AttentionItemF32& a) {
+  constexpr int SW = NV * W;
+  float* kt = a.scratch;
+  float* p = kt + a.D * SW;
+  if (a.k_cs == 1) {
+    pack_transposed<W>(a.D, a.S, a.k, a.k_rs, kt, SW);
+  } else {
+    for (int64_t d = 0; d < a.D; ++d)
+      for (int64_t j = 0; j < a.S; ++j) kt[d * SW + j] = a.k[j * a.k_rs + d * a.k_cs];
+  }
+  for (int64_t d = 0; d < a.D; ++d)
+    for (int64_t j = a.S; j < SW; ++j) kt[d * SW + j] = 0.f;
+  int64_t i = 0;
+  for (; i + kAttentionRows <= a.L; i += kAttentionRows) attention_short_rows<W, kAttentionRows, NV>(a, i, kt, p);
+  for (; i < a.L; ++i) attention_short_rows<W, 1, NV>(a, i, kt, p);
+}
+template <int W>
+void attention_short_f32(const AttentionItemF32& a) {
+  static_assert(kShortRowVectors == 4);
+  switch ((a.S + W - 1) / W) {
+    case 1:
+      return attention_short_vectors<W, 1>(a);
+    case 2:
+      return attention_short_vectors<W, 2>(a);
+    case 3:
+      return attention_short_vectors<W, 3>(a);
+    default:
+      return attention_short_vectors<W, 4>(a);
+  }
 }
 
 // sigmoid(x) = 1 / (1 + z) for x >= 0 and z / (1 + z) below, with z = e^-|x|: z never overflows,

@@ -279,6 +279,31 @@ using UnaryF32 = void (*)(int64_t n, const float* x, float* y);
 // e^x, the sums and quotients are the same on every instruction set (e^x itself differs in its
 // last bits between them). A NaN in a row makes every output of the row NaN.
 using SoftmaxRowsF32 = void (*)(int64_t rows, int64_t n, const float* x, float* y);
+// One attention item of few keys, S <= kShortRowVectors * lanes (Swin's 49 on AVX-512):
+//   out (L, Dv) = softmax(q (L, D) @ k (S, D)^T + bias (L, S) + mask (L, S)) @ v (S, Dv)
+// in one pass of rows kept in registers, each step the arithmetic of the unfused ones: each score
+// a chain of FMAs over d from 0 (gemm's micro-kernel over a K block), the bias then the mask added
+// (each sum rounded; either may be null), SoftmaxRowsF32's softmax, each output a chain of FMAs
+// over s from 0. Strides in elements, any for q, k, bias and mask; v's and out's columns
+// contiguous. scratch: (D + kShortRowVectors) * round_up(S, lanes) floats.
+constexpr int64_t kShortRowVectors = 4;
+struct AttentionItemF32 {
+  int64_t L, S, D, Dv;
+  const float* q;
+  int64_t q_rs, q_cs;
+  const float* k;
+  int64_t k_rs, k_cs;
+  const float* v;
+  int64_t v_rs;
+  const float* bias;
+  int64_t bias_rs, bias_cs;
+  const float* mask;
+  int64_t mask_rs, mask_cs;
+  float* out;
+  int64_t out_rs;
+  float* scratch;
+};
+using AttentionShortF32 = void (*)(const AttentionItemF32& item);
 // gelu's (erf form) backward over n contiguous floats (dx may be dy or x):
 //   dx[i] = dy[i] * (Phi(x[i]) + x[i] * phi(x[i])), phi(x) = e^(-x^2 / 2) / sqrt(2 pi),
 // Phi as in UnaryF32's gelu.
@@ -340,6 +365,7 @@ struct GemmKernels {
   DotRowsF32 dot_rows;
   UnaryF32 exp, sigmoid, silu, gelu;
   SoftmaxRowsF32 softmax;
+  AttentionShortF32 attention_short;  // null where the instruction set has none
   GeluBackwardF32 gelu_backward;
   EpilogueRowF32 epilogue;
   EpilogueChannelsF32 epilogue_channels;
