@@ -144,7 +144,8 @@ TEST(Module, Containers) {
   EXPECT_EQ(names_of(seq.named_children()), (std::vector<std::string>{"0", "1", "2", "3"}));
   EXPECT_EQ(seq.pop(1)->type_name(), "Tanh");
   EXPECT_EQ(seq.state_dict().keys(), (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
-  EXPECT_NE(error_of([&] { (void)seq[3]; }).find("index 3 is out of range for 3 modules"), std::string::npos);
+  EXPECT_NE(error_of([&] { (void)seq[3]; }).find("Sequential[]: index 3 is out of range for 3 modules"),
+            std::string::npos);
   Tensor x = randn_of({5, 4}, 1);
   Tensor want = seq.at<Linear>(2)->forward(relu(seq.at<Linear>(0)->forward(x)));
   EXPECT_LT(relative_error(seq(x), want), 1e-7);

@@ -5,10 +5,11 @@
 
 namespace tvc::nn {
 
-size_t detail::wrap_index(int64_t index, size_t size, bool allow_end, const std::string& who) {
+size_t detail::wrap_index(int64_t index, size_t size, bool allow_end, const Module& owner, const char* op) {
   int64_t n = static_cast<int64_t>(size);
   int64_t hi = allow_end ? n : n - 1;
-  TVC_CHECK(index >= -n && index <= hi, who, ": index ", index, " is out of range for ", n, " modules");
+  TVC_CHECK(index >= -n && index <= hi, owner.type_name(), op, ": index ", index, " is out of range for ", n,
+            " modules");
   return static_cast<size_t>(index < 0 ? index + n : index);
 }
 

@@ -15,8 +15,9 @@
 namespace tvc::nn {
 
 namespace detail {
-// index wrapped into [0, size) (or [0, size] when allow_end); throws naming who.
-size_t wrap_index(int64_t index, size_t size, bool allow_end, const std::string& who);
+// index wrapped into [0, size) (or [0, size] when allow_end); throws naming owner's type and op
+// (its name made only then: a Sequential indexed in a model's forward paid a demangling per call).
+size_t wrap_index(int64_t index, size_t size, bool allow_end, const Module& owner, const char* op);
 }  // namespace detail
 
 // The list operations shared by Sequential and ModuleList.
@@ -27,7 +28,7 @@ class ModuleSequence : public Cloneable<Derived> {
   bool empty() const { return this->children_.empty(); }
   // The module at position index (null when a None was added).
   ModulePtr operator[](int64_t index) const {
-    return this->children_.item(detail::wrap_index(index, size(), false, this->type_name() + "[]")).second;
+    return this->children_.item(detail::wrap_index(index, size(), false, *this, "[]")).second;
   }
   // The module at index as type T; throws when it is another type.
   template <typename T>
@@ -54,8 +55,7 @@ class ModuleSequence : public Cloneable<Derived> {
   // Inserts before position index (-size..size).
   Derived& insert(int64_t index, ModulePtr module) {
     std::vector<ModulePtr> ms = list();
-    ms.insert(ms.begin() +
-                  static_cast<std::ptrdiff_t>(detail::wrap_index(index, size(), true, this->type_name() + ".insert")),
+    ms.insert(ms.begin() + static_cast<std::ptrdiff_t>(detail::wrap_index(index, size(), true, *this, ".insert")),
               std::move(module));
     renumber(ms);
     return static_cast<Derived&>(*this);
@@ -63,7 +63,7 @@ class ModuleSequence : public Cloneable<Derived> {
   // Removes and returns the module at index.
   ModulePtr pop(int64_t index = -1) {
     std::vector<ModulePtr> ms = list();
-    size_t i = detail::wrap_index(index, size(), false, this->type_name() + ".pop");
+    size_t i = detail::wrap_index(index, size(), false, *this, ".pop");
     ModulePtr m = ms[i];
     ms.erase(ms.begin() + static_cast<std::ptrdiff_t>(i));
     renumber(ms);
