@@ -240,7 +240,8 @@ constexpr int64_t kFloatsPerLine = 16;
 
 // The micro-kernel for the last n columns of a tile: a narrow form of micro when kn has one that
 // covers n (GemmKernelF32::narrow), else micro itself. For the last m rows of a packed panel, a
-// short form where one covers them (GemmKernelF32::short_rows, full width).
+// short form where one covers them (GemmKernelF32::short_rows, full width; the 7-row kernel's
+// last_rows). The last partial tile is always packed, whatever form A's whole tiles are read in.
 template <typename Kernel, typename Micro>
 Micro narrow_kernel(const Kernel& kn, Micro micro, int64_t m, int64_t n) {
   if constexpr (std::is_same_v<GemmKernelF32, Kernel>) {
@@ -248,6 +249,9 @@ Micro narrow_kernel(const Kernel& kn, Micro micro, int64_t m, int64_t n) {
       const Micro short_rows = kn.short_rows[m <= 4 ? 0 : 1];
       if (short_rows) return short_rows;
     }
+  }
+  if constexpr (std::is_same_v<GemmRowsKernelF32, Kernel>) {
+    if (micro == kn.micro && m < kn.mr && kn.last_rows[m - 1]) return kn.last_rows[m - 1];
   }
   if constexpr (std::is_base_of_v<GemmKernelF32, Kernel>) {
     const int64_t vectors = (n + kn.lanes - 1) / kn.lanes;

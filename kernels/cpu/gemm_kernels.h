@@ -116,10 +116,14 @@ using GemmMicroKernelOffsetsPairF32 = void (*)(int64_t kc, const float* a0, cons
 // Rapids, 2 threads, against 7 x 64 tiles: ViT-B/16's linear layers at 197 rows 4-6% faster
 // (ViT-B/16 and Swin-T at batch 1 4-6%), ResNet-50's 1x1 convolutions at 14x14 and 7x7 4-9%; a
 // convolution's taps through offsets (pair_offsets over half panels) not faster, not taken.
+// last_rows[m - 1] is micro's form with m = 1..6 rows, for a last (packed) tile of fewer than 7
+// rows (ViT-B/16's 197 tokens: 14 pairs of tiles and one row, which a whole tile made at half a
+// pair's time); each element's arithmetic as in micro.
 struct GemmRowsKernelF32 : GemmKernelF32 {
   GemmMicroKernelOffsetsF32 micro_offsets, narrow_offsets[3];
   GemmMicroKernelOffsetsPairF32 pair_offsets[2];
   GemmMicroKernelF32 micro_14 = nullptr, micro_14_a_rows = nullptr;
+  GemmMicroKernelF32 last_rows[6] = {};
 };
 struct GemmKernelF64 {
   int64_t mr, nr, kc, mc, nc;
