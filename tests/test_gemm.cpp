@@ -257,16 +257,16 @@ TEST(Gemm, DotProductRowsGiveTheBitsOfOneDotEach) {
 // operands, on every path of this machine, with 1 and 2 threads, for gemm's own tiles and the
 // 7-row tiles where the instruction set has them (AVX-512; a linear layer's rows as 7-row tiles,
 // the last columns in narrower tiles, tiles two at a time over half panels where the kernel has
-// that form): M whole sevens and fourteens and not (a last tile of 7 rows, of 8, of each of 1 to 6
-// rows: the 7-row kernel's short forms), N with each
+// that form): M whole sevens and fourteens and not (a last tile of 7 rows; of 8 and 11, a whole
+// tile and a short form; of each of 1 to 6 rows: the 7-row kernel's short forms), N with each
 // narrow tail (1 to 3 vectors) and past a panel (a second half panel of 4 columns), K across KC
 // blocks, A read in place down its columns, along its rows and packed from a strided matrix, beta
 // 0 and 1 (shapes large enough for gemm's blocked path). Paths without the 7-row kernel say so (the
 // linear layers then take gemm's tiles).
 TEST(Gemm, PackedBPanelsGiveTheBitsOfGemm) {
-  const int64_t shapes[][3] = {{49, 512, 4608}, {196, 40, 300}, {14, 100, 33},  {50, 17, 800},
-                               {7, 64, 11},     {147, 177, 9},  {197, 96, 768}, {300, 70, 530},
-                               {16, 70, 300},   {45, 64, 40},   {32, 130, 530}, {61, 33, 100}};
+  const int64_t shapes[][3] = {{49, 512, 4608}, {196, 40, 300}, {14, 100, 33},  {50, 17, 800}, {7, 64, 11},
+                               {147, 177, 9},   {197, 96, 768}, {300, 70, 530}, {16, 70, 300}, {45, 64, 40},
+                               {32, 130, 530},  {61, 33, 100},  {25, 70, 300}};
   const int threads = get_num_threads();
   int checked_rows_of_7 = 0;
   for_each_isa([&] {

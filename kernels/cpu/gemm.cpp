@@ -393,6 +393,15 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
                 return next_panel ? spread_ahead(next_panel, next_panel_floats, (mc + kn.mr - 1) / kn.mr, call, kc)
                                   : b_panel;
               };
+              if (kn.micro_14 && m > kn.mr && m < 2 * kn.mr && micro == kn.micro && kn.last_rows[0]) {
+                // A last pair short of 14 rows (ViT-B/16's 1576 tokens at batch 8 end in 8): its
+                // first tile whole, the rest in a short form, rather than 14 rows made.
+                narrow_kernel(kn, micro, kn.mr, n)(kp, a_panel, a_ks, b_panel, nr, b, c_row + jr * c_cs, c_rs, c_cs,
+                                                   kn.mr, n, ahead_of(ir / kn.mr));
+                kn.last_rows[m - kn.mr - 1](kp, a_panel + kn.mr, a_ks, b_panel, nr, b, c_row + kn.mr * c_rs + jr * c_cs,
+                                            c_rs, c_cs, m - kn.mr, n, ahead_of(ir / kn.mr + 1));
+                continue;
+              }
               if (kn.micro_14 && m > kn.mr) {  // two tiles at once, in two halves of the panel
                 const auto micro_14 = micro == kn.micro ? kn.micro_14 : kn.micro_14_a_rows;
                 for (int64_t h = 0; h < n; h += nr / 2)
