@@ -118,7 +118,8 @@ using GemmMicroKernelOffsetsPairF32 = void (*)(int64_t kc, const float* a0, cons
 // convolution's taps through offsets (pair_offsets over half panels) not faster, not taken.
 // last_rows[m - 1] is micro's form with m = 1..6 rows, for a last (packed) tile of fewer than 7
 // rows (ViT-B/16's 197 tokens: 14 pairs of tiles and one row, which a whole tile made at half a
-// pair's time); each element's arithmetic as in micro.
+// pair's time) and for the rows past 7 of a last pair short of 14; each element's arithmetic as
+// in micro.
 struct GemmRowsKernelF32 : GemmKernelF32 {
   GemmMicroKernelOffsetsF32 micro_offsets, narrow_offsets[3];
   GemmMicroKernelOffsetsPairF32 pair_offsets[2];
