@@ -352,7 +352,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
       gemm_micro_kernel_epilogue<16, 12, 2, true, false, RowActivation::hardswish>}},
     // The 7-row kernel's B block is 128 columns: at a batch-1 linear layer's ~200 rows, A's
     // 384-deep block (322 KB) and a 384-column B block (576 KB) filled Zen 4's 1 MB L2; with 128
-    // (196 KB) ViT-B/16's linear layers at batch 1 take 0.96-0.97x the time (its weights streamed
+    // (196 KB) ViT-B/16's linear layers at batch 1 take 0.94-0.97x the time (its weights streamed
     // in the network's order, one process alternating), the network 0.97-0.98x, Swin-T and
     // ConvNeXt-T at batch 1 0.98-0.99x, batch 8 within the noise.
     {{7,
