@@ -596,11 +596,11 @@ TEST(NnOps, LinearResultTakesInPlaceOpsUnderAutograd) {
 }
 
 // A float32 linear without autograd reads its weight packed once and kept with the weight's
-// storage where the CPU has the 7-row kernel: on 7-row tiles up to 256 rows, on gemm's tiles
-// beyond. Its results (linear and linear_gelu; 9 to 1024 rows, a strided x, outputs past and short
-// of a 64-column panel) are those of the recorded path (a weight that requires grad, packed by
-// gemm on each call) bit for bit on every instruction set, taken in turn, follow in-place changes
-// of the weight, and equal them with keeping switched off.
+// storage: where the CPU has the 7-row kernel on 7-row tiles up to 256 rows and on gemm's tiles
+// beyond, elsewhere on gemm's tiles. Its results (linear and linear_gelu; 9 to 1024 rows, a strided x, outputs past and
+// short of a 64-column panel) are those of the recorded path (a weight that requires grad, packed by gemm on each call)
+// bit for bit on every instruction set, taken in turn, follow in-place changes of the weight, and equal them with
+// keeping switched off.
 TEST(NnOps, LinearKeptWeightGivesTheBitsOfTheRecordedPath) {
   for (const auto& [rows, in, out] : {std::array<int64_t, 3>{9, 40, 70}, std::array<int64_t, 3>{49, 768, 100},
                                       std::array<int64_t, 3>{197, 130, 64}, std::array<int64_t, 3>{1024, 33, 17}})
@@ -624,9 +624,8 @@ TEST(NnOps, LinearKeptWeightGivesTheBitsOfTheRecordedPath) {
           const std::vector<KernelRecord> records = profiler.records();
           EXPECT_TRUE(same_bits(got, want)) << where;
           ASSERT_EQ(records.size(), 1u) << where;
-          const char* path = !cpu::has_rows_of_7_kernel() ? "gemm"
-                             : rows <= 256                ? "kept weight, 7-row tiles"
-                                                          : "kept weight, gemm tiles";
+          const char* path =
+              cpu::has_rows_of_7_kernel() && rows <= 256 ? "kept weight, 7-row tiles" : "kept weight, gemm tiles";
           EXPECT_EQ(records[0].path, path) << where;
         }
         EXPECT_TRUE(same_bits(linear_gelu(x, w, b), recorded(true))) << where;
@@ -649,7 +648,7 @@ TEST(NnOps, LinearKeptWeightGivesTheBitsOfTheRecordedPath) {
 // used first with few rows it keeps the 7-row panels, and a later call of more than 256 rows
 // takes gemm; used first with many rows it keeps gemm's panels, which a later call of few rows
 // reads. Every call has the bits of the recorded path, on every instruction set (without the
-// 7-row kernel: gemm).
+// 7-row kernel: gemm's panels for both).
 TEST(NnOps, LinearWeightKeepsOnePanelForm) {
   const Tensor few = randn_of({49, 96}, DType::Float32, 1), many = randn_of({300, 96}, DType::Float32, 2);
   const Tensor b = randn_of({80}, DType::Float32, 3);
@@ -674,13 +673,38 @@ TEST(NnOps, LinearWeightKeepsOnePanelForm) {
         paths.push_back(records[0].path);
         EXPECT_TRUE(same_bits(got, want)) << x.shape() << " " << isa_name(isa);
       }
-      std::vector<std::string> expected{"gemm", "gemm"};
+      std::vector<std::string> expected{"kept weight, gemm tiles", "kept weight, gemm tiles"};
       if (cpu::has_rows_of_7_kernel())
         expected = few_first ? std::vector<std::string>{"kept weight, 7-row tiles", "gemm"}
                              : std::vector<std::string>{"kept weight, gemm tiles", "kept weight, gemm tiles"};
       EXPECT_EQ(paths, expected) << isa_name(isa) << (few_first ? " few rows first" : " many rows first");
     }
   }
+  set_isa(available_isas().back());
+}
+
+// Each instruction set keeps gemm's panels of its own width (32, 16 or 8 columns): one weight used
+// under every set in turn, unchanged between them, gives each set the bits of gemm packing the
+// weight on each call (a set reading another's panels would not).
+TEST(NnOps, LinearKeptPanelsOfEachInstructionSetAreItsOwn) {
+  const Tensor x = randn_of({300, 96}, DType::Float32, 1), w = randn_of({80, 96}, DType::Float32, 2);
+  const Tensor b = randn_of({80}, DType::Float32, 3);
+  NoGradGuard no_grad;
+  std::vector<Tensor> kept;
+  for (Isa isa : available_isas()) {
+    set_isa(isa);
+    KernelProfiler profiler;
+    kept.push_back(linear(x, w, b));
+    const std::vector<KernelRecord> records = profiler.records();
+    ASSERT_EQ(records.size(), 1u);
+    EXPECT_EQ(records[0].path, "kept weight, gemm tiles") << isa_name(isa);
+  }
+  set_keep_derived_data(false);
+  for (size_t i = 0; i < available_isas().size(); ++i) {
+    set_isa(available_isas()[i]);
+    EXPECT_TRUE(same_bits(kept[i], linear(x, w, b))) << isa_name(available_isas()[i]);
+  }
+  set_keep_derived_data(true);
   set_isa(available_isas().back());
 }
 
@@ -797,7 +821,7 @@ TEST(NnOps, LinearGeluEqualsTheSeparateOps) {
 // instruction set, by each of its ways (2 threads): bands of rows (each band on one thread, 2-d
 // and 3-d x, a strided x, bands of unequal sizes that are not multiples of 14), and the layers one after
 // the other where bands would not pay (a hidden matrix that stays in the caches, C more than a
-// band's rows, few rows, float64) or the instruction set has no 7-row kernel.
+// band's rows, few rows, float64).
 TEST(NnOps, LinearGeluLinearGivesTheBitsOfItsTwoLinears) {
   struct Case {
     Shape x;
@@ -835,8 +859,8 @@ TEST(NnOps, LinearGeluLinearGivesTheBitsOfItsTwoLinears) {
       EXPECT_TRUE(same_bits(y, want)) << where << " " << isa_name(isa);
       ASSERT_EQ(records.size(), 1u) << where;
       EXPECT_EQ(records[0].op, "linear_gelu_linear") << where;
-      const bool bands = c.bands && cpu::has_rows_of_7_kernel();
-      EXPECT_EQ(records[0].path, bands ? "MLP, bands of rows" : "MLP, layer by layer") << where << " " << isa_name(isa);
+      EXPECT_EQ(records[0].path, c.bands ? "MLP, bands of rows" : "MLP, layer by layer")
+          << where << " " << isa_name(isa);
     }
   }
   set_isa(available_isas().back());

@@ -1012,15 +1012,18 @@ void linear_epilogue(const void* ctx, T* c, int64_t c_rs, int64_t, int64_t, int6
 // A float32 linear layer whose weight cannot change while the result is used (weight_form.h)
 // reads the weight packed once into panels (gemm_b_panels) and kept with its storage, where gemm
 // packs it on every call (x @ W^T reads W^T down its columns): ViT's, Swin's and ConvNeXt's layers
-// at batch 1 pack 2.4-9.4 MB of weights per call for 49-197 rows. Where the instruction set has the
-// 7-row kernel (AVX-512), for a contiguous weight, more than kDotRows rows and one column (else
-// gemm's dot products): up to kKeptLinearRows rows on the 7-row tiles, more on gemm's own tiles.
-// The sums are gemm's bit for bit. Measured on Zen 4, 2 threads, against gemm (alternating): the
-// 7-row tiles 0.68-0.82x the time at 49 rows (768 <-> 3072), 0.84-0.95x at 196-197 rows but
-// 1.02-1.04x for 3072 -> 768 there, 1.06x at 1000 rows; gemm's tiles on the kept panels 0.94-0.99x
-// from 392 to 25088 rows (the layers of ViT-B/16, Swin-T and ConvNeXt-T at batch 8), where
-// gemm's packing of W^T took ~6% of 1568 x 384 -> 1536. (On AVX2 gemm's tiles on kept panels
-// measured 0.97-1.05x: not taken there.)
+// at batch 1 pack 2.4-9.4 MB of weights per call for 49-197 rows. For a contiguous weight, more
+// than kDotRows rows and one column (else gemm's dot products): where the instruction set has the
+// 7-row kernel (AVX-512) up to kKeptLinearRows rows on the 7-row tiles, more on gemm's own tiles;
+// elsewhere every size on gemm's own tiles. The sums are gemm's bit for bit. Measured on Zen 4, 2
+// threads, against gemm (alternating): the 7-row tiles 0.68-0.82x the time at 49 rows (768 <->
+// 3072), 0.84-0.95x at 196-197 rows but 1.02-1.04x for 3072 -> 768 there, 1.06x at 1000 rows;
+// gemm's tiles on the kept panels 0.94-0.99x from 392 to 25088 rows (the layers of ViT-B/16,
+// Swin-T and ConvNeXt-T at batch 8), where gemm's packing of W^T took ~6% of 1568 x 384 -> 1536.
+// On Zen 3 (AVX2 only), 2 threads, gemm's 6 x 16 tiles on the kept panels: 0.86-0.95x at 49 rows,
+// 0.94-1.0x at 196-197, 0.97-1.0x at 784 and 3136 (Swin-T's layers; six weights streamed in turn);
+// swin_t b1 0.91-0.94x, convnext_tiny b1 0.96x, vit_b_16 b1 0.97x, batch 8 within the noise. (On
+// Zen 4 with AVX2 forced they had measured 0.97-1.05x.)
 constexpr int64_t kKeptLinearRows = 256;
 
 // A linear layer's weight packed for gemm_b_panels (panels null where the layer takes gemm), held by
@@ -1033,16 +1036,16 @@ struct KeptLinearWeight {
 
 KeptLinearWeight kept_linear_weight(int64_t M, int64_t N, int64_t K, const Tensor& w) {
   KeptLinearWeight kept;
-  if (!has_rows_of_7_kernel() || M <= kDotRows || N <= 1 || N * K * M <= kSmallGemm || !w.is_contiguous() ||
-      !may_keep_weight_form(w))
-    return kept;
+  if (M <= kDotRows || N <= 1 || N * K * M <= kSmallGemm || !w.is_contiguous() || !may_keep_weight_form(w)) return kept;
   // A weight keeps one panel form (each a copy of the weight: ViT-L/16's 1.2 GB): calls of up to
   // kKeptLinearRows rows read gemm's panels where those are kept, and larger ones take gemm
   // (packing per call, as before gemm's panels were kept) where the 7-row panels are.
-  const bool standard_kept = has_weight_form(w, WeightForm::standard_panels, N, K);
+  const WeightForm standard = standard_panels_form(gemm_tile_columns());
+  const bool standard_kept = has_weight_form(w, standard, N, K);
   if (M > kKeptLinearRows && !standard_kept && has_weight_form(w, WeightForm::rows_of_7_panels, N, K)) return kept;
-  kept.tile = M <= kKeptLinearRows && !standard_kept ? GemmTile::rows_of_7 : GemmTile::standard;
-  const WeightForm form = kept.tile == GemmTile::rows_of_7 ? WeightForm::rows_of_7_panels : WeightForm::standard_panels;
+  kept.tile =
+      has_rows_of_7_kernel() && M <= kKeptLinearRows && !standard_kept ? GemmTile::rows_of_7 : GemmTile::standard;
+  const WeightForm form = kept.tile == GemmTile::rows_of_7 ? WeightForm::rows_of_7_panels : standard;
   kept.panels = weight_form<13>(
       w, form, N, K, packed_b_floats(kept.tile, K, N),
       [&](const float* w32, float* dst) { pack_b_panels(kept.tile, K, N, w32, 1, K, dst); }, kept.hold);
@@ -1095,7 +1098,9 @@ void linear_kernel(const KernelArgs& args) {
 // ConvNeXt-T's stage-1 MLPs (96 -> 384 -> 96) 0.88-0.89x the time at batch 8 (25088 rows),
 // 0.88-0.95x at batch 1; stage 2 (192 -> 768 -> 192) 0.93x at batch 8, 0.97x at batch 1; bands of
 // 98, 140 and 252 rows were no better, 768 -> 3072 -> 768 over 1576 rows (ViT-B/16 at batch 8,
-// C > band rows) 1.07x in bands.
+// C > band rows) 1.07x in bands. On Zen 3 (AVX2, gemm's tiles on the kept panels), against the two
+// linear calls on gemm's own packing: 96 -> 384 -> 96 0.95x at 25088 rows and 0.96x at 3136, 192 ->
+// 768 -> 192 0.93x at 6272 rows but 1.02x at 784 (0.97-1.0x in two linear calls on the kept panels).
 constexpr int64_t kMlpBandRows = 196;
 constexpr int64_t kMlpCachedHiddenBytes = int64_t{1} << 20;
 

@@ -15,12 +15,20 @@ namespace tvc::cpu {
 // Which form (Storage::DerivedKey's first number). The key's other numbers are the weight's
 // storage offset and two of its sizes, so views of one storage keep forms of their own. A form's
 // layout must not depend on the active instruction set (set_isa can change it between calls)
-// unless only sets that share it make that form (the panels: the AVX-512 sets).
+// unless only sets that share it make that form (the 7-row panels: the AVX-512 sets) or the key
+// tells the layouts apart (standard_panels_form).
 enum class WeightForm : int64_t {
   rows_of_7_panels = 1,  // W^T (K, N) of a contiguous (N, K) weight packed for gemm_rows_of_7
   winograd = 2,          // a 3x3 convolution's weights transformed for Winograd F(4x4, 3x3)
   standard_panels = 3,   // W^T (K, N) of a contiguous (N, K) weight packed for GemmTile::standard
 };
+
+// The key of standard panels `width` columns wide (the active set's gemm_tile_columns(): 32 on
+// AVX-512, 16 on AVX2, 8 on the generic set): a form of its own per width, since each lays the
+// panels out by its width.
+inline WeightForm standard_panels_form(int64_t width) {
+  return static_cast<WeightForm>(static_cast<int64_t>(WeightForm::standard_panels) + (width << 8));
+}
 
 // Whether a kernel may keep a form of w: keeping is on (set_keep_derived_data) and w's values
 // cannot change while the result is used, that is grad mode is off or w does not require grad (an
