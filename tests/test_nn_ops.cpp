@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "../kernels/cpu/gemm.h"
+#include "../kernels/cpu/weight_form.h"
 #include "compare.h"
 #include "torch_golden.h"
 #include "tvc/autograd.h"
@@ -610,7 +611,8 @@ TEST(NnOps, LinearKeptWeightGivesTheBitsOfTheRecordedPath) {
       Tensor w = randn_of({out, in}, DType::Float32, 2);
       const Tensor b = randn_of({out}, DType::Float32, 3);
       auto recorded = [&](bool with_gelu) {
-        const Tensor leaf = w.detach().requires_grad_();
+        GradModeGuard grad(true);
+        const Tensor leaf = w.detach().requires_grad_();  // (w's storage)
         return (with_gelu ? linear_gelu(x, leaf, b) : linear(x, leaf, b)).detach();
       };
       NoGradGuard no_grad;
@@ -706,6 +708,50 @@ TEST(NnOps, LinearKeptPanelsOfEachInstructionSetAreItsOwn) {
   }
   set_keep_derived_data(true);
   set_isa(available_isas().back());
+}
+
+// A training forward (grad mode on, the weight requires grad) keeps no form of its weight, since
+// each optimizer step changes it: a linear layer's packed panels and a convolution's Winograd
+// transform are made for the call only; the same calls without grad keep them (and the forward
+// then reads them), with the same bits.
+TEST(NnOps, TrainingForwardKeepsNoWeightForm) {
+  const Tensor x = randn_of({300, 96}, DType::Float32, 1), b = randn_of({80}, DType::Float32, 3);
+  const Tensor image = randn_of({1, 32, 24, 24}, DType::Float32, 4), bias = randn_of({32}, DType::Float32, 5);
+  const cpu::WeightForm panels = cpu::standard_panels_form(cpu::gemm_tile_columns());
+  struct Case {
+    const char* label;
+    Tensor weight;
+    std::function<Tensor(const Tensor&)> forward;
+    std::function<bool(const Tensor&)> kept;
+    std::string path;  // of the calls without grad
+  };
+  const std::vector<Case> cases{
+      {"linear", randn_of({80, 96}, DType::Float32, 2), [&](const Tensor& w) { return linear(x, w, b); },
+       [&](const Tensor& w) { return cpu::has_weight_form(w, panels, 80, 96); }, "kept weight"},
+      {"winograd conv2d", randn_of({32, 32, 3, 3}, DType::Float32, 6),
+       [&](const Tensor& w) {
+         return conv2d(image, w, bias, {1, 1}, {1, 1});
+       },
+       [&](const Tensor& w) { return cpu::has_weight_form(w, cpu::WeightForm::winograd, 32, 32 * 9); }, "winograd"}};
+  for (const Case& c : cases) {
+    const Tensor w = c.weight.detach().requires_grad_();
+    const Tensor trained = c.forward(w);
+    ASSERT_TRUE(trained.requires_grad()) << c.label;
+    EXPECT_FALSE(c.kept(w)) << c.label;
+    NoGradGuard no_grad;
+    Tensor first;
+    std::vector<KernelRecord> records;
+    {
+      KernelProfiler profiler;
+      first = c.forward(w);
+      records = profiler.records();
+    }
+    EXPECT_TRUE(same_bits(first, trained.detach())) << c.label;
+    ASSERT_EQ(records.size(), 1u) << c.label;
+    EXPECT_EQ(records[0].path.rfind(c.path, 0), 0u) << c.label << ": " << records[0].path;
+    EXPECT_TRUE(c.kept(w)) << c.label;
+    EXPECT_TRUE(same_bits(c.forward(w), trained.detach())) << c.label;  // from the kept form
+  }
 }
 
 // A linear without a bias where autograd does not record is the linear kernel too (Swin's patch

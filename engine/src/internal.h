@@ -20,6 +20,11 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset)
 // An uninitialised tensor of shape and dtype laid out as `like` suggests (channels-last stays
 // channels-last for 4-d shapes).
 Tensor empty_with_format(const Shape& shape, DType dtype, MemoryFormat format);
+// Whether a kernel may keep forms of weight (LinearParams' and Conv2dParams' keep_weight_forms),
+// decided before the op detaches it: not in a training forward (grad mode on and weight requires
+// grad), where each optimizer step changes the weight, so that a kept form would be made anew
+// (a new allocation of the weight's size) every step and hold one more copy of the weight.
+inline bool may_keep_weight_forms(const Tensor& weight) { return !(is_grad_enabled() && weight.requires_grad()); }
 // Runs op's kernel with the given inputs and outputs.
 inline void run(Op op, std::vector<Tensor> in, std::vector<Tensor> out, const void* params = nullptr) {
   run_kernel(op, in, out, params);

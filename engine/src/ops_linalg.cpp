@@ -174,12 +174,12 @@ bool linear_kernel_fits(const Tensor& x, const Tensor& weight, const Tensor& bia
 // own (the kernel writes it through a (M, N) view), not a view: in-place ops on it (an inplace
 // ReLU after a Linear) are then allowed under autograd.
 Tensor run_linear(const Tensor& x, const Tensor& rows, const Tensor& weight, const Tensor& bias, bool gelu) {
+  const LinearParams p{gelu, detail::may_keep_weight_forms(weight)};  // (before grad mode is off)
   NoGradGuard no_grad;
   const int64_t N = weight.shape()[0];
   Shape shape = x.shape();
   shape.back() = N;
   Tensor out = empty(shape, {.dtype = x.dtype(), .device = x.device()});
-  const LinearParams p{gelu};
   std::vector<Tensor> in{rows.detach(), weight.detach()};
   if (bias.defined()) in.push_back(bias.detach());
   detail::run(Op::linear, in, {out.view({rows.shape()[0], N})}, &p);

@@ -121,7 +121,11 @@ Shape conv2d_output_shape(const Tensor& input, const Tensor& weight, Pair stride
 Tensor conv2d_batched(const Tensor& input, const Tensor& weight_in, const Tensor& bias, Pair stride, Pair padding,
                       Pair dilation, int64_t groups) {
   if (bf16_weight_gemm(input, weight_in, groups, {bias})) {
-    Conv2dParams p{{stride[0], stride[1]}, {padding[0], padding[1]}, {dilation[0], dilation[1]}, groups};
+    Conv2dParams p{{stride[0], stride[1]},
+                   {padding[0], padding[1]},
+                   {dilation[0], dilation[1]},
+                   groups,
+                   detail::may_keep_weight_forms(weight_in)};
     std::vector<Tensor> operands;
     if (bias.defined()) operands.push_back(bias);
     return conv_bf16_weight(Op::conv2d, input, weight_in, operands,
@@ -133,7 +137,11 @@ Tensor conv2d_batched(const Tensor& input, const Tensor& weight_in, const Tensor
   const Shape& ws = weight.shape();
   const int64_t O = ws[0];
   MemoryFormat fmt = input.suggest_memory_format();
-  Conv2dParams p{{stride[0], stride[1]}, {padding[0], padding[1]}, {dilation[0], dilation[1]}, groups};
+  Conv2dParams p{{stride[0], stride[1]},
+                 {padding[0], padding[1]},
+                 {dilation[0], dilation[1]},
+                 groups,
+                 detail::may_keep_weight_forms(weight)};
   Tensor out =
       detail::empty_with_format(conv2d_output_shape(input, weight, stride, padding, dilation), input.dtype(), fmt);
   {
@@ -204,7 +212,11 @@ Tensor conv2d_epilogue(const Tensor& input, const Tensor& weight, const Tensor& 
     TVC_CHECK(residual.dtype() == input.dtype(), "conv2d_epilogue: residual dtype ", dtype_name(residual.dtype()),
               " differs from input dtype ", dtype_name(input.dtype()));
   }
-  Conv2dEpilogueParams p{{{stride[0], stride[1]}, {padding[0], padding[1]}, {dilation[0], dilation[1]}, groups},
+  Conv2dEpilogueParams p{{{stride[0], stride[1]},
+                          {padding[0], padding[1]},
+                          {dilation[0], dilation[1]},
+                          groups,
+                          detail::may_keep_weight_forms(weight)},
                          activation};
   if (bf16_weight_gemm(input, weight, groups, {scale, shift, residual})) {
     std::vector<Tensor> operands{scale, shift};

@@ -228,6 +228,14 @@ void Storage::set_derived(const DerivedKey& key, std::shared_ptr<const void> dat
     }
   }
   derived_.push_back({key, now, std::move(data)});
+  has_derived_.store(true, std::memory_order_relaxed);
+}
+
+void Storage::drop_derived() {
+  std::vector<Derived> dropped;  // freed after the lock is released
+  std::lock_guard<std::mutex> lock(derived_mutex());
+  dropped.swap(derived_);
+  has_derived_.store(false, std::memory_order_relaxed);
 }
 
 }  // namespace tvc

@@ -41,14 +41,19 @@ class Storage {
   Device device() const { return device_; }
 
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
-  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+  // A write's new version; what was derived from the old contents (below) is freed.
+  void bump_version() {
+    version_.fetch_add(1, std::memory_order_relaxed);
+    if (has_derived_.load(std::memory_order_relaxed)) drop_derived();
+  }
 
   // Data a kernel derives from this storage's contents and keeps with it: a convolution's weight
   // in the layout its fastest kernel reads, made on the first call and reused by the next ones.
   // The key names what was derived and from which part (the kernel's choice of four numbers).
   // derived(key) is the data stored under key at the storage's present version, or null;
   // set_derived(key, data) stores data for the present version, dropping every entry of an older
-  // one. Tensor ops that write in place bump the version; a write through a raw pointer
+  // one; bump_version drops them all (a training step's weights hold no stale copies). Tensor ops
+  // that write in place bump the version; a write through a raw pointer
   // (data_ptr) must be followed by bump_version(), as for autograd's saved tensors. Memory that a
   // caller wrapped (wrap, from_blob) can change behind tvc's back: nothing is kept for it (derived
   // is always null). Thread-safe; the data dies with the storage. set_keep_derived_data(false)
@@ -63,6 +68,7 @@ class Storage {
  private:
   Storage(void* data, size_t nbytes, Deleter deleter, Device device, bool owned)
       : data_(data), nbytes_(nbytes), deleter_(std::move(deleter)), device_(device), owned_(owned) {}
+  void drop_derived();  // frees every entry of derived_
   struct Derived {
     DerivedKey key;
     uint64_t version;
@@ -74,7 +80,8 @@ class Storage {
   Device device_;
   bool owned_;  // allocated or mapped by tvc (not wrapped): kernels may keep derived data
   std::atomic<uint64_t> version_{0};
-  std::vector<Derived> derived_;  // under a mutex of storage.cpp
+  std::vector<Derived> derived_;          // under a mutex of storage.cpp
+  std::atomic<bool> has_derived_{false};  // derived_ not empty (read without the mutex)
 };
 
 // Whether kernels keep data derived from storages (Storage::derived): on by default. A model run

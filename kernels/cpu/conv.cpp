@@ -51,6 +51,7 @@ namespace {
 struct ConvGeom {
   int64_t N, C, H, W, O, G, Cg, Og, kh, kw, Ho, Wo, P, K;
   int64_t sh, sw, ph, pw, dh, dw;
+  bool keep_weight_forms;  // Conv2dParams'
 };
 
 // in_shape (N,C,H,W), weight_shape (O,Cg,kh,kw), out_shape (N,O,Ho,Wo).
@@ -66,6 +67,7 @@ ConvGeom conv_geom(const Shape& in, const Shape& wt, const Shape& out, const Con
   g.sh = p.stride[0], g.sw = p.stride[1];
   g.ph = p.padding[0], g.pw = p.padding[1];
   g.dh = p.dilation[0], g.dw = p.dilation[1];
+  g.keep_weight_forms = p.keep_weight_forms;
   return g;
 }
 
@@ -1641,14 +1643,15 @@ void conv_forward(const Operand<const T>& x, const Tensor& weight, const Epilogu
     std::shared_ptr<const void> hold;
     if (use_winograd(g)) {
       const float* u = weight_form<7>(
-          weight, WeightForm::winograd, g.O, g.K, 36 * winograd_u_stride(g),
+          weight, g.keep_weight_forms, WeightForm::winograd, g.O, g.K, 36 * winograd_u_stride(g),
           [&](const float* w32, float* dst) { winograd_weights(w32, g, dst); }, hold);
       return winograd_forward(x, u, e, y, g);
     }
     if (use_few_channel_rows(g)) return few_channel_rows_forward(x, w, e, y, g);
     if (use_position_rows(g)) {
       const float* panels = weight_form<12>(
-          weight, WeightForm::rows_of_7_panels, g.O, g.K, packed_b_floats(GemmTile::rows_of_7, g.K, g.O),
+          weight, g.keep_weight_forms, WeightForm::rows_of_7_panels, g.O, g.K,
+          packed_b_floats(GemmTile::rows_of_7, g.K, g.O),
           [&](const float* w32, float* dst) { pack_b_panels(GemmTile::rows_of_7, g.K, g.O, w32, 1, g.K, dst); }, hold);
       return position_rows_forward(x, panels, e, y, g);
     }
@@ -1739,9 +1742,10 @@ struct InvertedResidualLayers {
   int64_t C, O;  // channels in and out of the block
 };
 
-// A 1x1 convolution's geometry: n samples of (C, H, W) -> (O, H, W).
+// A 1x1 convolution's geometry in an inverted residual block: n samples of (C, H, W) -> (O, H, W).
+// Its weight's forms may be kept: the op runs the block only where no input requires grad.
 ConvGeom pointwise_geom(int64_t n, int64_t C, int64_t O, int64_t H, int64_t W) {
-  return ConvGeom{n, C, H, W, O, 1, C, O, 1, 1, H, W, H * W, C, 1, 1, 0, 0, 1, 1};
+  return ConvGeom{n, C, H, W, O, 1, C, O, 1, 1, H, W, H * W, C, 1, 1, 0, 0, 1, 1, true};
 }
 
 // The input rows [first, first + count) of the map the depthwise layer reads for its output rows
@@ -1887,9 +1891,7 @@ void inverted_residual_forward(const InvertedResidualLayers& b, const Operand<co
     return;
   }
   const int64_t work = g.N * g.O * g.P * (b.C + g.kh * g.kw + b.O) / items;
-  const bool grad_mode = is_grad_enabled();  // thread-local: the layers' kept weight forms follow the caller's
   parallel_for(items, work, [&](int64_t begin, int64_t end) {
-    const GradModeGuard callers_mode(grad_mode);
     const auto [ex, dw] = inverted_residual_band_floats(b, samples, band);
     float* const ex_rows = thread_scratch<float, 18>(ex);
     float* const dw_rows = thread_scratch<float, 19>(dw);
@@ -2178,7 +2180,7 @@ void inverted_residual_kernel(const KernelArgs& args) {
   };
   const Tensor &x = args.in[0], &y = args.out[0], &dw = layer[1][0];
   const int64_t E = dw.shape()[0];
-  const Conv2dParams cp{{p.stride[0], p.stride[1]}, {p.padding[0], p.padding[1]}, {1, 1}, E};
+  const Conv2dParams cp{{p.stride[0], p.stride[1]}, {p.padding[0], p.padding[1]}, {1, 1}, E, true};  // (no grad)
   const InvertedResidualLayers b{weight(0),
                                  epilogue(0, p.expand_activation),
                                  dw,

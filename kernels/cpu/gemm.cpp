@@ -1034,9 +1034,13 @@ struct KeptLinearWeight {
   std::shared_ptr<const void> hold;
 };
 
-KeptLinearWeight kept_linear_weight(int64_t M, int64_t N, int64_t K, const Tensor& w) {
+// The kept panels of w for a call of M rows where may_keep (the op's keep_weight_forms) and w's
+// storage keeps derived data.
+KeptLinearWeight kept_linear_weight(int64_t M, int64_t N, int64_t K, const Tensor& w, bool may_keep) {
   KeptLinearWeight kept;
-  if (M <= kDotRows || N <= 1 || N * K * M <= kSmallGemm || !w.is_contiguous() || !may_keep_weight_form(w)) return kept;
+  if (M <= kDotRows || N <= 1 || N * K * M <= kSmallGemm || !w.is_contiguous() || !may_keep ||
+      !w.storage()->keeps_derived())
+    return kept;
   // A weight keeps one panel form (each a copy of the weight: ViT-L/16's 1.2 GB): calls of up to
   // kKeptLinearRows rows read gemm's panels where those are kept, and larger ones take gemm
   // (packing per call, as before gemm's panels were kept) where the 7-row panels are.
@@ -1047,7 +1051,7 @@ KeptLinearWeight kept_linear_weight(int64_t M, int64_t N, int64_t K, const Tenso
       has_rows_of_7_kernel() && M <= kKeptLinearRows && !standard_kept ? GemmTile::rows_of_7 : GemmTile::standard;
   const WeightForm form = kept.tile == GemmTile::rows_of_7 ? WeightForm::rows_of_7_panels : standard;
   kept.panels = weight_form<13>(
-      w, form, N, K, packed_b_floats(kept.tile, K, N),
+      w, true, form, N, K, packed_b_floats(kept.tile, K, N),
       [&](const float* w32, float* dst) { pack_b_panels(kept.tile, K, N, w32, 1, K, dst); }, kept.hold);
   return kept;
 }
@@ -1073,12 +1077,14 @@ void linear_kernel(const KernelArgs& args) {
   const Tensor& w = args.in[1];
   const int64_t M = x.shape()[0], K = x.shape()[1], N = w.shape()[0];
   auto run = [&]<typename T>() {
-    const KeptLinearWeight kept = std::is_same_v<T, float> ? kept_linear_weight(M, N, K, w) : KeptLinearWeight{};
+    const LinearParams& p = args.p<LinearParams>();
+    const KeptLinearWeight kept =
+        std::is_same_v<T, float> ? kept_linear_weight(M, N, K, w, p.keep_weight_forms) : KeptLinearWeight{};
     note_kernel_path(!kept.panels                       ? "gemm"
                      : kept.tile == GemmTile::rows_of_7 ? "kept weight, 7-row tiles"
                                                         : "kept weight, gemm tiles");
     const T* bias = args.in.size() > 2 ? args.in[2].data_ptr<T>() : nullptr;
-    linear_rows<T>(M, N, K, x.data_ptr<T>(), x.strides()[0], x.strides()[1], w, kept, bias, args.p<LinearParams>().gelu,
+    linear_rows<T>(M, N, K, x.data_ptr<T>(), x.strides()[0], x.strides()[1], w, kept, bias, p.gelu,
                    args.out[0].data_ptr<T>(), N);
   };
   if (x.dtype() == DType::Float32) return run.template operator()<float>();
@@ -1104,7 +1110,8 @@ void linear_kernel(const KernelArgs& args) {
 constexpr int64_t kMlpBandRows = 196;
 constexpr int64_t kMlpCachedHiddenBytes = int64_t{1} << 20;
 
-// in = (x (M,C), w1 (H,C), b1 (H), w2 (O,H), b2 (O)) -> out (M,O) (kernel.h).
+// in = (x (M,C), w1 (H,C), b1 (H), w2 (O,H), b2 (O)) -> out (M,O) (kernel.h). The op runs it only
+// where no input requires grad, so the weights' panels may be kept.
 void linear_gelu_linear_kernel(const KernelArgs& args) {
   const Tensor& x = args.in[0];
   const Tensor &w1 = args.in[1], &w2 = args.in[3];
@@ -1122,8 +1129,8 @@ void linear_gelu_linear_kernel(const KernelArgs& args) {
       // (More than kDotRows rows: the two calls' own path, whose sums bands must give.)
       KeptLinearWeight kept1, kept2;
       if (M > kDotRows && C * bands <= M && M * H * int64_t{sizeof(float)} > threads * kMlpCachedHiddenBytes)
-        kept1 = kept_linear_weight(most_rows, H, C, w1);
-      if (kept1.panels) kept2 = kept_linear_weight(most_rows, O, H, w2);
+        kept1 = kept_linear_weight(most_rows, H, C, w1, true);
+      if (kept1.panels) kept2 = kept_linear_weight(most_rows, O, H, w2, true);
       if (kept2.panels) {
         note_kernel_path("MLP, bands of rows");
         parallel_for(bands, M / bands * H * (C + O), [&](int64_t first, int64_t last) {
@@ -1140,8 +1147,10 @@ void linear_gelu_linear_kernel(const KernelArgs& args) {
     // The two layers one after the other, the hidden matrix in this thread's scratch.
     note_kernel_path("MLP, layer by layer");
     T* hidden = thread_scratch<T, 20>(M * H);
-    const KeptLinearWeight kept1 = std::is_same_v<T, float> ? kept_linear_weight(M, H, C, w1) : KeptLinearWeight{};
-    const KeptLinearWeight kept2 = std::is_same_v<T, float> ? kept_linear_weight(M, O, H, w2) : KeptLinearWeight{};
+    const KeptLinearWeight kept1 =
+        std::is_same_v<T, float> ? kept_linear_weight(M, H, C, w1, true) : KeptLinearWeight{};
+    const KeptLinearWeight kept2 =
+        std::is_same_v<T, float> ? kept_linear_weight(M, O, H, w2, true) : KeptLinearWeight{};
     linear_rows<T>(M, H, C, x.data_ptr<T>(), x_rs, x_cs, w1, kept1, b1, true, hidden, H);
     linear_rows<T>(M, O, H, hidden, H, 1, w2, kept2, b2, false, out, O);
   };

@@ -6,7 +6,6 @@
 #include <memory>
 
 #include "loops.h"
-#include "tvc/autograd.h"
 #include "tvc/storage.h"
 #include "tvc/tensor.h"
 
@@ -30,26 +29,19 @@ inline WeightForm standard_panels_form(int64_t width) {
   return static_cast<WeightForm>(static_cast<int64_t>(WeightForm::standard_panels) + (width << 8));
 }
 
-// Whether a kernel may keep a form of w: keeping is on (set_keep_derived_data) and w's values
-// cannot change while the result is used, that is grad mode is off or w does not require grad (an
-// optimizer's step runs between a training forward and the next, and changes the weight anyway).
-inline bool may_keep_weight_form(const Tensor& w) {
-  return keep_derived_data() && !(is_grad_enabled() && w.requires_grad());
-}
-
 // Whether w's storage keeps the form `form` of w (sizes a and b in the key) now.
 inline bool has_weight_form(const Tensor& w, WeightForm form, int64_t a, int64_t b) {
   return w.storage()->derived({static_cast<int64_t>(form), w.storage_offset(), a, b}) != nullptr;
 }
 
 // The form of the float32 weight w (contiguous, sizes a and b in the key) made by
-// make(w's values, destination) into `floats` floats: kept with w's storage when
-// may_keep_weight_form(w) (Storage::derived; held by `hold` for the call), else made into the
-// calling thread's scratch slot Slot for this call.
+// make(w's values, destination) into `floats` floats: kept with w's storage where `may_keep` (the
+// op's keep_weight_forms, LinearParams) and the storage keeps derived data (Storage::derived; held
+// by `hold` for the call), else made into the calling thread's scratch slot Slot for this call.
 template <int Slot, typename Make>
-const float* weight_form(const Tensor& w, WeightForm form, int64_t a, int64_t b, int64_t floats, Make&& make,
-                         std::shared_ptr<const void>& hold) {
-  const bool keep = may_keep_weight_form(w);
+const float* weight_form(const Tensor& w, bool may_keep, WeightForm form, int64_t a, int64_t b, int64_t floats,
+                         Make&& make, std::shared_ptr<const void>& hold) {
+  const bool keep = may_keep && w.storage()->keeps_derived();
   const Storage::DerivedKey key{static_cast<int64_t>(form), w.storage_offset(), a, b};
   if (keep && (hold = w.storage()->derived(key))) return static_cast<const float*>(hold.get());
   float* dst = keep ? new float[floats] : thread_scratch<float, Slot>(floats);

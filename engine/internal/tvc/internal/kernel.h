@@ -185,6 +185,10 @@ struct AttentionParams {
 // form) of each element, as the gelu kernel computes it.
 struct LinearParams {
   bool gelu = false;
+  // Whether the kernel may keep a form of the weight (its packed panels) with the weight's
+  // storage for later calls (Storage::derived): set by the op where the weight is not being
+  // trained (detail::may_keep_weight_forms).
+  bool keep_weight_forms = false;
 };
 // linear_gelu_linear: in = (x (M,C), w1 (H,C), b1 (H), w2 (O,H), b2 (O)), x and the weights any
 // strides, one dtype (float32 or float64), C >= 1 -> out (M,O) contiguous =
@@ -203,6 +207,9 @@ struct TopkParams {
 // conv2d_backward_weight: in = (grad_out, input) -> out (grad_weight).
 struct Conv2dParams {
   int64_t stride[2], padding[2], dilation[2], groups;
+  // conv2d and conv2d_epilogue: whether the kernel may keep a form of the weight (Winograd's
+  // transform, packed panels) with the weight's storage for later calls, as LinearParams'.
+  bool keep_weight_forms = false;
 };
 
 // conv2d_epilogue: in = (input, weight, scale (O), shift (O)[, residual (the output's shape, any
