@@ -3,7 +3,8 @@
 #   bash tools/sanitize.sh
 # Run as root on Debian 12 after `bash tools/setup.sh --build-only` (which installs the base
 # packages), it installs clang, builds tvc in ./build-asan with AddressSanitizer and
-# UndefinedBehaviorSanitizer (any report fails), runs the test suites that are fast under them,
+# UndefinedBehaviorSanitizer (any report fails; the AVX-512 kernels without them, meson.build
+# says why), runs the test suites that are fast under them,
 # then runs each libFuzzer target of fuzz/ for $TVC_FUZZ_SECONDS seconds (default 45) from its
 # seed corpus, then the threads test in a ThreadSanitizer build (./build-tsan). Exit status: 0
 # when everything passed, 1 otherwise. Crashing inputs are left in
