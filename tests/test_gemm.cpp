@@ -254,7 +254,9 @@ TEST(Gemm, DotProductRowsGiveTheBitsOfOneDotEach) {
 }
 
 // gemm_b_panels (B packed whole beforehand into panels) gives the bits of gemm on the same
-// operands, on every path of this machine, with 1 and 2 threads, for gemm's own tiles and the
+// operands, on every path of this machine, with 1 and 2 threads in turn (each case with one, each
+// beta with both: every case with both made this test a third of the unit suite's time under the
+// sanitizers), for gemm's own tiles and the
 // 7-row tiles where the instruction set has them (AVX-512; a linear layer's rows as 7-row tiles,
 // the last columns in narrower tiles, tiles two at a time over half panels where the kernel has
 // that form): M whole sevens and fourteens and not (a last tile of 7 rows; of 8 and 11, a whole
@@ -268,7 +270,7 @@ TEST(Gemm, PackedBPanelsGiveTheBitsOfGemm) {
                                {147, 177, 9},   {197, 96, 768}, {300, 70, 530}, {16, 70, 300}, {45, 64, 40},
                                {32, 130, 530},  {61, 33, 100},  {25, 70, 300}};
   const int threads = get_num_threads();
-  int checked_rows_of_7 = 0;
+  int checked_rows_of_7 = 0, cases = 0;
   for_each_isa([&] {
     if (!cpu::has_rows_of_7_kernel()) {
       EXPECT_TRUE(active_isa() == Isa::generic || active_isa() == Isa::avx2);
@@ -279,27 +281,28 @@ TEST(Gemm, PackedBPanelsGiveTheBitsOfGemm) {
         const int64_t M = s[0], N = s[1], K = s[2];
         for (Layout la : {Layout::ColMajor, Layout::RowMajor, Layout::Strided})
           for (Layout lb : {Layout::ColMajor, Layout::RowMajor})
-            for (float beta : {0.f, 1.f})
-              for (int t : {1, 2}) {
-                // (gemm takes dot products there, as a linear layer of up to 8 rows does)
-                if (la == Layout::RowMajor && lb == Layout::ColMajor && M <= 8) continue;
-                set_num_threads(t);
-                apply_num_threads();  // the kernel is called directly, not through an op that applies it
-                std::mt19937 gen(static_cast<uint32_t>(M * N + K));
-                Matrix<float> a(M, K, la, gen), b(K, N, lb, gen), c(M, N, Layout::RowMajor, gen);
-                std::vector<float> panels(static_cast<size_t>(cpu::packed_b_floats(tile, K, N)), NAN);
-                cpu::pack_b_panels(tile, K, N, b.buf.data(), b.rs, b.cs, panels.data());
-                Matrix<float> want = c, got = c;
-                cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, want.buf.data(), want.rs,
-                                 want.cs, beta);
-                cpu::gemm_b_panels(tile, M, N, K, a.buf.data(), a.rs, a.cs, panels.data(), got.buf.data(), got.rs,
-                                   got.cs, beta);
-                ASSERT_EQ(got.values(), want.values())
-                    << "M=" << M << " N=" << N << " K=" << K << " A " << layout_name(la) << " B " << layout_name(lb)
-                    << " beta " << beta << " threads " << t << " " << isa_name(active_isa())
-                    << (tile == cpu::GemmTile::rows_of_7 ? " 7-row tiles" : " gemm's tiles");
-                checked_rows_of_7 += tile == cpu::GemmTile::rows_of_7;
-              }
+            for (float beta : {0.f, 1.f}) {
+              // (gemm takes dot products there, as a linear layer of up to 8 rows does)
+              if (la == Layout::RowMajor && lb == Layout::ColMajor && M <= 8) continue;
+              const int t = 1 + (cases / 2 + cases) % 2;  // 1 2 2 1 ...: (beta, t) takes every pair
+              ++cases;
+              set_num_threads(t);
+              apply_num_threads();  // the kernel is called directly, not through an op that applies it
+              std::mt19937 gen(static_cast<uint32_t>(M * N + K));
+              Matrix<float> a(M, K, la, gen), b(K, N, lb, gen), c(M, N, Layout::RowMajor, gen);
+              std::vector<float> panels(static_cast<size_t>(cpu::packed_b_floats(tile, K, N)), NAN);
+              cpu::pack_b_panels(tile, K, N, b.buf.data(), b.rs, b.cs, panels.data());
+              Matrix<float> want = c, got = c;
+              cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, want.buf.data(), want.rs,
+                               want.cs, beta);
+              cpu::gemm_b_panels(tile, M, N, K, a.buf.data(), a.rs, a.cs, panels.data(), got.buf.data(), got.rs, got.cs,
+                                 beta);
+              ASSERT_EQ(got.values(), want.values())
+                  << "M=" << M << " N=" << N << " K=" << K << " A " << layout_name(la) << " B " << layout_name(lb)
+                  << " beta " << beta << " threads " << t << " " << isa_name(active_isa())
+                  << (tile == cpu::GemmTile::rows_of_7 ? " 7-row tiles" : " gemm's tiles");
+              checked_rows_of_7 += tile == cpu::GemmTile::rows_of_7;
+            }
       }
     }
   });
