@@ -36,8 +36,9 @@ inline bool has_weight_form(const Tensor& w, WeightForm form, int64_t a, int64_t
 
 // The form of the float32 weight w (contiguous, sizes a and b in the key) made by
 // make(w's values, destination) into `floats` floats: kept with w's storage where `may_keep` (the
-// op's keep_weight_forms, LinearParams) and the storage keeps derived data (Storage::derived; held
-// by `hold` for the call), else made into the calling thread's scratch slot Slot for this call.
+// op's keep_weight_forms: LinearParams, Conv2dParams) and the storage keeps derived data
+// (Storage::derived; held by `hold` for the call), else made into the calling thread's scratch
+// slot Slot for this call.
 template <int Slot, typename Make>
 const float* weight_form(const Tensor& w, bool may_keep, WeightForm form, int64_t a, int64_t b, int64_t floats,
                          Make&& make, std::shared_ptr<const void>& hold) {
