@@ -142,10 +142,13 @@ class Transition : public nn::Cloneable<Transition, nn::Sequential> {
   // convolution a quarter of the positions. Taken in inference (nothing recorded) where neither
   // has hooks (they would see the other order's tensors).
   bool pools_first() const {
-    if (is_grad_enabled() || child("conv").has_call_hooks() || child("pool").has_call_hooks()) return false;
-    if (typeid(child("conv")) != typeid(Conv2d) || typeid(child("pool")) != typeid(nn::AvgPool2d)) return false;
-    const auto& conv = static_cast<const Conv2d&>(child("conv"));
-    const auto& pool = static_cast<const nn::AvgPool2d&>(child("pool"));
+    if (is_grad_enabled()) return false;
+    const nn::Module& conv_child = child("conv");
+    const nn::Module& pool_child = child("pool");
+    if (conv_child.has_call_hooks() || pool_child.has_call_hooks()) return false;
+    if (typeid(conv_child) != typeid(Conv2d) || typeid(pool_child) != typeid(nn::AvgPool2d)) return false;
+    const auto& conv = static_cast<const Conv2d&>(conv_child);
+    const auto& pool = static_cast<const nn::AvgPool2d&>(pool_child);
     const std::vector<int64_t> ones = {1, 1}, zeros = {0, 0};
     const std::vector<int64_t> pool_padding = pool.padding.expand(2, "AvgPool2d");
     return conv.kernel_size == ones && conv.stride == ones && conv.dilation == ones && conv.padding == zeros &&

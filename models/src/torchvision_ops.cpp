@@ -74,9 +74,18 @@ Tensor run_inverted_residual_body(nn::Module& module, const Tensor& x, const Ten
   auto refs = [](nn::Sequential& layer) {
     return nn::ConvNormActivationRefs{layer[0].get(), layer[1].get(), layer.size() > 2 ? layer[2].get() : nullptr};
   };
+  // Whether the children from i are the body's last two, a Conv2d and a BatchNorm2d (v2's projection).
+  auto ends_with_conv_and_norm = [&body, n](size_t i) {
+    if (i + 2 != n) return false;
+    const nn::Module& conv = *body[i];
+    const nn::Module& norm = *body[i + 1];
+    return typeid(conv) == typeid(nn::Conv2d) && typeid(norm) == typeid(nn::BatchNorm2d);
+  };
   // The child at i when it is a SqueezeExcitation without hooks followed by such a layer, else null.
   auto folding_pair = [&body, &layer_at, n](size_t i) -> SqueezeExcitation* {
-    if (i + 1 >= n || typeid(*body[i]) != typeid(SqueezeExcitation) || body[i]->has_call_hooks()) return nullptr;
+    if (i + 1 >= n) return nullptr;
+    const nn::Module& m = *body[i];
+    if (typeid(m) != typeid(SqueezeExcitation) || m.has_call_hooks()) return nullptr;
     return layer_at(i + 1) ? static_cast<SqueezeExcitation*>(body[i].get()) : nullptr;
   };
   // The expansion (where the body has one), the depthwise layer and the projection (v2: a Conv2d
@@ -92,7 +101,7 @@ Tensor run_inverted_residual_body(nn::Module& module, const Tensor& x, const Ten
     const nn::ConvNormActivationRefs depthwise = refs(*depthwise_at(dw_at));
     const size_t i = dw_at + 1;
     nn::ConvNormActivationRefs project{};
-    if (i + 2 == n && typeid(*body[i]) == typeid(nn::Conv2d) && typeid(*body[i + 1]) == typeid(nn::BatchNorm2d))
+    if (ends_with_conv_and_norm(i))
       project = {body[i].get(), body[i + 1].get(), nullptr};
     else if (i + 1 == n && layer_at(i) && layer_at(i)->size() == 2)
       project = refs(*layer_at(i));
@@ -110,8 +119,7 @@ Tensor run_inverted_residual_body(nn::Module& module, const Tensor& x, const Ten
   if (!any) return body(x);
   for (size_t i = start; i < n; ++i) {
     // v2's projection: a Conv2d and a BatchNorm2d end the body.
-    if (residual.defined() && i + 2 == n && typeid(*body[i]) == typeid(nn::Conv2d) &&
-        typeid(*body[i + 1]) == typeid(nn::BatchNorm2d))
+    if (residual.defined() && ends_with_conv_and_norm(i))
       return nn::conv_norm_activation(*body[i], *body[i + 1], nullptr, y, residual);
     SqueezeExcitation* se = folding_pair(i);
     const size_t at = se ? i + 1 : i;  // the layer that takes the scale or the residual

@@ -185,7 +185,7 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(Tensor query, Tensor key, T
   }
   if (!args.need_weights) return {out, Tensor()};
   weights = weights.view({n, heads, tgt_len, src_len});
-  if (args.average_attn_weights) weights = weights.sum({1}) / static_cast<double>(heads);
+  if (args.average_attn_weights) weights = weights.sum(1) / static_cast<double>(heads);
   return {out, batched ? weights : weights.squeeze(0)};
 }
 
