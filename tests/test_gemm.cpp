@@ -312,6 +312,70 @@ TEST(Gemm, PackedBPanelsGiveTheBitsOfGemm) {
   }
 }
 
+// gemm_a_panels (A packed whole beforehand into panels of gemm's MR rows, as a convolution's kept
+// weight) gives the bits of gemm on the same operands wherever gemm_takes_a_panels, on every
+// instruction set, with 1 and 2 threads in turn: M whole tiles and not (a last tile of fewer
+// rows than MR on AVX2's 6 and AVX-512's 12), N with a narrow tail, past gemm's in-place limit on
+// A's rows (512 columns), K across KC blocks and with rows 4 KiB apart (where gemm packs A rather
+// than read its rows), A row-major (a weight), column-major and strided, B both ways, beta 0 and 1;
+// with a row epilogue (ReLU after a per-row scale and shift, as a convolution's folded batch norm)
+// that the kernels apply to whole tiles, the same through both.
+TEST(Gemm, PackedAPanelsGiveTheBitsOfGemm) {
+  const int64_t shapes[][3] = {{40, 49, 1024}, {130, 49, 800}, {64, 600, 300}, {7, 100, 33},
+                               {50, 17, 800},  {13, 30, 100},  {24, 96, 64}};
+  const int threads = get_num_threads();
+  int cases = 0;
+  for_each_isa([&] {
+    for (const auto& s : shapes) {
+      const int64_t M = s[0], N = s[1], K = s[2];
+      for (Layout la : {Layout::RowMajor, Layout::ColMajor, Layout::Strided})
+        for (Layout lb : {Layout::ColMajor, Layout::RowMajor})
+          for (float beta : {0.f, 1.f}) {
+            std::mt19937 gen(static_cast<uint32_t>(M * N + K));
+            Matrix<float> a(M, K, la, gen), b(K, N, lb, gen), c(M, N, Layout::RowMajor, gen);
+            if (!cpu::gemm_takes_a_panels(M, N, K, b.rs, c.rs, c.cs)) continue;
+            const int t = 1 + (cases / 2 + cases) % 2;  // 1 2 2 1 ...: (beta, t) takes every pair
+            ++cases;
+            set_num_threads(t);
+            apply_num_threads();  // the kernel is called directly, not through an op that applies it
+            std::vector<float> panels(static_cast<size_t>(cpu::packed_a_floats(M, K)), NAN);
+            cpu::pack_a_panels(M, K, a.buf.data(), a.rs, a.cs, panels.data());
+            const std::string where =
+                cat_str("M=", M, " N=", N, " K=", K, " A ", layout_name(la), " B ", layout_name(lb), " beta ", beta,
+                        " threads ", t, " ", isa_name(active_isa()));
+            Matrix<float> want = c, got = c;
+            cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, want.buf.data(), want.rs,
+                             want.cs, beta);
+            cpu::gemm_a_panels(M, N, K, panels.data(), b.buf.data(), b.rs, b.cs, got.buf.data(), got.rs, got.cs, beta);
+            ASSERT_EQ(got.values(), want.values()) << where;
+            if (beta != 0.f) continue;
+            std::vector<float> scale(static_cast<size_t>(M)), shift(static_cast<size_t>(M));
+            for (int64_t i = 0; i < M; ++i)
+              scale[i] = 0.5f + 0.01f * static_cast<float>(i), shift[i] = 0.1f * (i % 7) - 0.3f;
+            const cpu::GemmRowsEpilogue rows{{scale.data(), shift.data(), nullptr, 0}, cpu::RowActivation::relu};
+            auto apply = [](const void* ctx, float* blk, int64_t rs, int64_t cs, int64_t i0, int64_t m, int64_t,
+                            int64_t n) {
+              const auto* r = static_cast<const cpu::GemmRowsEpilogue*>(ctx);
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                  float& v = blk[i * rs + j * cs];
+                  v = std::max(v * r->of.scale[i0 + i] + r->of.shift[i0 + i], 0.f);
+                }
+            };
+            const cpu::GemmEpilogue<float> epilogue{apply, &rows, &rows};
+            Matrix<float> want_e = c, got_e = c;
+            cpu::gemm<float>(M, N, K, a.buf.data(), a.rs, a.cs, b.buf.data(), b.rs, b.cs, want_e.buf.data(), want_e.rs,
+                             want_e.cs, 0.f, &epilogue);
+            cpu::gemm_a_panels(M, N, K, panels.data(), b.buf.data(), b.rs, b.cs, got_e.buf.data(), got_e.rs, got_e.cs,
+                               0.f, &epilogue);
+            ASSERT_EQ(got_e.values(), want_e.values()) << where << " with the row epilogue";
+          }
+    }
+  });
+  set_num_threads(threads);
+  EXPECT_GT(cases, 0);
+}
+
 // gemm_rows_of_7_offsets (a convolution's zero-padded input read in place through per-k offsets)
 // gives the bits of gemm_b_panels on the explicit matrix those offsets describe, with 1, 2 and 3
 // threads (3 split panels' tiles between threads unevenly): stride 1 and 2, N with each narrow

@@ -754,6 +754,69 @@ TEST(NnOps, TrainingForwardKeepsNoWeightForm) {
   }
 }
 
+// A convolution through gemm (im2col or pointwise) reads its weight kept as gemm_a_panels' A where
+// forms are kept (no grad), with the bits of gemm packing the weight on each call (keeping
+// switched off), on every instruction set in turn, with the folded epilogue (scale, shift,
+// residual, ReLU) that the kernels apply to whole tiles: 3x3 stride 2, pointwise with rows 4 KiB
+// apart, samples side by side, two groups (a panel form per group), output channels short of a
+// tile; after an in-place change of the weight, the new weight's bits. Where the call took gemm
+// the panels are kept, and not in a training forward.
+TEST(NnOps, Conv2dKeptWeightPanelsGiveTheBitsOfGemm) {
+  struct Case {
+    Shape x, w;
+    int64_t stride, padding, groups;
+  };
+  const Case cases[] = {{{1, 32, 15, 15}, {40, 32, 3, 3}, 2, 1, 1},
+                        {{1, 1024, 5, 5}, {30, 1024, 1, 1}, 1, 0, 1},
+                        {{3, 16, 7, 7}, {24, 16, 3, 3}, 1, 1, 1},
+                        {{1, 16, 9, 9}, {20, 8, 3, 3}, 1, 1, 2}};
+  NoGradGuard no_grad;
+  uint64_t seed = 1;
+  for (Isa isa : available_isas()) {
+    set_isa(isa);
+    for (const Case& c : cases) {
+      const Tensor x = randn_of(c.x, DType::Float32, ++seed);
+      Tensor w = randn_of(c.w, DType::Float32, ++seed);
+      const int64_t O = c.w[0], K = c.w[1] * c.w[2] * c.w[3], Og = O / c.groups;
+      const Tensor scale = randn_of({O}, DType::Float32, ++seed), shift = randn_of({O}, DType::Float32, ++seed);
+      const std::string where =
+          cat_str(c.x, " * ", c.w, " stride ", c.stride, " groups ", c.groups, " ", isa_name(isa));
+      auto forward = [&] {
+        const Tensor y0 = conv2d(x, w, Tensor(), {c.stride, c.stride}, {c.padding, c.padding}, {1, 1}, c.groups);
+        const Tensor residual = randn_of(y0.shape(), DType::Float32, 99);
+        return conv2d_epilogue(x, w, scale, shift, residual, EpilogueActivation::ReLU, {c.stride, c.stride},
+                               {c.padding, c.padding}, {1, 1}, c.groups);
+      };
+      auto unkept = [&] {
+        set_keep_derived_data(false);  // nothing kept: gemm packs the weight itself
+        const Tensor y = forward();
+        set_keep_derived_data(true);
+        return y;
+      };
+      const cpu::WeightForm form = cpu::a_panels_form(cpu::gemm_tile_rows(), cpu::gemm_k_block());
+      {
+        GradModeGuard grad(true);
+        const Tensor leaf = w.detach().requires_grad_();  // (w's storage)
+        conv2d(x, leaf, Tensor(), {c.stride, c.stride}, {c.padding, c.padding}, {1, 1}, c.groups);
+        EXPECT_FALSE(cpu::has_weight_form(w, form, Og, K)) << where;
+      }
+      const Tensor want = unkept();
+      KernelProfiler profiler;
+      const Tensor first = forward();
+      const std::vector<KernelRecord> records = profiler.records();
+      ASSERT_FALSE(records.empty()) << where;
+      const bool took_gemm = records.back().path.find("gemm") != std::string::npos &&
+                             records.back().path.find("position rows") == std::string::npos;
+      EXPECT_EQ(cpu::has_weight_form(w, form, Og, K), took_gemm) << where << ": " << records.back().path;
+      EXPECT_TRUE(same_bits(first, want)) << where;
+      EXPECT_TRUE(same_bits(forward(), want)) << where;  // from the kept panels
+      w.mul_(-0.5);
+      EXPECT_TRUE(same_bits(forward(), unkept())) << where;
+    }
+  }
+  set_isa(available_isas().back());
+}
+
 // A linear without a bias where autograd does not record is the linear kernel too (Swin's patch
 // merging: its kept weight), with the bits of matmul(x, weight^T) (what it runs with autograd):
 // few rows (dot products), the kept weight's rows, gemm's, 2-d and 4-d x, float32 and float64.

@@ -299,7 +299,7 @@ enum class BRead { strides, strides_in_cache, panels };
 template <typename T, typename Acc, typename Kernel>
 void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
                   int64_t b_rs, int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink,
-                  int64_t i_off, int64_t j_off, BRead b_read) {
+                  int64_t i_off, int64_t j_off, BRead b_read, bool a_panels) {
   using P = typename Packing<T>::type;
   constexpr int64_t per = Packing<T>::k_per_element;
   const int64_t mr = tile_rows(kn), nr = kn.nr;
@@ -313,15 +313,17 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
   // The same for A with few columns: its full MR-row panels in place, read down its columns when
   // they are contiguous, else along its rows when those are (for bfloat16, when each pair of k is
   // a 32-bit word of the row: K and the row stride even, A 4-byte aligned).
-  // B packed whole beforehand (b_read panels) is read as it is; the 7-row kernel's A is read in place.
+  // B packed whole beforehand (b_read panels) is read as it is; the 7-row kernel's A is read in place;
+  // A packed whole beforehand (a_panels: gemm_a_panels' panels, each K block of all rows after
+  // the one before, a_rs apart; i_off the thread's first row) is read as it is.
   constexpr bool rows_kernel = std::is_same_v<Kernel, GemmRowsKernelF32>;
   const bool b_panels = b_read == BRead::panels;
   const bool b_in_place = std::is_same_v<T, P> && !b_panels && b_cs == 1 && M <= kBInPlaceRows &&
                           KC * b_rs * static_cast<int64_t>(sizeof(T)) <= kBInPlaceBlockBytes;
-  const bool a_in_place = std::is_same_v<T, P> && a_rs == 1 && (N <= kAInPlaceColumns || rows_kernel);
+  const bool a_in_place = std::is_same_v<T, P> && !a_panels && a_rs == 1 && (N <= kAInPlaceColumns || rows_kernel);
   const bool pairs_are_words =
       per == 1 || (K % per == 0 && a_rs % per == 0 && reinterpret_cast<uintptr_t>(A) % alignof(P) == 0);
-  const bool a_rows_in_place = !a_in_place && a_cs == 1 && N <= kARowsInPlaceColumns && pairs_are_words &&
+  const bool a_rows_in_place = !a_panels && !a_in_place && a_cs == 1 && N <= kARowsInPlaceColumns && pairs_are_words &&
                                a_rs * static_cast<int64_t>(sizeof(T)) % kAliasingRowBytes != 0;
   // Whole tiles of the last K block may apply the caller's row epilogue in their kernel
   // (GemmRowsEpilogue).
@@ -342,7 +344,7 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
       Acc b = pc == 0 ? beta : Acc(1);
       const T* a_block = A + ic * a_rs + pc * a_cs;
       const int64_t a_direct = a_in_place || a_rows_in_place ? mc / mr * mr : 0;  // rows read from A itself
-      if (a_direct < mc) pack_a(mc - a_direct, kc, mr, a_block + a_direct * a_rs, a_rs, a_cs, ap);
+      if (!a_panels && a_direct < mc) pack_a(mc - a_direct, kc, mr, a_block + a_direct * a_rs, a_rs, a_cs, ap);
       for (int64_t jc = 0; jc < N; jc += NC) {
         int64_t nc = std::min(NC, N - jc);
         const T* b_block = B + pc * b_rs + jc * b_cs;
@@ -364,7 +366,8 @@ void gemm_blocked(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A,
           pack_b(kc, nc - in_place - fused, nr, b_block + in_place + fused, b_rs, b_cs, bp + fused * kp);
         for (int64_t ir = 0; ir < mc; ir += mr) {
           auto micro = kn.micro;
-          const P* a_panel = ap + (ir - a_direct) * kp;
+          const P* a_panel =
+              a_panels ? reinterpret_cast<const P*>(A + pc * a_rs + (i_off + ic + ir) * kc) : ap + (ir - a_direct) * kp;
           int64_t a_ks = mr;
           if (ir < a_direct && a_in_place) {
             a_panel = reinterpret_cast<const P*>(a_block + ir);
@@ -530,7 +533,7 @@ void gemm_dots(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, co
 template <typename T, typename Acc, typename Kernel>
 void gemm_packed(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B,
                  int64_t b_rs, int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink,
-                 BRead b_read) {
+                 BRead b_read, bool a_panels = false) {
   const int64_t mr = tile_rows(kn);
   int64_t mtiles = (M + mr - 1) / mr, ntiles = (N + kn.nr - 1) / kn.nr;
   int64_t threads = 1;
@@ -547,9 +550,9 @@ void gemm_packed(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, 
     int64_t n0 = std::min(N, ntiles * tj / g.tn * kn.nr);
     int64_t n1 = std::min(N, ntiles * (tj + 1) / g.tn * kn.nr);
     if (m0 < m1 && n0 < n1)
-      gemm_blocked(kn, m1 - m0, n1 - n0, K, A + m0 * a_rs, a_rs, a_cs,
+      gemm_blocked(kn, m1 - m0, n1 - n0, K, a_panels ? A : A + m0 * a_rs, a_rs, a_cs,
                    b_read == BRead::panels ? B + n0 / kn.nr * K * kn.nr : B + n0 * b_cs, b_rs, b_cs,
-                   C + m0 * c_rs + n0 * c_cs, c_rs, c_cs, beta, sink, m0, n0, b_read);
+                   C + m0 * c_rs + n0 * c_cs, c_rs, c_cs, beta, sink, m0, n0, b_read, a_panels);
   };
   if (threads == 1) return run(0, 1);
 #ifdef _OPENMP
@@ -560,6 +563,14 @@ void gemm_packed(const Kernel& kn, int64_t M, int64_t N, int64_t K, const T* A, 
 #endif
 }
 
+// gemm_any's forms other than the blocked one: a column-major C (computed transposed), products
+// of at most kSmallGemm multiply-adds (gemm_small), float32 dot products (gemm_dots).
+bool column_major(int64_t c_rs, int64_t c_cs) { return c_rs == 1 && c_cs != 1; }
+bool is_small(int64_t M, int64_t N, int64_t K) { return M * N * K <= kSmallGemm; }
+bool takes_dots(int64_t M, int64_t N, int64_t a_cs, int64_t b_rs) {
+  return (M <= kDotRows || N == 1) && a_cs == 1 && b_rs == 1;
+}
+
 template <typename T, typename Acc>
 void gemm_any(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_rs,
               int64_t b_cs, Acc* C, int64_t c_rs, int64_t c_cs, Acc beta, const BlockSink<Acc>& sink,
@@ -567,13 +578,12 @@ void gemm_any(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t
   if (M <= 0 || N <= 0) return;
   if (K <= 0) return scale_c(M, N, C, c_rs, c_cs, beta, sink);
   // A column-major C is computed as C^T = B^T @ A^T, so the micro-kernel writes along rows.
-  if (c_rs == 1 && c_cs != 1)
+  if (column_major(c_rs, c_cs))
     return gemm_any(N, M, K, B, b_cs, b_rs, A, a_cs, a_rs, C, c_cs, c_rs, beta,
                     BlockSink<Acc>{sink.epilogue, !sink.transposed});
-  if (M * N * K <= kSmallGemm) return gemm_small(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, sink);
+  if (is_small(M, N, K)) return gemm_small(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, sink);
   if constexpr (std::is_same_v<T, float>)
-    if ((M <= kDotRows || N == 1) && a_cs == 1 && b_rs == 1)
-      return gemm_dots(M, N, K, A, a_rs, B, b_cs, C, c_rs, c_cs, beta, sink);
+    if (takes_dots(M, N, a_cs, b_rs)) return gemm_dots(M, N, K, A, a_rs, B, b_cs, C, c_rs, c_cs, beta, sink);
   gemm_packed(KernelFor<T>::get(active_kernels()), M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, c_rs, c_cs, beta, sink,
               b_in_cache ? BRead::strides_in_cache : BRead::strides);
 }
@@ -593,6 +603,8 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_c
 }
 bool has_rows_of_7_kernel() { return active_kernels().f32_rows7.mr != 0; }
 int64_t gemm_tile_columns() { return active_kernels().f32.nr; }
+int64_t gemm_tile_rows() { return active_kernels().f32.mr; }
+int64_t gemm_k_block() { return active_kernels().f32.kc; }
 int64_t rows_of_7_tile_columns() { return active_kernels().f32_rows7.nr; }
 int64_t packed_b_floats(GemmTile tile, int64_t K, int64_t N) {
   const int64_t nr = panel_columns(tile);
@@ -615,6 +627,33 @@ void gemm_b_panels(GemmTile tile, int64_t M, int64_t N, int64_t K, const float* 
   if (tile == GemmTile::rows_of_7)
     return gemm_packed(k.f32_rows7, M, N, K, A, a_rs, a_cs, b_panels, 0, 0, C, c_rs, c_cs, beta, sink, BRead::panels);
   gemm_packed(k.f32, M, N, K, A, a_rs, a_cs, b_panels, 0, 0, C, c_rs, c_cs, beta, sink, BRead::panels);
+}
+int64_t packed_a_floats(int64_t M, int64_t K) {
+  const int64_t mr = gemm_tile_rows();
+  return (M + mr - 1) / mr * mr * K;
+}
+void pack_a_panels(int64_t M, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, float* a_panels) {
+  const int64_t mr = gemm_tile_rows(), KC = gemm_k_block(), padded = (M + mr - 1) / mr * mr;
+  parallel_for(padded / mr, K * mr, [&](int64_t q0, int64_t q1) {
+    const int64_t i0 = q0 * mr, i1 = std::min(M, q1 * mr);
+    for (int64_t pc = 0; pc < K; pc += KC) {
+      const int64_t kc = std::min(KC, K - pc);
+      pack_a(i1 - i0, kc, mr, A + i0 * a_rs + pc * a_cs, a_rs, a_cs, a_panels + pc * padded + i0 * kc);
+    }
+  });
+}
+bool gemm_takes_a_panels(int64_t M, int64_t N, int64_t K, int64_t b_rs, int64_t c_rs, int64_t c_cs) {
+  return !column_major(c_rs, c_cs) && !is_small(M, N, K) && !takes_dots(M, N, 1, b_rs);
+}
+void gemm_a_panels(int64_t M, int64_t N, int64_t K, const float* a_panels, const float* B, int64_t b_rs, int64_t b_cs,
+                   float* C, int64_t c_rs, int64_t c_cs, float beta, const GemmEpilogue<float>* epilogue,
+                   bool b_in_cache) {
+  if (M <= 0 || N <= 0) return;
+  const BlockSink<float> sink{epilogue, false};
+  if (K <= 0) return scale_c(M, N, C, c_rs, c_cs, beta, sink);
+  const int64_t mr = gemm_tile_rows();  // a K block of the panels: every row, padded to whole tiles
+  gemm_packed(active_kernels().f32, M, N, K, a_panels, (M + mr - 1) / mr * mr, 1, B, b_rs, b_cs, C, c_rs, c_cs, beta,
+              sink, b_in_cache ? BRead::strides_in_cache : BRead::strides, true);
 }
 void gemm_rows_of_7_offsets(int64_t first_tile, int64_t last_tile, const RowsOf7Input& in, int64_t N, int64_t K,
                             const float* b_panels, float* C, int64_t c_rs, int64_t c_cs,
@@ -1038,8 +1077,7 @@ struct KeptLinearWeight {
 // storage keeps derived data.
 KeptLinearWeight kept_linear_weight(int64_t M, int64_t N, int64_t K, const Tensor& w, bool may_keep) {
   KeptLinearWeight kept;
-  if (M <= kDotRows || N <= 1 || N * K * M <= kSmallGemm || !w.is_contiguous() || !may_keep ||
-      !w.storage()->keeps_derived())
+  if (M <= kDotRows || N <= 1 || N * K * M <= kSmallGemm || !w.is_contiguous() || !keeps_weight_forms(w, may_keep))
     return kept;
   // A weight keeps one panel form (each a copy of the weight: ViT-L/16's 1.2 GB): calls of up to
   // kKeptLinearRows rows read gemm's panels where those are kept, and larger ones take gemm

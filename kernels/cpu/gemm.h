@@ -61,12 +61,30 @@ GemmGrid gemm_thread_grid(int64_t threads, int64_t mtiles, int64_t ntiles, int64
 enum class GemmTile { standard, rows_of_7 };
 bool has_rows_of_7_kernel();
 int64_t gemm_tile_columns();       // the columns of gemm's float32 tiles (NR) on the active instruction set
+int64_t gemm_tile_rows();          // their rows (MR)
+int64_t gemm_k_block();            // the depth of its float32 K blocks (KC)
 int64_t rows_of_7_tile_columns();  // the 7-row tiles' columns (NR)
 int64_t packed_b_floats(GemmTile tile, int64_t K, int64_t N);
 void pack_b_panels(GemmTile tile, int64_t K, int64_t N, const float* B, int64_t b_rs, int64_t b_cs, float* b_panels);
 void gemm_b_panels(GemmTile tile, int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs,
                    const float* b_panels, float* C, int64_t c_rs, int64_t c_cs, float beta,
                    const GemmEpilogue<float>* epilogue = nullptr);
+
+// The float32 GEMM with A packed beforehand (a convolution's weight, packed once) as gemm packs
+// each block of A for its own micro-kernel, all blocks: K in blocks of KC = gemm_k_block() values
+// (the last one shorter), each block k0 of depth kc at a_panels + k0 * Mp (Mp: M rounded up to
+// whole tiles of MR = gemm_tile_rows() rows), in it panels of MR rows one after the other, element
+// (i, k) at [i / MR * kc * MR + (k - k0) * MR + i % MR], the rows past M zero: one stream per
+// block. pack_a_panels makes them, packed_a_floats(M, K) floats. B, C, the epilogue and b_in_cache as
+// gemm's. Only where gemm_takes_a_panels (gemm takes its blocked path there: C not column-major,
+// more than 8 * 8 * 8 multiply-adds, not its dot-product form); every element then gets gemm's
+// sums bit for bit (the same micro-kernels over the same K blocks), without A's packing per call.
+int64_t packed_a_floats(int64_t M, int64_t K);
+void pack_a_panels(int64_t M, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, float* a_panels);
+bool gemm_takes_a_panels(int64_t M, int64_t N, int64_t K, int64_t b_rs, int64_t c_rs, int64_t c_cs);
+void gemm_a_panels(int64_t M, int64_t N, int64_t K, const float* a_panels, const float* B, int64_t b_rs, int64_t b_cs,
+                   float* C, int64_t c_rs, int64_t c_cs, float beta, const GemmEpilogue<float>* epilogue = nullptr,
+                   bool b_in_cache = false);
 
 // Where gemm_rows_of_7_offsets reads A, in place (a convolution's input, zero-padded where its
 // windows have taps, as its own im2col): every 7-row tile is 7 positions at a step from one start,

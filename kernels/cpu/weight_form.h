@@ -20,6 +20,7 @@ enum class WeightForm : int64_t {
   rows_of_7_panels = 1,  // W^T (K, N) of a contiguous (N, K) weight packed for gemm_rows_of_7
   winograd = 2,          // a 3x3 convolution's weights transformed for Winograd F(4x4, 3x3)
   standard_panels = 3,   // W^T (K, N) of a contiguous (N, K) weight packed for GemmTile::standard
+  a_panels = 4,          // a contiguous (M, K) weight (per group) packed as gemm_a_panels' A
 };
 
 // The key of standard panels `width` columns wide (the active set's gemm_tile_columns(): 32 on
@@ -28,6 +29,16 @@ enum class WeightForm : int64_t {
 inline WeightForm standard_panels_form(int64_t width) {
   return static_cast<WeightForm>(static_cast<int64_t>(WeightForm::standard_panels) + (width << 8));
 }
+
+// The key of A panels of tiles `rows` high in K blocks `depth` deep (the active set's
+// gemm_tile_rows() and gemm_k_block()): a form of its own per layout, as standard_panels_form.
+inline WeightForm a_panels_form(int64_t rows, int64_t depth) {
+  return static_cast<WeightForm>(static_cast<int64_t>(WeightForm::a_panels) + (rows << 8) + (depth << 16));
+}
+
+// Whether a form of w is kept between calls: the op allows it (`may_keep`: LinearParams',
+// Conv2dParams' keep_weight_forms) and w's storage keeps derived data (Storage::derived).
+inline bool keeps_weight_forms(const Tensor& w, bool may_keep) { return may_keep && w.storage()->keeps_derived(); }
 
 // Whether w's storage keeps the form `form` of w (sizes a and b in the key) now.
 inline bool has_weight_form(const Tensor& w, WeightForm form, int64_t a, int64_t b) {
@@ -42,7 +53,7 @@ inline bool has_weight_form(const Tensor& w, WeightForm form, int64_t a, int64_t
 template <int Slot, typename Make>
 const float* weight_form(const Tensor& w, bool may_keep, WeightForm form, int64_t a, int64_t b, int64_t floats,
                          Make&& make, std::shared_ptr<const void>& hold) {
-  const bool keep = may_keep && w.storage()->keeps_derived();
+  const bool keep = keeps_weight_forms(w, may_keep);
   const Storage::DerivedKey key{static_cast<int64_t>(form), w.storage_offset(), a, b};
   if (keep && (hold = w.storage()->derived(key))) return static_cast<const float*>(hold.get());
   float* dst = keep ? new float[floats] : thread_scratch<float, Slot>(floats);
