@@ -37,6 +37,7 @@
 #include <array>
 #include <cmath>
 #include <memory>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -1664,11 +1665,15 @@ void conv_forward(const Operand<const T>& x, const Tensor& weight, const Epilogu
   // apart, K = 1024 or 2048, gemm packed on every call), 3x3 layers 0.96-1.03x; resnet50 0.93x
   // at batch 1 and 0.92x at batch 8, densenet121 0.96x and 0.94x, mobilenet_v2 0.98x and 0.95x,
   // efficientnet_b0's kernels 0.95x at batch 1; the panels are one more copy of these weights
-  // (resnet50 at batch 1: 152 -> 235 MiB peak resident memory).
-  const float* a_panels = nullptr;
+  // (resnet50 at batch 1: 152 -> 235 MiB peak resident memory). Made (or found kept) by the first
+  // product that takes them: none for a channels-last output, whose products gemm computes
+  // transposed, nor for dot products (1x1 maps).
+  const bool keeps_a_panels = std::is_same_v<T, float> && keeps_weight_forms(weight, g.keep_weight_forms);
   const int64_t group_a_floats = packed_a_floats(g.Og, g.K);
-  if constexpr (std::is_same_v<T, float>) {
-    if (keeps_weight_forms(weight, g.keep_weight_forms))
+  std::once_flag a_panels_made;
+  const float* a_panels = nullptr;
+  auto kept_a_panels = [&] {
+    std::call_once(a_panels_made, [&] {
       a_panels = weight_form<21>(
           weight, true, a_panels_form(gemm_tile_rows(), gemm_k_block()), g.Og, g.K, g.G * group_a_floats,
           [&](const float* w32, float* dst) {
@@ -1676,7 +1681,9 @@ void conv_forward(const Operand<const T>& x, const Tensor& weight, const Epilogu
               pack_a_panels(g.Og, g.K, w32 + gi * g.Og * g.K, g.K, 1, dst + gi * group_a_floats);
           },
           hold);
-  }
+    });
+    return a_panels;
+  };
   bool streamed = false;
   if constexpr (std::is_same_v<T, float>) streamed = streamed_output(y, g);
   for_gemm_items(g, false, streamed, [&](int64_t n0, int64_t m, int64_t gi) {
@@ -1688,8 +1695,8 @@ void conv_forward(const Operand<const T>& x, const Tensor& weight, const Epilogu
     auto weight_product = [&](int64_t n, const T* b, T* c, int64_t c_rs, int64_t c_cs, const GemmEpilogue<T>* epilogue,
                               bool b_in_cache) {
       if constexpr (std::is_same_v<T, float>) {
-        if (a_panels && gemm_takes_a_panels(g.Og, n, g.K, B.rs, c_rs, c_cs))
-          return gemm_a_panels(g.Og, n, g.K, a_panels + gi * group_a_floats, b, B.rs, B.cs, c, c_rs, c_cs, 0.f,
+        if (keeps_a_panels && gemm_takes_a_panels(g.Og, n, g.K, B.rs, c_rs, c_cs))
+          return gemm_a_panels(g.Og, n, g.K, kept_a_panels() + gi * group_a_floats, b, B.rs, B.cs, c, c_rs, c_cs, 0.f,
                                epilogue, b_in_cache);
       }
       gemm<T>(g.Og, n, g.K, wg, g.K, 1, b, B.rs, B.cs, c, c_rs, c_cs, T(0), epilogue, b_in_cache);
