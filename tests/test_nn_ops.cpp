@@ -822,6 +822,43 @@ TEST(NnOps, Conv2dKeptWeightPanelsGiveTheBitsOfGemm) {
   set_isa(available_isas().back());
 }
 
+// A weight that is not contiguous (a channels-last model's, Module::to(ChannelsLast)) is read
+// through a contiguous copy kept with its storage where forms are kept, so the forms made from the
+// copy (Winograd's transformed weights, gemm's A panels) serve the next calls; a write to the
+// weight frees the copy; without keeping each call copies. The convolutions' bits are those of the
+// contiguous weight.
+TEST(NnOps, ChannelsLastWeightKeepsItsContiguousCopyAndForms) {
+  const Tensor x = randn_of({1, 32, 24, 24}, DType::Float32, 1);
+  NoGradGuard no_grad;
+  for (const Shape& shape : {Shape{32, 32, 3, 3}, Shape{48, 32, 3, 3}}) {
+    const bool winograd = shape[0] == 32;
+    const int64_t stride = winograd ? 1 : 2;  // stride 2: im2col + gemm's A panels
+    Tensor w = randn_of(shape, DType::Float32, 2).contiguous(MemoryFormat::ChannelsLast);
+    ASSERT_FALSE(w.is_contiguous());
+    const std::string where = winograd ? "winograd" : "im2col";
+    const Tensor want = conv2d(x, w.contiguous(), Tensor(), {stride, stride}, {1, 1});
+    EXPECT_TRUE(same_bits(conv2d(x, w, Tensor(), {stride, stride}, {1, 1}), want)) << where;
+    const Tensor copy = cpu::contiguous_weight(w, true);
+    EXPECT_EQ(cpu::contiguous_weight(w, true).data_ptr<float>(), copy.data_ptr<float>()) << where;
+    EXPECT_TRUE(same_bits(copy, w.contiguous())) << where;
+    const int64_t K = shape[1] * 9;
+    EXPECT_TRUE(winograd ? cpu::has_weight_form(copy, cpu::WeightForm::winograd, shape[0], K)
+                         : cpu::has_weight_form(copy, cpu::a_panels_form(cpu::gemm_tile_rows(), cpu::gemm_k_block()),
+                                                shape[0], K))
+        << where;
+    EXPECT_TRUE(same_bits(conv2d(x, w, Tensor(), {stride, stride}, {1, 1}), want)) << where;  // from the kept forms
+    const Tensor unkept = cpu::contiguous_weight(w, false);
+    EXPECT_NE(unkept.data_ptr<float>(), copy.data_ptr<float>()) << where;
+    w.mul_(-0.5);
+    const Tensor changed = cpu::contiguous_weight(w, true);
+    EXPECT_NE(changed.data_ptr<float>(), copy.data_ptr<float>()) << where;
+    EXPECT_TRUE(same_bits(changed, w.contiguous())) << where;
+    EXPECT_TRUE(same_bits(conv2d(x, w, Tensor(), {stride, stride}, {1, 1}),
+                          conv2d(x, w.contiguous(), Tensor(), {stride, stride}, {1, 1})))
+        << where;
+  }
+}
+
 // A linear without a bias where autograd does not record is the linear kernel too (Swin's patch
 // merging: its kept weight), with the bits of matmul(x, weight^T) (what it runs with autograd):
 // few rows (dot products), the kept weight's rows, gemm's, 2-d and 4-d x, float32 and float64.

@@ -2167,7 +2167,7 @@ void conv2d_kernel(const KernelArgs& args) {
                 EpilogueActivation::None, args.out[0], p))
     return;
   dispatch_conv(Op::conv2d, args, [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
-    Tensor w = in[1].contiguous();
+    Tensor w = contiguous_weight(in[1], p.keep_weight_forms);
     Tensor bias = in.size() > 2 ? in[2].contiguous() : Tensor();
     ConvGeom g = conv_geom(in[0].shape(), w.shape(), out[0].shape(), p);
     Epilogue<T> e;
@@ -2183,7 +2183,8 @@ void conv2d_epilogue_kernel(const KernelArgs& args) {
                 p.activation, args.out[0], p.conv))
     return;
   dispatch_conv(Op::conv2d_epilogue, args, [&]<typename T>(std::span<const Tensor> in, std::span<Tensor> out) {
-    Tensor w = in[1].contiguous(), scale = in[2].contiguous(), shift = in[3].contiguous();
+    Tensor w = contiguous_weight(in[1], p.conv.keep_weight_forms), scale = in[2].contiguous(),
+           shift = in[3].contiguous();
     ConvGeom g = conv_geom(in[0].shape(), w.shape(), out[0].shape(), p.conv);
     Epilogue<T> e;
     e.scale = scale.data_ptr<T>();
@@ -2207,7 +2208,7 @@ void inverted_residual_kernel(const KernelArgs& args) {
   std::vector<Tensor> layer[3];
   for (size_t i = 0, next = 1; i < 3; ++i)
     if (i == 1 || (i == 0 && p.expand) || (i == 2 && p.project))
-      for (int k = 0; k < 3; ++k) layer[i].push_back(args.in[next++].contiguous());
+      for (int k = 0; k < 3; ++k) layer[i].push_back(contiguous_weight(args.in[next++], true));  // (no grad)
   auto weight = [&](int i) { return layer[i].empty() ? nullptr : &layer[i][0]; };
   auto epilogue = [&](int i, EpilogueActivation activation) {
     Epilogue<float> e;

@@ -21,6 +21,7 @@ enum class WeightForm : int64_t {
   winograd = 2,          // a 3x3 convolution's weights transformed for Winograd F(4x4, 3x3)
   standard_panels = 3,   // W^T (K, N) of a contiguous (N, K) weight packed for GemmTile::standard
   a_panels = 4,          // a contiguous (M, K) weight (per group) packed as gemm_a_panels' A
+  contiguous = 5,        // a contiguous copy of a weight that is not (a channels-last model's)
 };
 
 // The key of standard panels `width` columns wide (the active set's gemm_tile_columns(): 32 on
@@ -39,6 +40,25 @@ inline WeightForm a_panels_form(int64_t rows, int64_t depth) {
 // Whether a form of w is kept between calls: the op allows it (`may_keep`: LinearParams',
 // Conv2dParams' keep_weight_forms) and w's storage keeps derived data (Storage::derived).
 inline bool keeps_weight_forms(const Tensor& w, bool may_keep) { return may_keep && w.storage()->keeps_derived(); }
+
+// w's values in a contiguous tensor: w itself where it is contiguous; else a copy, kept with w's
+// storage where its forms are kept (keeps_weight_forms), so that the forms made from the copy (kept
+// with the copy's storage) serve the next calls too, as a contiguous weight's do (a channels-last
+// model's weights were copied, and their forms made, on every call). The key tells views of one
+// storage apart by their sizes and strides.
+inline Tensor contiguous_weight(const Tensor& w, bool may_keep) {
+  if (w.is_contiguous() || !keeps_weight_forms(w, may_keep)) return w.contiguous();
+  uint64_t layout = 0;
+  for (size_t d = 0; d < w.shape().size(); ++d)
+    layout = (layout * 1000003 + static_cast<uint64_t>(w.shape()[d])) * 1000003 + static_cast<uint64_t>(w.stride(d));
+  const Storage::DerivedKey key{static_cast<int64_t>(WeightForm::contiguous), w.storage_offset(), w.numel(),
+                                static_cast<int64_t>(layout >> 1)};
+  if (const std::shared_ptr<const void> kept = w.storage()->derived(key))
+    return *static_cast<const Tensor*>(kept.get());
+  auto copy = std::make_shared<const Tensor>(w.contiguous());
+  w.storage()->set_derived(key, copy);
+  return *copy;
+}
 
 // Whether w's storage keeps the form `form` of w (sizes a and b in the key) now.
 inline bool has_weight_form(const Tensor& w, WeightForm form, int64_t a, int64_t b) {
