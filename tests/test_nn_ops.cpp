@@ -1091,6 +1091,29 @@ TEST(NnOps, LinearGeluLinearRejectsBadOperands) {
   expect_error([&] { linear_gelu_linear(x, w1, b1, w2, randn_of({3}, DType::Float32, 9)); }, {"[3]", "2"});
 }
 
+// Where the instruction set has no 7-row kernel (AVX2, generic), a 3x3 stride-1 convolution takes
+// Winograd from 16 output tiles (a 14x14 map at batch 1), against the float64 convolution within
+// Winograd's 2e-6; with the 7-row kernel (AVX-512) from 36, the position rows taking the 14x14 map;
+// a 7x7 map's 4 tiles never (each instruction set in turn).
+TEST(NnOps, Conv2dWinogradFromSixteenTilesWithoutPositionRows) {
+  NoGradGuard no_grad;
+  for (Isa isa : available_isas()) {
+    set_isa(isa);
+    for (int64_t map : {14, 7}) {
+      const Tensor x = randn_of({1, 32, map, map}, DType::Float32, 1), w = randn_of({64, 32, 3, 3}, DType::Float32, 2);
+      KernelProfiler profiler;
+      const Tensor y = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+      const std::string where = cat_str(map, "x", map, " ", isa_name(isa));
+      ASSERT_EQ(profiler.records().size(), 1u) << where;
+      const bool winograd = profiler.records()[0].path.rfind("winograd F(4x4,3x3)", 0) == 0;
+      EXPECT_EQ(winograd, map == 14 && !cpu::has_rows_of_7_kernel()) << where << ": " << profiler.records()[0].path;
+      const Tensor want = conv2d(x.to(DType::Float64), w.to(DType::Float64), Tensor(), {1, 1}, {1, 1});
+      EXPECT_LE(relative_error(y, want.to(DType::Float32)), winograd ? 2e-6 : 1e-6) << where;
+    }
+  }
+  set_isa(available_isas().back());
+}
+
 // float32 3x3 stride-1 convolutions with enough channels and 4x4 output tiles take Winograd
 // F(4x4, 3x3) (kernels/cpu/conv.cpp use_winograd; the profiler shows the path): against the
 // float64 convolution (im2col + GEMM) of the same values, within 2e-6 (measured 0.9-1.2e-6, five
