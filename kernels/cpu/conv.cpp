@@ -1242,17 +1242,20 @@ int64_t winograd_samples(const ConvGeom& g) {
 // input transform (its cost per channel in, as the GEMMs' saving is per channel pair) the
 // larger part: at batch 8 the position rows took 0.56x Winograd's time there (0.89x at 28x28,
 // kept for batch 1's 1.06x; 1.6x at 56x56).
-// Those comparisons were with the position rows (AVX-512). Where the instruction set has no 7-row
-// kernel (AVX2, generic) the other path is im2col and gemm's tiles, which Winograd beats from 16
-// tiles: measured on Zen 3 (AVX2), 2 threads, one process alternating, 3x3 layers of 128 to 512
-// channels on 14x14 maps at batch 1 (16 tiles) 0.49-0.67x the time, 512 at 7x7 at batch 8 (32
-// tiles) 0.68x; at 7x7 with 4 and 8 tiles (batch 1 and 2) 1.1-1.6x.
+// Those comparisons (both rules) were with the position rows (AVX-512). Where the instruction set
+// has no 7-row kernel (AVX2, generic) the other path is im2col and gemm's tiles, which Winograd
+// beats from 16 tiles, few output channels too: measured on Zen 3 (AVX2), 2 threads, one process
+// alternating, 3x3 layers of 128 to 512 channels on 14x14 maps at batch 1 (16 tiles) 0.49-0.67x
+// the time, 512 at 7x7 at batch 8 (32 tiles) 0.68x, DenseNet's 128 -> 32 at 14x14 0.72x (batch 1)
+// and 0.77x (batch 8), at 7x7 at batch 8 0.78x; at 7x7 with 4 and 8 tiles (batch 1 and 2)
+// 1.1-1.6x.
 constexpr int64_t kWinogradMinTiles = 36, kWinogradMinTilesWithoutPositionRows = 16;
 constexpr int64_t kWinogradFewChannels = 64, kWinogradSmallMapTiles = 16;
 bool use_winograd(const ConvGeom& g) {
   const int64_t tiles = (g.Ho + 3) / 4 * ((g.Wo + 3) / 4);
-  if (g.O < kWinogradFewChannels && tiles <= kWinogradSmallMapTiles) return false;
-  const int64_t min_tiles = has_rows_of_7_kernel() ? kWinogradMinTiles : kWinogradMinTilesWithoutPositionRows;
+  const bool position_rows = has_rows_of_7_kernel();
+  if (position_rows && g.O < kWinogradFewChannels && tiles <= kWinogradSmallMapTiles) return false;
+  const int64_t min_tiles = position_rows ? kWinogradMinTiles : kWinogradMinTilesWithoutPositionRows;
   return g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.G == 1 && g.C >= 16 &&
          g.O >= 16 && tiles * winograd_samples(g) >= min_tiles;
 }
