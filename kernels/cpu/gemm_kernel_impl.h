@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -581,8 +582,9 @@ template <int W, bool NonPositive = false>
   V xc = x;
   if constexpr (!NonPositive) xc = xc > hi ? hi : xc;  // comparisons with NaN are false: NaN passes through
   xc = xc < lo ? lo : xc;
-  const V shifter = V{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const V n = (xc * 1.44269504088896341f + shifter) - shifter;
+  const V shifter = V{} + 12582912.0f;                    // 1.5 * 2^23: adding it rounds to an integer
+  const V shifted = xc * 1.44269504088896341f + shifter;  // its low bits n as an integer
+  const V n = shifted - shifter;
   V r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   V p = V{} + 1.9875691500e-4f;
@@ -599,7 +601,18 @@ template <int W, bool NonPositive = false>
     y = __builtin_ia32_scalefps512_mask(e, n, e, static_cast<unsigned short>(-1), 4 /* _MM_FROUND_CUR_DIRECTION */);
   } else
 #endif
-  {
+      if constexpr (NonPositive) {
+    // n in [-150, 0]: e * 2^(n + 64), exact (normal), times 2^-64, rounded once as the two
+    // scalings below; 2^(n + 64)'s exponent bits n + 64 + 127 from the shifted sum's low bits
+    // (the shift by 23 drops its high bits), without a conversion.
+    typedef uint32_t U __attribute__((vector_size(sizeof(V))));
+    U bits;
+    __builtin_memcpy(&bits, &shifted, sizeof(V));
+    bits = (bits + (64 + 127)) << 23;
+    V scale;
+    __builtin_memcpy(&scale, &bits, sizeof(V));
+    y = e * scale * 0x1p-64f;
+  } else {
     // e * 2^n as two exact powers of two (n in [-150, 128]: each half within the normal range).
     const I ni = __builtin_convertvector(n, I);
     const I half = ni >> 1;
@@ -1028,7 +1041,13 @@ void attention_short_f32(const AttentionItemF32& a) {
 template <int W>
 [[gnu::always_inline]] inline typename FloatVector<W>::type sigmoid_lanes(typename FloatVector<W>::type x) {
   typedef typename FloatVector<W>::type V;
-  const V z = exp_lanes<W, true>(x < 0 ? x : -x);  // NaN stays NaN
+  typedef typename IntVector<W>::type I;
+  I bits;  // -|x| as x with its sign bit set (NaN stays NaN)
+  __builtin_memcpy(&bits, &x, sizeof(V));
+  bits |= std::numeric_limits<int32_t>::min();
+  V minus_abs;
+  __builtin_memcpy(&minus_abs, &bits, sizeof(V));
+  const V z = exp_lanes<W, true>(minus_abs);
   return quotient_lanes<W>(x < 0 ? z : V{} + 1.0f, 1.0f + z);
 }
 
