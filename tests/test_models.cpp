@@ -494,23 +494,23 @@ TEST(ModelConformance, EfficientnetB0) { test::check_model({.model = "efficientn
 TEST(ModelConformance, EfficientnetV2S) { test::check_model({.model = "efficientnet_v2_s"}); }
 TEST(ModelConformance, ConvnextTiny) { test::check_model({.model = "convnext_tiny"}); }
 // In inference a squeeze-excitation's scale goes into the projection convolution's weights, one
-// per sample, where the map has more than 128 positions (96x96 input: the 48x48, 24x24 and 12x12
-// stages), instead of a multiplication over the map: the same values as the separate ops (what
-// autograd records), no map-sized mul kernel there, a per-sample weight-sized one instead; a hook
-// on a squeeze-excitation brings its own multiplication back.
+// per sample, where the map has more than 196 positions (128x128 input: the 64x64, 32x32 and
+// 16x16 stages), instead of a multiplication over the map: the same values as the separate ops
+// (what autograd records), no map-sized mul kernel there, a per-sample weight-sized one instead; a
+// hook on a squeeze-excitation brings its own multiplication back.
 TEST(EfficientNet, SqueezeExcitationFoldsIntoTheProjectionInInference) {
   for (const char* name : {"efficientnet_b0", "mobilenet_v3_large"}) {
     models::BackbonePtr model = models::create(name, {.num_classes = 10});
     model->eval();
     Generator gen(7);
-    const Tensor x = randn({2, 3, 96, 96}, {}, &gen);
+    const Tensor x = randn({2, 3, 128, 128}, {}, &gen);
     const Tensor separate = model->forward(x.detach().requires_grad_()).detach();
-    // (map-sized mul kernels over more than 128 positions, per-sample weight mul kernels)
+    // (map-sized mul kernels over more than 196 positions, per-sample weight mul kernels)
     auto muls = [](const KernelProfiler& profiler) {
       std::pair<int, int> counts{0, 0};
       for (const KernelRecord& r : profiler.records()) {
         if (r.op != "mul") continue;
-        if (r.shape.size() == 4 && r.shape[2] * r.shape[3] > 128) ++counts.first;
+        if (r.shape.size() == 4 && r.shape[2] * r.shape[3] > 196) ++counts.first;
         if (r.shape.size() == 3) ++counts.second;
       }
       return counts;

@@ -272,9 +272,12 @@ std::pair<Tensor, Tensor> folded_batch_norm(const Conv2d& conv, const BatchNorm&
 // convolution's weights, one (O, C) weight per sample (a grouped convolution of groups N). Below
 // it the convolution would have done several samples' maps in one GEMM with the shared weight,
 // which the per-sample weights prevent: measured on Zen 4 at batch 8, 2 threads, the folded form
-// is 1.1-1.6x faster from 28x28 maps up, as fast at 14x14 (and at batch 1 from 14x14 up: the
-// pass over x is gone), 1.3x slower at 7x7.
-constexpr int64_t kFoldedInputScalePositions = 128;
+// is 1.1-1.6x faster from 28x28 maps up, 1.3x slower at 7x7. At 14x14 the shared weight now reads
+// its kept A panels (weight_form.h), which the per-sample weights cannot keep: on Zen 3 (AVX2, 2
+// threads, the two forms alternating) x times the scale and the shared weight take 0.86-0.92x the
+// folded form's time at batch 8 and 0.93x at batch 1 (MobileNet v3's and EfficientNet's 480 and
+// 672 -> 80-160); at 28x28 the folded form stays 0.92-0.97x, at 56x56 0.77x.
+constexpr int64_t kFoldedInputScalePositions = 14 * 14;
 
 // Whether conv (a 1x1 convolution without padding, stride or groups) of x (N, C, H, W), dense
 // NCHW, takes input_scale (N, C, 1, 1) into its weights (same dtype, float32 or float64).
