@@ -264,7 +264,7 @@ Tensor linear_activation_linear(Module& linear1, Module& activation, Module& lin
 
 // With input_scale (N, C, 1, 1) (a squeeze-excitation's output scale), the same for the input
 // x * input_scale; when fused, a 1x1 convolution without padding, stride or groups of a dense NCHW
-// float32 or float64 x with more than 128 positions per map folds it into one weight per sample
+// float32 or float64 x with more than 196 positions per map folds it into one weight per sample
 // instead (W * input_scale[n]: a grouped convolution, no pass over x).
 Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, const Tensor& x,
                             const Tensor& residual = Tensor(), const Tensor& input_scale = Tensor());
