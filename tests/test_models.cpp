@@ -497,7 +497,8 @@ TEST(ModelConformance, ConvnextTiny) { test::check_model({.model = "convnext_tin
 // per sample, where the map has more than 196 positions (128x128 input: the 64x64, 32x32 and
 // 16x16 stages), instead of a multiplication over the map: the same values as the separate ops
 // (what autograd records), no map-sized mul kernel there, a per-sample weight-sized one instead; a
-// hook on a squeeze-excitation brings its own multiplication back.
+// hook on a squeeze-excitation brings its own multiplication back. 14x14 maps are not folded (the
+// shared weight's kept panels win there).
 TEST(EfficientNet, SqueezeExcitationFoldsIntoTheProjectionInInference) {
   for (const char* name : {"efficientnet_b0", "mobilenet_v3_large"}) {
     models::BackbonePtr model = models::create(name, {.num_classes = 10});
@@ -540,6 +541,16 @@ TEST(EfficientNet, SqueezeExcitationFoldsIntoTheProjectionInInference) {
       EXPECT_EQ(muls(profiler).first, 1) << name;
     }
     handle.remove();
+    // 14x14 maps (112x112 input: the 28x28 stage's) keep the shared weight: the scale multiplies
+    // the map.
+    const Tensor small = randn({2, 3, 112, 112}, {}, &gen);
+    NoGradGuard no_grad;
+    KernelProfiler profiler;
+    model->forward(small);
+    int scaled_maps = 0;
+    for (const KernelRecord& r : profiler.records())
+      scaled_maps += r.op == "mul" && r.shape.size() == 4 && r.shape[2] * r.shape[3] == 196;
+    EXPECT_GT(scaled_maps, 0) << name;
   }
 }
 
