@@ -582,8 +582,9 @@ void dot_rows(int64_t n, const float* a, int64_t a_rs, int64_t rows, const float
 // exact), e^r by Cephes' degree-6 polynomial, times 2^n as two powers of two built in the exponent
 // bits (so that n from -150 to 128 scales without overflow and denormal results round once).
 // inf above 88.72284 (the largest finite result), 0 below -103.97208; NaN stays NaN. With
-// NonPositive (x <= 0 or NaN, as sigmoid's e^-|x|) the overflow side is left out, and below
-// -103.97208 the result is e^-103.97208 scaled as the rest (0 or 2^-149).
+// NonPositive (x <= 0 or NaN, as sigmoid's e^-|x|) the overflow side is left out, below
+// -103.97208 the result is e^-103.97208 scaled as the rest (0 or 2^-149), and 2^n is one power of
+// two, 2^(n + 64), then 2^-64 (the same single rounding).
 template <int W, bool NonPositive = false>
 [[gnu::always_inline]] inline typename FloatVector<W>::type exp_lanes(typename FloatVector<W>::type x) {
   typedef typename FloatVector<W>::type V;
