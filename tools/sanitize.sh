@@ -27,7 +27,7 @@ else
   echo "sanitize.sh: not root, skipping apt-get; make sure these are installed: ${packages[*]}" >&2
 fi
 
-# -Dfuzz=true: coverage instrumentation for libFuzzer and the fuzz/ targets (clang only).
+# -Dfuzz=true: libFuzzer's coverage instrumentation of the engine and the fuzz/ targets (clang only).
 # b_lundef=false: meson's default -Wl,--no-undefined does not link with clang's sanitizers.
 # -fno-sanitize-recover=all: UBSan reports abort (by default they print and go on, so a test
 # with undefined behaviour would still pass). CUDA and oneDNN are off: nvcc code is not

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "tvc/internal/kernel.h"
@@ -155,24 +156,20 @@ inline int64_t available_threads() {
   return 1;
 }
 
-// Runs body(begin, end) over [0, n) split into contiguous chunks, one per thread.
+// parallel_for's work, compiled once (loops.cpp): chunk(context, begin, end) for each chunk.
+void parallel_chunks(int64_t n, int64_t work_per_item, void (*chunk)(void* context, int64_t begin, int64_t end),
+                     void* context);
+
+// Runs body(begin, end) over [0, n) split into contiguous chunks, one per thread (on the calling
+// thread alone when the work is small, with one thread, or inside a parallel region). The body is
+// called through a pointer so that the OpenMP region and its error handling exist once, not once
+// per body: the elementwise kernels alone have some 380 bodies.
 template <typename F>
 void parallel_for(int64_t n, int64_t work_per_item, F&& body) {
-#ifdef _OPENMP
-  int threads = omp_get_max_threads();
-  if (threads > 1 && n > 1 && n * work_per_item > kParallelGrain && !omp_in_parallel()) {
-    int64_t chunks = std::min<int64_t>(threads, n);
-    RegionErrors errors;
-#pragma omp parallel for schedule(static) num_threads(static_cast <int>(chunks))
-    for (int64_t c = 0; c < chunks; ++c) {
-      int64_t b = n * c / chunks, e = n * (c + 1) / chunks;
-      errors.run([&] { body(b, e); });
-    }
-    errors.rethrow();
-    return;
-  }
-#endif
-  body(int64_t{0}, n);
+  using Body = std::remove_reference_t<F>;
+  parallel_chunks(
+      n, work_per_item, [](void* context, int64_t begin, int64_t end) { (*static_cast<Body*>(context))(begin, end); },
+      const_cast<void*>(static_cast<const void*>(std::addressof(body))));
 }
 
 // Geometry of an n-ary strided iteration, in bytes, innermost dim last.
