@@ -61,10 +61,10 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 status=0
 
-# The suites worth running under the sanitizers, all fast enough there (on 2 cores: unit about
-# 35 s, io 25 s, op-table 35 s, cli-errors 3 s, train: recipes, image folders and the threaded
-# loader, a few s; c-api: the C API's error paths leak nothing, a few s; dist and dist-no-mpi:
-# the one-process communicator and the build without MPI, under a second). Left out:
+# The suites worth running under the sanitizers, all fast enough there (CI on 2 cores, two at a
+# time: unit about 110 s, io 50 s, op-table 40 s, cli-errors 2 s, train: recipes, image folders
+# and the threaded loader, a second; c-api: the C API's error paths leak nothing, 17 s; dist and
+# dist-no-mpi: the one-process communicator and the build without MPI, under a second). Left out:
 # train-fashion-mnist, cli-reproducible and cli-recipe (minutes of training), install (a
 # packaging check).
 tests=(unit io op-table cli-errors train c-api dist dist-no-mpi)
