@@ -96,6 +96,33 @@ struct BlockSink {
   }
 };
 
+// dst[r * dst_ld ..] = src[r * src_ld ..], `bytes` bytes a row, for r < rows: for the row sizes
+// of the micro-kernels' panels a copy whose size is known when compiled (a few vector moves)
+// rather than a call of memcpy per row. Measured on Zen 3, 2 threads: the products of a training
+// step's weight gradients (A = dY^T, its columns contiguous: six floats a step of k) 768 x 768 x
+// 1576 0.90-0.93x the time, 768 x 3072 x 1576 0.90-0.98x; with A and B row-major the same.
+template <int64_t Bytes, typename T>
+void copy_rows(int64_t rows, const T* src, int64_t src_ld, T* dst, int64_t dst_ld) {
+  for (int64_t r = 0; r < rows; ++r) __builtin_memcpy(dst + r * dst_ld, src + r * src_ld, Bytes);
+}
+template <typename T>
+void copy_rows(int64_t bytes, int64_t rows, const T* src, int64_t src_ld, T* dst, int64_t dst_ld) {
+  switch (bytes) {
+    case 24:  // AVX2's 6-row panels of float
+      return copy_rows<24>(rows, src, src_ld, dst, dst_ld);
+    case 32:
+      return copy_rows<32>(rows, src, src_ld, dst, dst_ld);
+    case 48:
+      return copy_rows<48>(rows, src, src_ld, dst, dst_ld);
+    case 64:
+      return copy_rows<64>(rows, src, src_ld, dst, dst_ld);
+    case 128:
+      return copy_rows<128>(rows, src, src_ld, dst, dst_ld);
+    default:
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * dst_ld, src + r * src_ld, bytes);
+  }
+}
+
 // Packs A[0:mc, 0:kc] (strides rs, cs) into ceil(mc/mr) micro-panels of kc x mr (element [k][i]
 // at panel[k * mr + i]), zero-padding the rows past mc.
 template <typename T>
@@ -104,7 +131,7 @@ void pack_a(int64_t mc, int64_t kc, int64_t mr, const T* A, int64_t rs, int64_t 
     int64_t rows = std::min(mr, mc - i0);
     if (rows < mr) std::fill(dst, dst + kc * mr, T(0));
     if (rs == 1) {
-      for (int64_t k = 0; k < kc; ++k) std::memcpy(dst + k * mr, A + i0 + k * cs, rows * sizeof(T));
+      copy_rows(rows * static_cast<int64_t>(sizeof(T)), kc, A + i0, cs, dst, mr);
     } else if (std::is_same_v<T, float> && cs == 1) {  // row-major A (a convolution's weights)
       active_kernels().pack_transposed(kc, rows, reinterpret_cast<const float*>(A + i0 * rs), rs,
                                        reinterpret_cast<float*>(dst), mr);
@@ -131,9 +158,11 @@ void pack_b(int64_t kc, int64_t nc, int64_t nr, const T* B, int64_t rs, int64_t 
   if (cs == 1) {
     const int64_t last = (nc - 1) / nr * nr;  // the last panel's first column
     if (nc - last < nr) std::fill(dst + last * kc, dst + (last + nr) * kc, T(0));
-    for (int64_t k = 0; k < kc; ++k)
-      for (int64_t j0 = 0; j0 < nc; j0 += nr)
-        std::memcpy(dst + j0 * kc + k * nr, B + j0 + k * rs, std::min(nr, nc - j0) * sizeof(T));
+    const int64_t bytes = nr * static_cast<int64_t>(sizeof(T));
+    for (int64_t k = 0; k < kc; ++k) {  // row k of each full panel, then of the last one
+      copy_rows(bytes, nc / nr, B + k * rs, nr, dst + k * nr, kc * nr);
+      if (last + nr > nc) std::memcpy(dst + last * kc + k * nr, B + last + k * rs, (nc - last) * sizeof(T));
+    }
     return;
   }
   for (int64_t j0 = 0; j0 < nc; j0 += nr, dst += kc * nr) {
