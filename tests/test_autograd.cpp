@@ -65,6 +65,32 @@ TEST(Autograd, FirstGradientIsTakenOnlyWhenNothingElseHoldsIt) {
   Tensor d = randn({2, 3}).requires_grad_();
   sum(d.select(0, 1)).backward();
   EXPECT_EQ(d.grad().to_vector(), std::vector<double>({0, 0, 0, 1, 1, 1}));
+  // linear's weight and bias gradients are views (reshapes) of its product's and its sum's
+  // results, which nothing else holds: taken too, no copy kernel in the backward.
+  Tensor rows = randn({5, 4}).requires_grad_(), w = randn({3, 4}).requires_grad_(), bias = randn({3}).requires_grad_();
+  const void* incoming_w = nullptr;
+  w.register_hook([&](const Tensor& grad) {
+    incoming_w = grad.data_ptr<float>();
+    return Tensor();
+  });
+  Tensor dy = randn({5, 3});
+  Tensor y = linear(rows, w, bias);
+  {
+    KernelProfiler profiler;
+    y.backward(dy);
+    for (const KernelRecord& r : profiler.records()) EXPECT_NE(r.op, "copy") << "shape " << r.shape;
+  }
+  EXPECT_EQ(w.grad().data_ptr<float>(), incoming_w);
+  EXPECT_LE(relative_error(w.grad(), matmul(dy.t(), rows.detach())), 1e-6);
+  EXPECT_LE(relative_error(bias.grad(), sum(dy, {0})), 1e-6);
+  // A view of the caller's tensor (reshape's backward reshapes the incoming gradient): copied.
+  Tensor f = randn({2, 3}).requires_grad_();
+  Tensor g6 = randn({6});
+  const std::vector<double> g6_before = g6.to_vector();
+  f.reshape({6}).backward(g6);
+  EXPECT_NE(f.grad().data_ptr<float>(), g6.data_ptr<float>());
+  f.grad().add_(1.0);
+  EXPECT_EQ(g6.to_vector(), g6_before);
 }
 
 TEST(Autograd, SharedSubexpressionSumsGradients) {

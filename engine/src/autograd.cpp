@@ -47,6 +47,24 @@ GradList FunctionNode::apply(GradList&& grad_outputs) {
   return fn_(grad_outputs);
 }
 
+namespace {
+
+// Whether t alone holds its TensorImpl and its memory, as a fresh result does. A view (a gradient
+// reshaped from a product's or a sum's result: linear's weight and input gradients) shares its
+// memory with its base (view_base); where nothing but t holds that base, t is made to hold the
+// memory alone (the base dropped), so that backward takes it as it takes a fresh result rather
+// than copying it.
+bool holds_memory_alone(const Tensor& t) {
+  TensorImpl* impl = t.impl();
+  if (t.impl_ptr().use_count() != 1) return false;
+  if (impl->view_base && impl->view_base.use_count() == 1 && impl->view_base->storage == impl->storage &&
+      impl->storage.use_count() == 2)
+    impl->view_base.reset();
+  return impl->storage.use_count() == 1;
+}
+
+}  // namespace
+
 // Accumulates the gradient of a leaf into its .grad, after running the leaf's hooks.
 class AccumulateGrad : public Node {
  public:
@@ -67,7 +85,7 @@ class AccumulateGrad : public Node {
       // memory and it is laid out as a fresh tensor in the leaf's layout would be (as PyTorch's
       // AccumulateGrad steals it; no copy of every parameter's gradient per step), else a copy.
       const Tensor like(leaf);
-      const bool sole = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.storage_offset() == 0 &&
+      const bool sole = holds_memory_alone(g) && g.storage_offset() == 0 &&
                         g.storage()->nbytes() == static_cast<size_t>(g.numel()) * g.element_size() &&
                         g.dtype() == like.dtype() && g.device() == like.device() && g.shape() == like.shape() &&
                         g.is_contiguous(like.suggest_memory_format());
@@ -166,7 +184,7 @@ void add_into(Tensor& slot, const Tensor& g) {
   }
   // In place where the slot's tensor and its memory are held by nothing else and it is dense (no
   // allocation and fresh pages per sum); the same values as add.
-  const bool sole = slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1 &&
+  const bool sole = holds_memory_alone(slot) &&
                     (slot.is_contiguous() || slot.is_contiguous(MemoryFormat::ChannelsLast)) &&
                     slot.dtype() == g.dtype() && slot.device() == g.device() && slot.shape() == g.shape();
   if (sole)
