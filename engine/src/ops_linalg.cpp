@@ -106,8 +106,23 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   SavedTensor sq(q), sk(k), sv(v), sb(bias), sm(mask);
   autograd::record("AttentionBackward0", {q, k, v, bias, mask}, {out}, [=](const GradList& g) -> GradList {
     const char* name = "AttentionBackward0";
-    const DenormalsAsZero no_denormals;  // the masked pairs' weights, as in the forward kernel
     const Tensor qs = sq.unpack(name), ks = sk.unpack(name), vs = sv.unpack(name);
+    if (kernel_registry().supports(Op::attention_backward, qs.device())) {
+      // One kernel (its operands read in place through their strides, the weights made again
+      // block by block on each thread), rather than the ops below with their copies of q, k and v
+      // into batches of matrices and (L, S) tensors between them.
+      std::vector<Tensor> in{g[0], qs, ks, vs};
+      if (has_bias) in.push_back(sb.unpack(name).expand(scores));
+      if (has_mask) in.push_back(sm.unpack(name).expand(scores));
+      const TensorOptions like{.dtype = qs.dtype(), .device = qs.device()};
+      std::vector<Tensor> grads{empty(qs.shape(), like), empty(ks.shape(), like), empty(vs.shape(), like)};
+      if (gb || gm) grads.push_back(empty(scores, like));
+      const AttentionParams p{has_bias, has_mask};
+      detail::run(Op::attention_backward, in, grads, &p);
+      return {gq ? grads[0] : Tensor(), gk ? grads[1] : Tensor(), gv ? grads[2] : Tensor(),
+              gb ? sum_to(grads[3], bias_shape) : Tensor(), gm ? sum_to(grads[3], mask_shape) : Tensor()};
+    }
+    const DenormalsAsZero no_denormals;  // the masked pairs' weights, as in the forward kernel
     Tensor s = matmul(qs, ks.transpose(-2, -1));
     if (has_bias) s = add(s, sb.unpack(name));
     if (has_mask) s = add(s, sm.unpack(name));

@@ -930,44 +930,77 @@ void bmm_kernel(const KernelArgs& args) {
 // is 152 KiB in float32, kept in L2 between its two products).
 constexpr int64_t kAttentionScores = int64_t{1} << 16;
 
+// Attention's operands (kernel.h): q (..., L, D), k (..., S, D), v (..., S, Dv), bias and mask
+// (..., L, S) or null, from a kernel's inputs from `first` on.
+struct AttentionOperands {
+  const Tensor &q, &k, &v;
+  const Tensor *bias, *mask;
+  int64_t rank, L, D, S, Dv, batch;
+};
+AttentionOperands attention_operands(const KernelArgs& args, size_t first) {
+  const AttentionParams& p = args.p<AttentionParams>();
+  const Tensor &q = args.in[first], &k = args.in[first + 1], &v = args.in[first + 2];
+  const int64_t rank = q.dim(), L = q.shape()[rank - 2], D = q.shape()[rank - 1];
+  return {q,
+          k,
+          v,
+          p.bias ? &args.in[first + 3] : nullptr,
+          p.mask ? &args.in[first + 3 + p.bias] : nullptr,
+          rank,
+          L,
+          D,
+          k.shape()[rank - 2],
+          v.shape()[rank - 1],
+          q.numel() / (L * D)};
+}
+
+// The offset of batch element b in t: its index over the batch dims (all but the last two),
+// through t's strides.
+int64_t batch_offset(const Tensor& t, int64_t b) {
+  int64_t offset = 0;
+  for (int64_t d = t.dim() - 3; d >= 0; --d) {
+    offset += b % t.shape()[d] * t.strides()[d];
+    b /= t.shape()[d];
+  }
+  return offset;
+}
+
+// Rows [r0, r0 + m) of batch element b's attention weights into p (m, S) contiguous:
+// softmax(q k^T + bias + mask), the scores summed as bmm's, the additions in that order, each row
+// as the softmax kernel's.
+template <typename T>
+void attention_weights(const AttentionOperands& a, int64_t b, int64_t r0, int64_t m, T* p) {
+  const int64_t rank = a.rank, S = a.S;
+  gemm<T>(m, S, a.D, a.q.data_ptr<T>() + batch_offset(a.q, b) + r0 * a.q.strides()[rank - 2], a.q.strides()[rank - 2],
+          a.q.strides()[rank - 1], a.k.data_ptr<T>() + batch_offset(a.k, b), a.k.strides()[rank - 1],
+          a.k.strides()[rank - 2], p, S, 1, T(0));
+  for (const Tensor* t : {a.bias, a.mask}) {
+    if (!t) continue;
+    const T* src = t->data_ptr<T>() + batch_offset(*t, b) + r0 * t->strides()[rank - 2];
+    const int64_t rs = t->strides()[rank - 2], cs = t->strides()[rank - 1];
+    for (int64_t i = 0; i < m; ++i) {
+      T* row = p + i * S;
+      const T* from = src + i * rs;
+      if (cs == 1)
+        for (int64_t j = 0; j < S; ++j) row[j] += from[j];
+      else
+        for (int64_t j = 0; j < S; ++j) row[j] += from[j * cs];
+    }
+  }
+  softmax_rows(m, S, p, p);
+}
+
 // in = (q, k, v, [bias], [mask]) -> out (kernel.h, AttentionParams).
 void attention_kernel(const KernelArgs& args) {
   const DenormalsAsZero no_denormals;  // the masked pairs' weights (kernel.h)
-  const AttentionParams& p = args.p<AttentionParams>();
-  const Tensor& q = args.in[0];
-  const Tensor& k = args.in[1];
-  const Tensor& v = args.in[2];
-  const Tensor* bias = p.bias ? &args.in[3] : nullptr;
-  const Tensor* mask = p.mask ? &args.in[3 + p.bias] : nullptr;
+  const AttentionOperands a = attention_operands(args, 0);
+  const Tensor &q = a.q, &k = a.k, &v = a.v;
+  const Tensor *bias = a.bias, *mask = a.mask;
   const Tensor& out = args.out[0];
-  const int64_t rank = q.dim(), L = q.shape()[rank - 2], D = q.shape()[rank - 1], S = k.shape()[rank - 2],
-                Dv = v.shape()[rank - 1];
-  const int64_t batch = q.numel() / (L * D), rows = std::min(L, std::max<int64_t>(1, kAttentionScores / S)),
+  const int64_t rank = a.rank, L = a.L, D = a.D, S = a.S, Dv = a.Dv;
+  const int64_t batch = a.batch, rows = std::min(L, std::max<int64_t>(1, kAttentionScores / S)),
                 blocks = (L + rows - 1) / rows;
-  // The offset of batch element b in t: its index over the batch dims, through t's strides.
-  auto batch_offset = [&](const Tensor& t, int64_t b) {
-    int64_t offset = 0;
-    for (int64_t d = rank - 3; d >= 0; --d) {
-      offset += b % t.shape()[d] * t.strides()[d];
-      b /= t.shape()[d];
-    }
-    return offset;
-  };
   auto run = [&]<typename T>() {
-    // Adds rows [r0, r0 + m) of t's batch element b to the scores.
-    auto add_rows = [&](const Tensor* t, int64_t b, int64_t r0, int64_t m, T* scores) {
-      if (!t) return;
-      const T* src = t->data_ptr<T>() + batch_offset(*t, b) + r0 * t->strides()[rank - 2];
-      const int64_t rs = t->strides()[rank - 2], cs = t->strides()[rank - 1];
-      for (int64_t i = 0; i < m; ++i) {
-        T* row = scores + i * S;
-        const T* from = src + i * rs;
-        if (cs == 1)
-          for (int64_t j = 0; j < S; ++j) row[j] += from[j];
-        else
-          for (int64_t j = 0; j < S; ++j) row[j] += from[j * cs];
-      }
-    };
     // Few keys (float32): each block in one pass of the instruction set's kernel, whose sums are
     // those of the steps below wherever gemm makes each of its products as one K block of a
     // micro-kernel (more than kDotRows rows and more than kSmallGemm products, K within kc).
@@ -1033,11 +1066,7 @@ void attention_kernel(const KernelArgs& args) {
             continue;
           }
         }
-        gemm<T>(m, S, D, qb, q.strides()[rank - 2], q.strides()[rank - 1], k.data_ptr<T>() + batch_offset(k, b),
-                k.strides()[rank - 1], k.strides()[rank - 2], scores, S, 1, T(0));
-        add_rows(bias, b, r0, m, scores);
-        add_rows(mask, b, r0, m, scores);
-        softmax_rows(m, S, scores, scores);
+        attention_weights(a, b, r0, m, scores);
         gemm<T>(m, Dv, S, scores, S, 1, v.data_ptr<T>() + batch_offset(v, b), v.strides()[rank - 2],
                 v.strides()[rank - 1], out.data_ptr<T>() + batch_offset(out, b) + r0 * out.strides()[rank - 2],
                 out.strides()[rank - 2], out.strides()[rank - 1], T(0));
@@ -1047,6 +1076,82 @@ void attention_kernel(const KernelArgs& args) {
   if (q.dtype() == DType::Float32) return run.template operator()<float>();
   if (q.dtype() == DType::Float64) return run.template operator()<double>();
   unsupported_dtype(Op::attention, q.dtype(), Device::CPU);
+}
+
+// The (rows, cols) matrix at src (strides rs, cs) as a dense row-major one: src itself where it is
+// one, else copied into dst.
+template <typename T>
+const T* dense_matrix(const T* src, int64_t rows, int64_t cols, int64_t rs, int64_t cs, T* dst) {
+  if (cs == 1 && (rs == cols || rows == 1)) return src;
+  for (int64_t i = 0; i < rows; ++i)
+    if (cs == 1)
+      std::copy_n(src + i * rs, cols, dst + i * cols);
+    else
+      for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = src[i * rs + j * cs];
+  return dst;
+}
+
+// in = (dout, q, k, v, [bias], [mask]) -> out = (dq, dk, dv[, ds]) (kernel.h, AttentionParams).
+// Each batch element on one thread: its q, k, v and dout as dense matrices (copied into the
+// thread's scratch where they are not: products of Swin's 49 x 32 windows read strided operands
+// at 1.2x the time), then in blocks of rows as the forward's: the block's weights P made again
+// (attention_weights), dP = dout v^T, dS = P * (dP - rowsum(dP * P)) (each row's sum as the sum
+// kernel's), dq's rows = dS k, and dk += dS^T q, dv += P^T dout over the blocks in order. The
+// products are those the composed ops make of dense copies (matmul), the same bits where the
+// weights of a row fit one block.
+void attention_backward_kernel(const KernelArgs& args) {
+  const DenormalsAsZero no_denormals;  // the masked pairs' weights, as in the forward
+  const Tensor& dout = args.in[0];
+  const AttentionOperands a = attention_operands(args, 1);
+  const Tensor &q = a.q, &k = a.k, &v = a.v, &dq = args.out[0], &dk = args.out[1], &dv = args.out[2];
+  const Tensor* ds = args.out.size() > 3 ? &args.out[3] : nullptr;
+  const int64_t rank = a.rank, L = a.L, D = a.D, S = a.S, Dv = a.Dv;
+  const int64_t rows = std::min(L, std::max<int64_t>(1, kAttentionScores / S));
+  auto rs = [&](const Tensor& t) { return t.strides()[rank - 2]; };
+  auto cs = [&](const Tensor& t) { return t.strides()[rank - 1]; };
+  const int64_t ds_rs = ds ? rs(*ds) : 0, ds_cs = ds ? cs(*ds) : 0;
+  auto run = [&]<typename T>() {
+    // Batch element b's matrix of t, (n, cols), dense (at t itself or at dst).
+    auto operand = [&](const Tensor& t, int64_t b, int64_t n, int64_t cols, T* dst) {
+      return dense_matrix(t.data_ptr<T>() + batch_offset(t, b), n, cols, rs(t), cs(t), dst);
+    };
+    parallel_for(a.batch, L * S * (2 * D + 2 * Dv), [&](int64_t first, int64_t last) {
+      T* p = thread_scratch<T, 14>(2 * rows * S + (L + S) * (D + Dv));
+      T *dp = p + rows * S, *copies = dp + rows * S;
+      for (int64_t b = first; b < last; ++b) {
+        const T* qb = operand(q, b, L, D, copies);
+        const T* kb = operand(k, b, S, D, copies + L * D);
+        const T* vb = operand(v, b, S, Dv, copies + (L + S) * D);
+        const T* gb = operand(dout, b, L, Dv, copies + (L + S) * D + S * Dv);
+        T *dqb = dq.data_ptr<T>() + batch_offset(dq, b), *dkb = dk.data_ptr<T>() + batch_offset(dk, b),
+          *dvb = dv.data_ptr<T>() + batch_offset(dv, b);
+        for (int64_t r0 = 0; r0 < L; r0 += rows) {
+          const int64_t m = std::min(rows, L - r0);
+          const T accumulate = r0 == 0 ? T(0) : T(1);
+          attention_weights(a, b, r0, m, p);
+          gemm<T>(m, S, Dv, gb + r0 * Dv, Dv, 1, vb, 1, Dv, dp, S, 1, T(0));
+          for (int64_t i = 0; i < m; ++i) {
+            T* dpi = dp + i * S;
+            const T* pi = p + i * S;
+            // The products rounded and summed as the ops mul and sum do.
+            const T dot = static_cast<T>(sum_in_four<double>(S, [&](int64_t j) { return double(T(dpi[j] * pi[j])); }));
+            for (int64_t j = 0; j < S; ++j) dpi[j] = pi[j] * (dpi[j] - dot);
+          }
+          if (ds) {
+            T* dsb = ds->data_ptr<T>() + batch_offset(*ds, b) + r0 * ds_rs;
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < S; ++j) dsb[i * ds_rs + j * ds_cs] = dp[i * S + j];
+          }
+          gemm<T>(m, D, S, dp, S, 1, kb, D, 1, dqb + r0 * rs(dq), rs(dq), cs(dq), T(0));
+          gemm<T>(S, D, m, dp, 1, S, qb + r0 * D, D, 1, dkb, rs(dk), cs(dk), accumulate);
+          gemm<T>(S, Dv, m, p, 1, S, gb + r0 * Dv, Dv, 1, dvb, rs(dv), cs(dv), accumulate);
+        }
+      }
+    });
+  };
+  if (q.dtype() == DType::Float32) return run.template operator()<float>();
+  if (q.dtype() == DType::Float64) return run.template operator()<double>();
+  unsupported_dtype(Op::attention_backward, q.dtype(), Device::CPU);
 }
 
 // What a linear layer's epilogue applies: the bias (N) where there is one, then the GELU where
@@ -1248,6 +1353,7 @@ void register_gemm_kernels(KernelRegistry& r, Isa isa) {
   r.set(Op::linear, Device::CPU, linear_kernel);
   r.set(Op::linear_gelu_linear, Device::CPU, linear_gelu_linear_kernel);
   r.set(Op::attention, Device::CPU, attention_kernel);
+  r.set(Op::attention_backward, Device::CPU, attention_backward_kernel);
 }
 
 }  // namespace tvc::cpu

@@ -118,6 +118,18 @@ class RegionErrors {
   std::exception_ptr first_;
 };
 
+// Σ f(i) for i in [0, n) in Acc as the sum kernel adds a contiguous run: 4 partial sums (i % 4,
+// the last n % 4 terms into the first), combined as (0 + 1) + (2 + 3).
+template <typename Acc, typename F>
+Acc sum_in_four(int64_t n, F f) {
+  Acc partial[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) partial[k] += f(i + k);
+  for (; i < n; ++i) partial[0] += f(i);
+  return (partial[0] + partial[1]) + (partial[2] + partial[3]);
+}
+
 // Σ f(i) for i in [0, n) in Acc, as 8 partial sums combined in a fixed order: 8 independent
 // chains (which vectorise) where one running sum would wait on every add.
 template <typename Acc, typename F>

@@ -145,12 +145,7 @@ void sum_kernel(const KernelArgs& args) {
         iterate([&](int64_t off, int64_t n, int64_t stride, int64_t) {
           const T* p = src + off;
           if (stride == 1) {
-            A partial[4] = {0, 0, 0, 0};
-            int64_t i = 0;
-            for (; i + 4 <= n; i += 4)
-              for (int k = 0; k < 4; ++k) partial[k] += static_cast<A>(static_cast<compute_t<T>>(p[i + k]));
-            for (; i < n; ++i) partial[0] += static_cast<A>(static_cast<compute_t<T>>(p[i]));
-            acc += (partial[0] + partial[1]) + (partial[2] + partial[3]);
+            acc += sum_in_four<A>(n, [&](int64_t i) { return static_cast<A>(static_cast<compute_t<T>>(p[i])); });
           } else {
             for (int64_t i = 0; i < n; ++i) acc += static_cast<A>(static_cast<compute_t<T>>(p[i * stride]));
           }

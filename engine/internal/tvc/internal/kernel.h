@@ -176,6 +176,11 @@ struct FillParams {
 // batch element, out = softmax(q @ k^T + bias + mask) @ v, the scores summed as bmm's, the
 // additions in that order and each row's softmax as the softmax kernel's, without the (L, S)
 // weights leaving the thread that made them.
+// attention_backward: in = (dout (..., L, Dv), then attention's inputs) -> out = (dq, dk, dv[, ds]),
+// any strides, ds (..., L, S) where given: per batch element the gradients of out = softmax(s) @ v
+// with s = q @ k^T + bias + mask, the weights P made again as the forward makes them:
+// dS = P * (dP - rowsum(dP * P)) with dP = dout @ v^T, dq = dS @ k, dk = dS^T @ q,
+// dv = P^T @ dout, ds = dS (the gradient of bias and mask before their broadcast is summed).
 struct AttentionParams {
   bool bias = false, mask = false;
 };

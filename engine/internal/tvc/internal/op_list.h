@@ -94,6 +94,7 @@
   X(bmm, KERNEL)                            \
   X(matmul, COMPOSED)                       \
   X(attention, KERNEL)                      \
+  X(attention_backward, BACKWARD)           \
   X(linear, KERNEL)                         \
   X(linear_gelu_linear, KERNEL)             \
   /* convolution and pooling, N,C,H,W */    \
