@@ -144,7 +144,7 @@ Tensor matmul(const Tensor& a, const Tensor& b);  // torch.matmul rules, batch d
 // q comes scaled (by 1/sqrt(D) for scaled dot-product attention). -> (*, L, Dv), its memory
 // ordered as q's dims are (heads split from (N, L, H * D) as the view (N, H, L, D) give an
 // (N, L, H, Dv) memory, so merging them back is a view too). Its gradient (where a device has the
-// kernel, the CPU: one kernel that makes the weights again) has the values of the composed ops'.
+// kernel, the CPU: one kernel that makes the weights again) is the composed ops' up to rounding.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias = Tensor(),
                  const Tensor& mask = Tensor());
 // x (*,in) @ weight (out,in)^T + bias (out) -> (*,out)

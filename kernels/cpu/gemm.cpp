@@ -1098,7 +1098,8 @@ const T* dense_matrix(const T* src, int64_t rows, int64_t cols, int64_t rs, int6
 // (attention_weights), dP = dout v^T, dS = P * (dP - rowsum(dP * P)) (each row's sum as the sum
 // kernel's), dq's rows = dS k, and dk += dS^T q, dv += P^T dout over the blocks in order. The
 // products are those the composed ops make of dense copies (matmul), the same bits where the
-// weights of a row fit one block.
+// weights of a row fit one block and there are more than kDotRows rows (with fewer, gemm's
+// dot-product form reads k^T and v^T in place, where the ops copied them: other roundings).
 void attention_backward_kernel(const KernelArgs& args) {
   const DenormalsAsZero no_denormals;  // the masked pairs' weights, as in the forward
   const Tensor& dout = args.in[0];
