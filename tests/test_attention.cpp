@@ -312,8 +312,9 @@ TEST(AttentionOp, MaskedPairsGiveTheBitsOfTheComposedOps) {
 // The backward kernel (attention_backward) against the composed ops' gradients: q, k and v as
 // strided views of one tensor (as ViT's and Swin's heads are), a bias broadcast over the batch and
 // a mask over the heads, both requiring grad (their gradients the kernel's dS summed to their
-// shapes); 300 keys make the weights' rows two blocks (kAttentionScores: 218 rows), dk and dv summed over
-// them. Exact bits are not asked for there (the blocks split the sums over the rows).
+// shapes); 300 keys make the weights' rows two blocks (kAttentionScores: 218 rows), dk and dv
+// summed over them; 7 rows take gemm's dot-product form. Exact bits are not asked for (the blocks
+// split the sums over the rows).
 TEST(AttentionOp, BackwardKernelGivesTheComposedOpsGradients) {
   struct Case {
     int64_t windows, L, heads, D;
@@ -323,8 +324,8 @@ TEST(AttentionOp, BackwardKernelGivesTheComposedOpsGradients) {
     const Tensor qkv = randn_of({2, c.windows, c.L, 3, c.heads, c.D}, ++seed);
     std::vector<Tensor> in;
     for (int64_t i = 0; i < 3; ++i) in.push_back(qkv.select(3, i).permute({0, 1, 3, 2, 4}).detach().requires_grad_());
-    in.push_back((randn_of({c.heads, c.L, c.L}, ++seed)).requires_grad_());
-    in.push_back((randn_of({c.windows, 1, c.L, c.L}, ++seed)).requires_grad_());
+    in.push_back(randn_of({c.heads, c.L, c.L}, ++seed).requires_grad_());
+    in.push_back(randn_of({c.windows, 1, c.L, c.L}, ++seed).requires_grad_());
     const Tensor r = randn_of({2, c.windows, c.heads, c.L, c.D}, ++seed);
     const Tensor fused = attention(in[0], in[1], in[2], in[3], in[4]);
     const Tensor composed = matmul(softmax(matmul(in[0], in[1].transpose(-2, -1)) + in[3] + in[4], -1), in[2]);
@@ -332,7 +333,7 @@ TEST(AttentionOp, BackwardKernelGivesTheComposedOpsGradients) {
     KernelProfiler profiler;
     const std::vector<Tensor> fused_grads = grad({sum(fused * r)}, in);
     int64_t runs = 0;
-    for (const KernelRecord& r : profiler.records()) runs += r.op == "attention_backward";
+    for (const KernelRecord& record : profiler.records()) runs += record.op == "attention_backward";
     EXPECT_EQ(runs, 1);
     const std::vector<Tensor> composed_grads = grad({sum(composed * r)}, in);
     for (size_t i = 0; i < in.size(); ++i)
