@@ -50,7 +50,7 @@ GradList FunctionNode::apply(GradList&& grad_outputs) {
 namespace {
 
 // Whether t alone holds its TensorImpl and its memory, as a fresh result does. A view (a gradient
-// reshaped from a product's or a sum's result: linear's weight and input gradients) shares its
+// reshaped from a product's or a sum's result: linear's weight and bias gradients) shares its
 // memory with its base (view_base); where nothing but t holds that base, t is made to hold the
 // memory alone (the base dropped), so that backward takes it as it takes a fresh result rather
 // than copying it.

@@ -108,9 +108,9 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     const char* name = "AttentionBackward0";
     const Tensor qs = sq.unpack(name), ks = sk.unpack(name), vs = sv.unpack(name);
     if (kernel_registry().supports(Op::attention_backward, qs.device())) {
-      // One kernel (its operands read in place through their strides, the weights made again
-      // block by block on each thread), rather than the ops below with their copies of q, k and v
-      // into batches of matrices and (L, S) tensors between them.
+      // One kernel (each batch element's operands made dense in its thread's scratch, the weights
+      // made again block by block), rather than the ops below with their copies of q, k and v into
+      // batches of matrices in memory and (L, S) tensors between them.
       std::vector<Tensor> in{g[0], qs, ks, vs};
       if (has_bias) in.push_back(sb.unpack(name).expand(scores));
       if (has_mask) in.push_back(sm.unpack(name).expand(scores));
