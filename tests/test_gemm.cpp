@@ -908,6 +908,39 @@ TEST(BatchNormRows, SumInEightLanesOnEveryInstructionSet) {
   });
 }
 
+// The column sums of every instruction set (gemm_kernels.h, ColumnSumsF32): each column's sum
+// added into in double row after row, the bits of that scalar loop, nothing written past the n
+// columns, for row counts around the kernel's blocks of 16 and column counts around its strips of
+// 8 and 16; then the sum op over the rows of a (3, 37, D) slice (two reduced dims, a column block
+// of 512 and more), whose float32 columns go through the kernel: the same loop's bits, rounded.
+TEST(ColumnSums, RowAfterRowInDoubleOnEveryInstructionSet) {
+  std::mt19937 gen(12);
+  std::normal_distribution<float> dist(0.5f, 2.0f);
+  for_each_isa([&] {
+    for (int64_t rows : {1, 15, 16, 17, 40})
+      for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 24, 31, 33, 100}) {
+        const int64_t rs = n + 3;
+        std::vector<float> x(rows * rs);
+        for (float& v : x) v = dist(gen);
+        std::vector<double> sums(n + 2, -7.0), want(n + 2, -7.0);  // -7: the sums added into
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t k = 0; k < n; ++k) want[k] += static_cast<double>(x[r * rs + k]);
+        cpu::column_sums(rows, n, rs, x.data(), sums.data());
+        for (int64_t k = 0; k < n + 2; ++k) EXPECT_EQ(sums[k], want[k]) << rows << " x " << n << " column " << k;
+      }
+    for (int64_t D : {1, 9, 40, 600}) {
+      const Tensor x = randn({3, 40, D + 4}).slice(1, 0, 37).slice(2, 0, D);
+      const std::vector<double> v = x.contiguous().to_vector();
+      std::vector<double> want(D, 0.0);
+      for (int64_t r = 0; r < 3 * 37; ++r)
+        for (int64_t k = 0; k < D; ++k) want[k] += v[r * D + k];
+      const std::vector<double> got = sum(x, {0, 1}).to_vector();
+      for (int64_t k = 0; k < D; ++k)
+        EXPECT_EQ(got[k], static_cast<double>(static_cast<float>(want[k]))) << D << " column " << k;
+    }
+  });
+}
+
 // gelu's gradient (the gelu_backward kernel of every instruction set, taken by dense float32
 // tensors) against float64: within 2e-7 of Phi(x) + x * phi(x) (whose largest value is 1.13) over
 // [-30, 30], the gradient scaled by dy; a length that is not a multiple of the vector width and a

@@ -817,6 +817,10 @@ void layer_norm_backward_row(int64_t n, const float* dy, const float* x, float m
 
 const BatchNormRowsF32& batch_norm_rows() { return active_kernels().batch_norm; }
 
+void column_sums(int64_t rows, int64_t n, int64_t rs, const float* x, double* sums) {
+  active_kernels().column_sums(rows, n, rs, x, sums);
+}
+
 void gelu_backward(int64_t n, const float* dy, const float* x, float* dx) {
   active_kernels().gelu_backward(n, dy, x, dx);
 }

@@ -194,6 +194,10 @@ void layer_norm_backward_row(int64_t n, const float* dy, const float* x, float m
 // BatchNormRowsF32).
 const BatchNormRowsF32& batch_norm_rows();
 
+// sums[k] += x[r * rs + k] in double for rows r in order and k < n, with the active instruction
+// set's kernel (gemm_kernels.h, ColumnSumsF32).
+void column_sums(int64_t rows, int64_t n, int64_t rs, const float* x, double* sums);
+
 // y[i] = f(x[i]) for n contiguous floats (x and y may be the same array) with the active
 // instruction set's kernel (gemm_kernels.h, UnaryF32): e^x, sigmoid, silu, gelu (erf form).
 enum class VectorFunction { exp, sigmoid, silu, gelu };

@@ -65,6 +65,7 @@ extern const GemmKernels gemm_kernels_avx2 = {
     layer_norm_f32<8>,
     layer_norm_backward_f32<8>,
     {batch_norm_sum_f32, batch_norm_squares_f32, batch_norm_grad_sums_f32, batch_norm_grad_f32<8>},
+    column_sums_f32,
     pack_transposed<8>,
     even_copy<8>,
     stream_rows<8, StreamingStores>,

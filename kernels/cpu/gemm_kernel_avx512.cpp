@@ -399,6 +399,7 @@ extern const GemmKernels gemm_kernels_avx512 = {
     layer_norm_f32<16>,
     layer_norm_backward_f32<16>,
     {batch_norm_sum_f32, batch_norm_squares_f32, batch_norm_grad_sums_f32, batch_norm_grad_f32<16>},
+    column_sums_f32,
     pack_transposed<16>,
     even_copy<16>,
     stream_rows<16, StreamingStores>,

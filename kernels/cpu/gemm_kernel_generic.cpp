@@ -41,6 +41,7 @@ extern const GemmKernels gemm_kernels_generic = {
     layer_norm_f32<4>,
     layer_norm_backward_f32<4>,
     {batch_norm_sum_f32, batch_norm_squares_f32, batch_norm_grad_sums_f32, batch_norm_grad_f32<4>},
+    column_sums_f32,
     pack_transposed<4>,
     even_copy<4>,
     stream_rows<4, CachedStores>,

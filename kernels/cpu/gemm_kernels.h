@@ -355,6 +355,10 @@ struct BatchNormRowsF32 {
   void (*grad)(int64_t rows, int64_t n, int64_t rs, const float* dy, const float* relu_y, const float* x, float a,
                float b, float d, float m, float* dx);
 };
+// Column sums over rows of n contiguous floats, row r at x + r * rs, added in double into
+// sums[0..n) row after row (each column's sum in the rows' order: the same bits on every
+// instruction set and as a scalar loop): sums[k] += x[r * rs + k] for r = 0, 1, ..., rows - 1.
+using ColumnSumsF32 = void (*)(int64_t rows, int64_t n, int64_t rs, const float* x, double* sums);
 struct GemmKernels {
   GemmKernelF32 f32;
   GemmRowsKernelF32 f32_rows7;
@@ -377,6 +381,7 @@ struct GemmKernels {
   LayerNormRowF32 layer_norm;
   LayerNormBackwardRowF32 layer_norm_backward;
   BatchNormRowsF32 batch_norm;
+  ColumnSumsF32 column_sums;
   PackTransposedF32 pack_transposed;
   EvenCopyF32 even_copy;
   StreamRowsF32 stream_rows;

