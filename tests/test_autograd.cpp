@@ -93,6 +93,40 @@ TEST(Autograd, FirstGradientIsTakenOnlyWhenNothingElseHoldsIt) {
   EXPECT_EQ(g6.to_vector(), g6_before);
 }
 
+// Views of parts of one tensor (select, slice): the first part's backward writes its gradient
+// into zeros of the tensor's shape, each later part's is added into that gathered gradient in
+// place (one fill, no add of whole-sized tensors), with add's values; where the gathered gradient
+// is the caller's tensor, a new sum instead, the caller's tensor untouched.
+TEST(Autograd, PartsOfATensorAddTheirGradientsIntoItsOwn) {
+  Tensor x = randn({3, 4, 5}).requires_grad_();
+  const Tensor a = randn({3, 5}), b = randn({3, 5}), c = randn({3, 4, 3});
+  Tensor loss = add(add(sum(mul(x.select(1, 0), a)), sum(mul(x.select(1, 2), b))), sum(mul(x.slice(2, 1, 4), c)));
+  {
+    KernelProfiler profiler;
+    loss.backward();
+    int fills = 0;
+    for (const KernelRecord& r : profiler.records()) {
+      fills += r.op == "fill" && r.shape == Shape{3, 4, 5};
+      EXPECT_FALSE(r.op == "add" && (r.shape == Shape{3, 4, 5})) << "a whole-sized add";
+    }
+    EXPECT_EQ(fills, 1);
+  }
+  Tensor want = zeros({3, 4, 5});
+  want.select(1, 0).add_(a);
+  want.select(1, 2).add_(b);
+  want.slice(2, 1, 4).add_(c);
+  EXPECT_LE(relative_error(x.grad(), want), 1e-7);
+  // The caller's gradient for x itself gathered first: not added into.
+  Tensor y = randn({3, 4, 5}).requires_grad_();
+  const Tensor given = randn({3, 4, 5}), part = randn({3, 5});
+  const std::vector<double> given_before = given.to_vector();
+  backward({y, y.select(1, 1)}, {given, part});
+  EXPECT_EQ(given.to_vector(), given_before);
+  Tensor want_y = given.clone();
+  want_y.select(1, 1).add_(part);
+  EXPECT_LE(relative_error(y.grad(), want_y), 1e-7);
+}
+
 TEST(Autograd, SharedSubexpressionSumsGradients) {
   Tensor x = randn({4}, {.dtype = DType::Float64}).requires_grad_();
   Tensor y = exp(x);

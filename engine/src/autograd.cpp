@@ -176,19 +176,22 @@ struct NodeTask {
   int dependencies = 0;
 };
 
+// Whether a gathered gradient can take g (or part of it) in place: the slot's tensor and its
+// memory are held by nothing else and it is dense (no allocation and fresh pages per sum).
+bool adds_in_place(const Tensor& slot, const Tensor& g) {
+  return slot.defined() && holds_memory_alone(slot) &&
+         (slot.is_contiguous() || slot.is_contiguous(MemoryFormat::ChannelsLast)) && slot.dtype() == g.dtype() &&
+         slot.device() == g.device();
+}
+
 void add_into(Tensor& slot, const Tensor& g) {
   if (!g.defined()) return;
   if (!slot.defined()) {
     slot = g;
     return;
   }
-  // In place where the slot's tensor and its memory are held by nothing else and it is dense (no
-  // allocation and fresh pages per sum); the same values as add.
-  const bool sole = holds_memory_alone(slot) &&
-                    (slot.is_contiguous() || slot.is_contiguous(MemoryFormat::ChannelsLast)) &&
-                    slot.dtype() == g.dtype() && slot.device() == g.device() && slot.shape() == g.shape();
-  if (sole)
-    slot.add_(g);
+  if (adds_in_place(slot, g) && slot.shape() == g.shape())
+    slot.add_(g);  // the same values as add
   else
     slot = add(slot, g);
 }
@@ -259,9 +262,24 @@ void run_backward(const std::vector<Edge>& roots, const GradList& root_grads, bo
       for (auto& h : node->pre_hooks) grads = h(grads);
       for (size_t i = 0; i < grads.size(); ++i)
         if (!grads[i].defined()) grads[i] = zeros(node->outputs[i].shape, {.dtype = node->outputs[i].dtype});
-      GradList grad_outputs = node->post_hooks.empty() ? GradList{} : grads;
-      next = node->apply(std::move(grads));
-      for (auto& h : node->post_hooks) next = h(next, grad_outputs);
+      // A view of part of its input whose input already has a gradient of its own: the part added
+      // into it (next stays empty).
+      const Edge* part_of =
+          node->add_part_into && node->post_hooks.empty() && node->next_edges.size() == 1 && node->next_edges[0].fn
+              ? &node->next_edges[0]
+              : nullptr;
+      if (part_of) {
+        NodeTask& input = tasks[part_of->fn.get()];
+        if (part_of->input_nr < input.grads.size() && adds_in_place(input.grads[part_of->input_nr], grads[0]))
+          node->add_part_into(input.grads[part_of->input_nr], grads[0]);
+        else
+          part_of = nullptr;
+      }
+      if (!part_of) {
+        GradList grad_outputs = node->post_hooks.empty() ? GradList{} : grads;
+        next = node->apply(std::move(grads));
+        for (auto& h : node->post_hooks) next = h(next, grad_outputs);
+      }
       if (!retain_graph) node->release_saved();
     }
     for (size_t i = 0; i < node->next_edges.size(); ++i) {

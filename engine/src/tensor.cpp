@@ -193,6 +193,22 @@ Tensor record_view(const char* name, const Tensor& self, Tensor out, autograd::B
   return out;
 }
 
+// record_view for a view of part of self, part(t) taking that part of a tensor shaped as self:
+// the backward writes the gradient into zeros of self's shape, or adds it into self's gradient
+// gathered so far (Node::add_part_into).
+template <typename Part>
+Tensor record_part_view(const char* name, const Tensor& self, Tensor out, Part part) {
+  const Shape in_shape = self.shape();
+  const DType dt = self.dtype();
+  auto node = autograd::record(name, {self}, {out}, [in_shape, dt, part](const GradList& g) -> GradList {
+    Tensor gi = zeros(in_shape, {.dtype = dt});
+    part(gi).copy_(g[0]);
+    return {gi};
+  });
+  if (node) node->add_part_into = [part](Tensor& slot, const Tensor& g) { part(slot).add_(g); };
+  return out;
+}
+
 // Strides for viewing a tensor of (shape, strides) as new_shape, or nullopt when no view exists
 // (PyTorch's computeStride).
 std::optional<Shape> view_strides(const Shape& shape, const Shape& strides, const Shape& new_shape) {
@@ -310,14 +326,8 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   int64_t stepped = 0;
   if (!__builtin_mul_overflow(st[d], step, &stepped)) st[d] = stepped;
   int64_t offset = storage_offset() + (sh[d] > 0 ? start * strides()[d] : 0);
-  Shape in_shape = shape();
-  DType dt = dtype();
-  return record_view("SliceBackward0", *this, make_view(*this, sh, st, offset),
-                     [in_shape, dt, d, start, end, step](const GradList& g) -> GradList {
-                       Tensor gi = zeros(in_shape, {.dtype = dt});
-                       gi.slice(d, start, end, step).copy_(g[0]);
-                       return {gi};
-                     });
+  return record_part_view("SliceBackward0", *this, make_view(*this, sh, st, offset),
+                          [d, start, end, step](const Tensor& t) { return t.slice(d, start, end, step); });
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
@@ -341,14 +351,8 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   int64_t off = storage_offset() + index * st[d];
   sh.erase(sh.begin() + d);
   st.erase(st.begin() + d);
-  Shape in_shape = shape();
-  DType dt = dtype();
-  return record_view("SelectBackward0", *this, make_view(*this, sh, st, off),
-                     [in_shape, dt, d, index](const GradList& g) -> GradList {
-                       Tensor gi = zeros(in_shape, {.dtype = dt});
-                       gi.select(d, index).copy_(g[0]);
-                       return {gi};
-                     });
+  return record_part_view("SelectBackward0", *this, make_view(*this, sh, st, off),
+                          [d, index](const Tensor& t) { return t.select(d, index); });
 }
 
 Tensor Tensor::expand(const Shape& target) const {

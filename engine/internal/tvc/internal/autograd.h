@@ -66,6 +66,12 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<std::function<GradList(const GradList& grad_inputs, const GradList& grad_outputs)>> post_hooks;
   // Tensors whose .grad should receive output i's gradient (retain_grad).
   std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained;
+  // For a view of part of its one input (select, slice; null for other nodes): adds the view's
+  // gradient into `slot`, the input's gradient gathered so far, in place, as apply's result (zeros
+  // but for the part) would be added to it. The engine uses it where slot is its own dense
+  // tensor (held by nothing else): one add over the part where apply would fill and copy a whole
+  // input-sized tensor and then add it (Swin's q, k and v: three selects of one tensor).
+  std::function<void(Tensor& slot, const Tensor& grad)> add_part_into;
 };
 
 using BackwardFn = std::function<GradList(const GradList& grad_outputs)>;
