@@ -215,6 +215,33 @@ std::vector<OpRow> elementwise_rows() {
             {},
             1e-5,
             "foreach_lerp_, the in-place multi-tensor form (no autograd; gradients checked by the lerp rows)"},
+      OpRow{Op::sgd_momentum,
+            [] {
+              std::vector<OpSample> out;
+              for (const OpSample& s : unary_samples()) {
+                const Shape& shape = s.inputs[0].shape();
+                out.push_back({s.label,
+                               {s.inputs[0], sample_randn(shape, 41 + s.inputs[0].numel()),
+                                sample_randn(shape, 43 + s.inputs[0].numel())}});
+              }
+              return out;
+            },
+            [](In x) {
+              // Two triples in one call, then a damped call: param a, gradient b, buffer c.
+              std::vector<Tensor> params{x[0].contiguous().clone(), x[2].contiguous().clone()};
+              std::vector<Tensor> buffers{x[2].contiguous().clone(), x[0].contiguous().clone()};
+              const std::vector<Tensor> grads{x[1].contiguous().clone(), x[1].contiguous().clone()};
+              foreach_sgd_momentum_(params, grads, buffers, 0.1, 0.9, 0);
+              foreach_sgd_momentum_({params[1]}, {grads[1]}, {buffers[1]}, 0.5, 0.8, 0.25);
+              const Tensor two = scalar_like(2.0, params[0].dtype());
+              return add(add(params[0], mul(buffers[0], two)), mul(add(params[1], mul(buffers[1], two)), two));
+            },
+            "(a - 0.1 * (0.9 * c + b)) + 2 * (0.9 * c + b)"
+            " + 2 * ((c - 0.1 * (0.9 * a + b) - 0.5 * (0.8 * (0.9 * a + b) + 0.75 * b))"
+            " + 2 * (0.8 * (0.9 * a + b) + 0.75 * b))",
+            {},
+            1e-5,
+            "foreach_sgd_momentum_, SGD's step with momentum over several parameters (no autograd)"},
   };
   return rows;
 }

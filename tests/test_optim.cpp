@@ -200,6 +200,45 @@ TEST(Optim, Float32ParamsFollowTorch) {
   }
 }
 
+// SGD with momentum updates the parameters that have a buffer in one foreach_sgd_momentum_ call
+// with the bits of the ops one by one (buffer.mul_(m).add_(d_p, 1 - dampening), then
+// param.add_(buffer, -lr)): float32 parameters of several shapes (one channels-last, one whose
+// gradient is strided and so goes the ops' way) and a float64 one, with and without dampening
+// and weight decay, three steps.
+TEST(Optim, SGDMomentumInOnePassGivesTheBitsOfTheOps) {
+  for (const auto& [dampening, weight_decay] : {std::pair{0.0, 0.0}, std::pair{0.25, 0.01}}) {
+    std::vector<Tensor> params{randn({3, 5}), randn({7}), randn({2, 3, 4, 5}).contiguous(MemoryFormat::ChannelsLast),
+                               randn({4, 6}), randn({5}).to(DType::Float64)};
+    std::vector<Tensor> mirror, buffers(params.size());
+    for (Tensor& p : params) {
+      mirror.push_back(p.clone());
+      p.requires_grad_();
+    }
+    optim::SGD opt(
+        params, optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .dampening = dampening, .weight_decay = weight_decay});
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        Tensor g = randn(params[i].shape()).to(params[i].dtype());
+        if (params[i].dim() == 4) g = g.contiguous(MemoryFormat::ChannelsLast);
+        if (i == 3) g = randn({6, 4}).t();  // strided
+        params[i].set_grad(g);
+        NoGradGuard no_grad;
+        Tensor d_p = weight_decay != 0 ? add(g, mirror[i], weight_decay) : g;
+        if (!buffers[i].defined())
+          buffers[i] = d_p.clone();
+        else
+          buffers[i].mul_(0.9).add_(d_p, 1 - dampening);
+        mirror[i].add_(buffers[i], -0.05);
+      }
+      opt.step();
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_EQ(params[i].to_vector(), mirror[i].to_vector()) << "parameter " << i << ", step " << step;
+        EXPECT_EQ(opt.state(params[i]).at("momentum_buffer").to_vector(), buffers[i].to_vector()) << i;
+      }
+    }
+  }
+}
+
 TEST(Optim, ParamsWithoutGradAreSkipped) {
   Tensor w = tensor<double>({1.5, -2.0}).requires_grad_();
   Tensor frozen = tensor<double>({3.0, 4.0}).requires_grad_();

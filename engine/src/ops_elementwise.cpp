@@ -691,6 +691,43 @@ void foreach_lerp_(const std::vector<Tensor>& selves, const std::vector<Tensor>&
   for (const Tensor& s : selves) s.storage()->bump_version();
 }
 
+void foreach_sgd_momentum_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                           const std::vector<Tensor>& buffers, double lr, double momentum, double dampening) {
+  const size_t n = params.size();
+  TVC_CHECK(grads.size() == n && buffers.size() == n, "foreach_sgd_momentum_: ", n, " parameters but ", grads.size(),
+            " gradients and ", buffers.size(), " momentum buffers");
+  if (n == 0) return;
+  const DType dt = params[0].dtype();
+  const Device dev = params[0].device();
+  TVC_CHECK(is_floating(dt), "foreach_sgd_momentum_: needs floating tensors, got ", dtype_name(dt));
+  std::vector<Tensor> in(3 * n), out(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    const Tensor &p = params[i], &g = grads[i], &b = buffers[i];
+    const bool dense = p.is_contiguous() || p.is_contiguous(MemoryFormat::ChannelsLast);
+    for (const Tensor* t : {&p, &g, &b})
+      TVC_CHECK(
+          t->dtype() == dt && t->device() == dev && t->shape() == p.shape() && t->strides() == p.strides() && dense,
+          "foreach_sgd_momentum_: parameter ", i, " (", dtype_name(p.dtype()), " ", p.shape(), "), its gradient (",
+          dtype_name(g.dtype()), " ", g.shape(), ") and its buffer (", dtype_name(b.dtype()), " ", b.shape(),
+          ") must share parameter 0's dtype ", dtype_name(dt), ", its device, one shape and ", "one dense layout");
+    TVC_CHECK(p.storage() != b.storage() && p.storage() != g.storage() && b.storage() != g.storage(),
+              "foreach_sgd_momentum_: parameter ", i, ", its gradient and its buffer must not share memory");
+    for (const Tensor* t : {&p, &b}) {
+      autograd::check_inplace(*t, "foreach_sgd_momentum_");
+      check_writable(*t, "foreach_sgd_momentum_");
+    }
+    in[i] = out[i] = p;
+    in[n + i] = out[n + i] = b;
+    in[2 * n + i] = g;
+  }
+  {
+    NoGradGuard no_grad;
+    SgdMomentumParams q{lr, momentum, dampening};
+    detail::run(Op::sgd_momentum, in, out, &q);
+  }
+  for (const Tensor& t : out) t.storage()->bump_version();
+}
+
 // ---------------------------------------------------------------- methods
 
 Tensor Tensor::pow(Scalar e) const { return tvc::pow(*this, e); }

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "tvc/autograd.h"
+#include "tvc/internal/kernel.h"
 #include "tvc/ops.h"
 
 namespace tvc::optim {
@@ -244,6 +245,19 @@ void SGD::update_group(ParamGroup& group) {
   const double lr = o.get_double("lr"), momentum = o.get_double("momentum");
   const double dampening = o.get_double("dampening"), weight_decay = o.get_double("weight_decay");
   const bool nesterov = o.get_bool("nesterov"), maximize = o.get_bool("maximize");
+  // The parameters with a momentum buffer that one foreach_sgd_momentum_ call can take (those of
+  // the first such parameter's dtype and device, each with its gradient and buffer laid out as
+  // itself): their updates in one pass at the end, with the same values.
+  std::vector<Tensor> fused_params, fused_grads, fused_buffers;
+  auto fuses = [&](const Tensor& p, const Tensor& d_p, const Tensor& buf) {
+    if (nesterov || !kernel_registry().supports(Op::sgd_momentum, p.device())) return false;
+    if (!fused_params.empty() && (p.dtype() != fused_params[0].dtype() || p.device() != fused_params[0].device()))
+      return false;
+    const bool dense = p.is_contiguous() || p.is_contiguous(MemoryFormat::ChannelsLast);
+    return dense && is_floating(p.dtype()) && d_p.dtype() == p.dtype() && buf.dtype() == p.dtype() &&
+           d_p.strides() == p.strides() && buf.strides() == p.strides() && d_p.storage() != p.storage() &&
+           buf.storage() != p.storage() && buf.storage() != d_p.storage();
+  };
   for (Tensor& p : group.params) {
     Tensor grad = p.grad();
     if (!grad.defined()) continue;
@@ -254,6 +268,11 @@ void SGD::update_group(ParamGroup& group) {
       Tensor& buf = st["momentum_buffer"];
       if (!buf.defined()) {
         buf = d_p.clone();
+      } else if (fuses(p, d_p, buf)) {
+        fused_params.push_back(p);
+        fused_grads.push_back(d_p);
+        fused_buffers.push_back(buf);
+        continue;
       } else {
         buf.mul_(momentum).add_(d_p, 1 - dampening);
       }
@@ -263,6 +282,7 @@ void SGD::update_group(ParamGroup& group) {
     }
     p.add_(d_p, -lr);
   }
+  foreach_sgd_momentum_(fused_params, fused_grads, fused_buffers, lr, momentum, dampening);
 }
 
 // ---------------------------------------------------------------- Adam, AdamW

@@ -93,6 +93,16 @@ Tensor lerp(const Tensor& start, const Tensor& end, double weight);
 // converted to the selves' dtype. Records no autograd: with grad mode on, no self may require
 // grad (pass detached aliases, as PyTorch's swa_utils does).
 void foreach_lerp_(const std::vector<Tensor>& selves, const std::vector<Tensor>& ends, double weight);
+// SGD's step with momentum (no Nesterov) over many parameters in place, in one kernel call (one
+// pass over each parameter, buffer and gradient instead of four ops): for every i,
+//   buffers[i] = momentum * buffers[i] + (1 - dampening) * grads[i];  params[i] -= lr * buffers[i]
+// with the values of those ops one by one (buffers[i].mul_(momentum).add_(grads[i], 1 - dampening),
+// params[i].add_(buffers[i], -lr)). params, buffers and grads share one floating dtype and device,
+// and each triple one shape and dense layout (contiguous or channels-last, the same strides).
+// Records no autograd: with grad mode on, no param may require grad (run it under NoGradGuard,
+// as optim::SGD does).
+void foreach_sgd_momentum_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                           const std::vector<Tensor>& buffers, double lr, double momentum, double dampening);
 
 Tensor neg(const Tensor& t);
 Tensor abs(const Tensor& t);

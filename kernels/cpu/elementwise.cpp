@@ -395,7 +395,7 @@ C lerp_value(C start, C end, C w, bool small_weight) {
   return small_weight ? start + w * (end - start) : end - (end - start) * (C(1) - w);
 }
 
-// Elements per piece of work of the multi-tensor lerp.
+// Elements per piece of work of the multi-tensor lerp and SGD step.
 constexpr int64_t kLerpChunk = 16384;
 
 // n pairs in one call (see LerpParams). Pairs whose output and operands share strides and cover
@@ -445,6 +445,48 @@ void lerp_kernel(const KernelArgs& args) {
   });
 }
 
+// See SgdMomentumParams: the triples' elements cut into pieces of kLerpChunk, the pieces of all
+// triples split over the threads in one parallel loop; each step rounded to T as the ops one by
+// one round it (the scalars as T, as tensors of the parameters' dtype).
+void sgd_momentum_kernel(const KernelArgs& args) {
+  const size_t n = args.out.size() / 2;
+  const SgdMomentumParams& q = args.p<SgdMomentumParams>();
+  const DType dt = args.out[0].dtype();
+  dispatch_floating(dt, Op::sgd_momentum, [&]<typename T>() {
+    using C = compute_t<T>;
+    auto scalar = [](double v) { return static_cast<C>(static_cast<T>(v)); };
+    const C m = scalar(q.momentum), d = scalar(1 - q.dampening), l = scalar(-q.lr);
+    const bool damped = 1 - q.dampening != 1;
+    struct Piece {
+      T *param, *buffer;
+      const T* grad;
+      int64_t count;
+    };
+    std::vector<Piece> pieces;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t count = args.out[i].numel();
+      T* param = static_cast<T*>(args.out[i].raw_data());
+      T* buffer = static_cast<T*>(args.out[n + i].raw_data());
+      const T* grad = static_cast<const T*>(args.in[2 * n + i].raw_data());
+      for (int64_t begin = 0; begin < count; begin += kLerpChunk)
+        pieces.push_back({param + begin, buffer + begin, grad + begin, std::min(kLerpChunk, count - begin)});
+    }
+    parallel_for(static_cast<int64_t>(pieces.size()), kLerpChunk, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const Piece& piece = pieces[k];
+        for (int64_t j = 0; j < piece.count; ++j) {
+          const T momentum_part = static_cast<T>(static_cast<C>(piece.buffer[j]) * m);
+          const T grad_part = damped ? static_cast<T>(static_cast<C>(piece.grad[j]) * d) : piece.grad[j];
+          const T buffer = static_cast<T>(static_cast<C>(momentum_part) + static_cast<C>(grad_part));
+          const T step = static_cast<T>(static_cast<C>(buffer) * l);
+          piece.buffer[j] = buffer;
+          piece.param[j] = static_cast<T>(static_cast<C>(piece.param[j]) + static_cast<C>(step));
+        }
+      }
+    });
+  });
+}
+
 }  // namespace
 
 void register_elementwise_kernels(KernelRegistry& r) {
@@ -488,6 +530,7 @@ void register_elementwise_kernels(KernelRegistry& r) {
   r.set(Op::ge, cpu, ge_kernel);
   r.set(Op::where, cpu, where_kernel);
   r.set(Op::lerp, cpu, lerp_kernel);
+  r.set(Op::sgd_momentum, cpu, sgd_momentum_kernel);
   r.set(Op::channel_affine, cpu, channel_affine_kernel);
 }
 

@@ -290,6 +290,15 @@ struct LerpParams {
   double weight;
 };
 
+// sgd_momentum: in = (param_0..param_{n-1}, buffer_0.., grad_0..) -> out (param_0.., buffer_0..),
+// n >= 1 triples of one floating dtype and shape each, out the params and buffers themselves (in
+// place). Per element, each step rounded to the dtype as the ops SGD ran one by one compute it
+// (the scalars as tensors of the dtype: momentum m, 1 - dampening d, -lr l):
+//   buffer = buffer * m;  buffer = buffer + (d == 1 ? grad : grad * d);  param = param + buffer * l.
+struct SgdMomentumParams {
+  double lr, momentum, dampening;
+};
+
 // index_select: in = (input, int64 index) -> out; gather: in = (input, int64 index) -> out.
 // index_add / scatter_add: in = (grad, index) -> out (zero-filled by the caller, accumulated).
 struct IndexParams {

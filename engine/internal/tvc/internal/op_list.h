@@ -77,6 +77,7 @@
   X(ge, KERNEL)                             \
   X(where, KERNEL)                          \
   X(lerp, KERNEL)                           \
+  X(sgd_momentum, KERNEL)                   \
   X(masked_fill, COMPOSED)                  \
   /* reductions */                          \
   X(sum, KERNEL)                            \
