@@ -118,7 +118,9 @@ class Optimizer {
 // ---- SGD ----
 // With weight decay wd, momentum mu, dampening tau, the gradient g becomes g + wd*p, the buffer
 // b = g on the first step and b = mu*b + (1-tau)*g after, and p -= lr * (nesterov ? g + mu*b : b)
-// (momentum 0: p -= lr*g). maximize ascends instead.
+// (momentum 0: p -= lr*g). maximize ascends instead. After the first step, the parameters of a
+// group with a buffer (not Nesterov; dense, with the gradient laid out as the parameter) are
+// updated in one pass over all of them (tvc::foreach_sgd_momentum_), with the same values.
 struct SGDOptions {
   double lr = 1e-3;
   double momentum = 0;
