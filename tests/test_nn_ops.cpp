@@ -4,6 +4,7 @@
 // err = ||a - b|| / ||b|| <= 1e-5 in float32 and <= 1e-10 in float64.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <sstream>
 
@@ -1706,6 +1707,68 @@ TEST(NnOps, MaxPoolWithoutIndicesEqualsTheIndexedPath) {
       }
       EXPECT_GT(nans, 0) << "config " << i << " shape " << shape << ": the NaNs reach some window";
     }
+}
+
+// A channels-last input is pooled a position's channels at a time: inference (float32) reduces each
+// window as the planes' path does (rows first, then the window's columns, in order), training scans
+// it in PyTorch's order and its backward adds each output's gradient at its index in output order.
+// The bits of the NCHW input's values, indices and input gradient (from a channels-last or an NCHW
+// output gradient), with NaNs in windows, ties of +0 and -0 and of values on a coarse grid,
+// padding, dilation, ceil_mode's last window, strides 1 to 3, on one and two threads.
+bool same_float_bits(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return false;
+  const Tensor ca = a.contiguous(), cb = b.contiguous();
+  return std::memcmp(ca.data_ptr<float>(), cb.data_ptr<float>(), sizeof(float) * ca.numel()) == 0;
+}
+TEST(NnOps, MaxPoolOfChannelsLastGivesTheBitsOfNchw) {
+  using Pair = std::array<int64_t, 2>;
+  struct Config {
+    Pair kernel, stride, padding, dilation;
+    bool ceil_mode;
+  };
+  const std::vector<Config> configs = {{{3, 3}, {2, 2}, {1, 1}, {1, 1}, false},
+                                       {{3, 3}, {2, 2}, {1, 1}, {1, 1}, true},
+                                       {{2, 3}, {2, 1}, {1, 1}, {2, 1}, true},
+                                       {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false},
+                                       {{3, 2}, {1, 3}, {1, 0}, {1, 2}, false}};
+  const int threads = get_num_threads();
+  for (int t : {1, 2}) {
+    set_num_threads(t);
+    for (const Shape& shape : {Shape{2, 3, 11, 9}, Shape{2, 70, 13, 15}, Shape{1, 16, 8, 8}})
+      for (size_t i = 0; i < configs.size(); ++i) {
+        const Config& c = configs[i];
+        // Values of a few quarters, +0 and -0 among them: many ties within a window; NaNs of two
+        // payloads.
+        std::vector<float> values(shape_numel(shape));
+        for (size_t v = 0; v < values.size(); ++v) {
+          const uint64_t hash = (v + 17 * i) * 0x9E3779B97F4A7C15ull >> 59;  // 0..31
+          values[v] = hash < 4 ? -0.f : static_cast<float>(static_cast<int64_t>(hash % 7) - 3) * 0.25f;
+        }
+        values[5] = std::nanf("1"), values[values.size() / 2] = std::nanf("2"),
+        values[values.size() / 2 + 1] = -std::nanf("3");
+        const Tensor x = tensor(values, shape), x_cl = x.contiguous(MemoryFormat::ChannelsLast);
+        NoGradGuard no_grad;
+        const Tensor planes = max_pool2d(x, c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
+        const Tensor rows = max_pool2d(x_cl, c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
+        EXPECT_EQ(rows.suggest_memory_format(), MemoryFormat::ChannelsLast) << "config " << i;
+        ASSERT_EQ(rows.shape(), planes.shape()) << "config " << i;
+        EXPECT_TRUE(same_float_bits(rows, planes)) << "config " << i << " shape " << shape << ", " << t << " threads";
+        // Training: the values (the input at each index) and the input's gradient.
+        const Tensor dy = randn_of(planes.shape(), DType::Float32, 140 + i);
+        for (const Tensor& dy_any : {dy, dy.contiguous(MemoryFormat::ChannelsLast)}) {
+          GradModeGuard grad(true);
+          Tensor xp = x.detach().requires_grad_(), xr = x_cl.detach().requires_grad_();
+          const Tensor yp = max_pool2d(xp, c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
+          const Tensor yr = max_pool2d(xr, c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
+          EXPECT_TRUE(same_float_bits(yr, yp)) << "config " << i << " shape " << shape << ", " << t << " threads";
+          yp.backward(dy);
+          yr.backward(dy_any);
+          EXPECT_TRUE(same_float_bits(xr.grad(), xp.grad()))
+              << "config " << i << " shape " << shape << ", " << t << " threads";
+        }
+      }
+  }
+  set_num_threads(threads);
 }
 
 // The indexed path (training) on inputs full of ties (ReLU zeros, values on a coarse grid) and
