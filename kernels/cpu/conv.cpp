@@ -330,6 +330,9 @@ struct ConvBlockOutput {
   Operand<Y> y;
   int64_t n0, o0, P, Wo;
 };
+// The fewest channels epilogue_into stores transposed into a channels-last y: the transposing
+// kernel may write zeros past a row of fewer values than its vector (gemm.h, transpose_copy).
+constexpr int64_t kTransposeRowsMin = 16;
 template <typename T, typename Y>
 void epilogue_into(const void* ctx, T* c, int64_t c_rs, int64_t /*c_cs: 1, C is row-major*/, int64_t i0, int64_t rows,
                    int64_t j0, int64_t cols) {
@@ -347,6 +350,25 @@ void epilogue_into(const void* ctx, T* c, int64_t c_rs, int64_t /*c_cs: 1, C is 
         for (int64_t i = 0; i < rows; ++i) column[i] = c[i * c_rs + (j - j0)];
         const int64_t n = out.n0 + j, o0 = out.o0 + i0;
         epilogue_channels_last(*out.e, n, 0, 1, 1, o0, rows, column, rows, y.p + n * y.s[0] + o0, rows);
+      }
+      return;
+    }
+    // A channels-last y whose positions lie at one stride (ys3 apart), with its residual's channels
+    // contiguous: each run of the block goes into y transposed, a position's channels side by
+    // side, and gets the epilogue there through the channels' kernel, rather than each channel's
+    // run through the epilogue and into y one value at a time at a stride of C (and, with a
+    // residual, by the scalar loop, whose separate multiply and add gave other bits than the NCHW
+    // output's). Measured on Sapphire Rapids, 2 threads, the few-channel rows of a channels-last
+    // input: ResNet's 7x7 stem 1.41 -> 1.07 ms at batch 1, 13.3-13.8 -> 10.9-11.3 ms at batch 8;
+    // MobileNet's 3x3 stride-2 stem to 32 channels 2.77 -> 1.62 ms at batch 8.
+    if (y.s[1] == 1 && y.s[2] == out.Wo * y.s[3] && rows >= kTransposeRowsMin && channels_last_residual(*out.e)) {
+      for (int64_t j = j0; j < j0 + cols;) {
+        const int64_t s = j / out.P, p0 = j % out.P, len = std::min(j0 + cols - j, out.P - p0);
+        float* yp = y.p + (out.n0 + s) * y.s[0] + p0 * y.s[3] + out.o0 + i0;
+        transpose_copy(len, rows, c + (j - j0), c_rs, yp, y.s[3]);
+        if (!out.e->is_identity())
+          epilogue_channels_last(*out.e, out.n0 + s, p0, len, out.Wo, out.o0 + i0, rows, yp, y.s[3], yp, y.s[3]);
+        j += len;
       }
       return;
     }
