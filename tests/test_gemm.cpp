@@ -1108,31 +1108,34 @@ TEST(ConvRows, FewChannelRowsGiveTheBitsOfIm2colAndGemm) {
     });
 }
 
-// The few-channel rows into a channels-last output of at least 16 channels take each block of
-// sums into y transposed, a position's channels side by side, and apply the epilogue there
-// (epilogue_into), with the bits of the NCHW output: 3x3 and ResNet's 7x7 windows, stride 1 and
-// 2, 16, 24 and 40 channels (rows that are not whole vectors), a channels-last residual and an
-// activation, on every instruction set.
-TEST(ConvRows, FewChannelRowsIntoChannelsLastGiveTheBitsOfNchw) {
-  for (int64_t o : {16, 24, 40})
-    for (int64_t k : {3, 7}) {
-      const Tensor x = randn({2, 3, 19, 23}), w = randn({o, 3, k, k}), scale = randn({o}), shift = randn({o});
-      for_each_isa([&] {
-        for (int64_t stride : {1, 2}) {
-          NoGradGuard no_grad;
-          const int64_t pad = k / 2;
-          const Tensor residual = randn({2, o, (19 + 2 * pad - k) / stride + 1, (23 + 2 * pad - k) / stride + 1});
-          auto conv = [&](const Tensor& in, const Tensor& r) {
-            return conv2d_epilogue(in, w, scale, shift, r, EpilogueActivation::ReLU6, {stride, stride}, {pad, pad});
-          };
-          const Tensor nchw = conv(x, residual);
-          const Tensor last =
-              conv(x.contiguous(MemoryFormat::ChannelsLast), residual.contiguous(MemoryFormat::ChannelsLast));
-          ASSERT_EQ(last.suggest_memory_format(), MemoryFormat::ChannelsLast);
-          EXPECT_EQ(max(abs(last - nchw)).item<float>(), 0.f) << o << " channels, kernel " << k << " stride " << stride;
-        }
-      });
-    }
+// A channels-last convolution with a channels-last residual gives the bits of the NCHW one: the
+// few-channel rows (3 input channels) take each block of sums into y transposed, a position's
+// channels side by side, with the epilogue there (epilogue_into); the other paths (16 input
+// channels: Winograd, the position rows, im2col + gemm) gather the residual's runs for the
+// instruction set's epilogue (epilogue_positions). 3x3 and 7x7 windows, stride 1 and 2, 16, 24
+// and 40 channels (rows that are not whole vectors), an activation, on every instruction set.
+TEST(ConvRows, ChannelsLastWithResidualGivesTheBitsOfNchw) {
+  for (int64_t c : {3, 16})
+    for (int64_t o : {16, 24, 40})
+      for (int64_t k : {3, 7}) {
+        const Tensor x = randn({2, c, 19, 23}), w = randn({o, c, k, k}), scale = randn({o}), shift = randn({o});
+        for_each_isa([&] {
+          for (int64_t stride : {1, 2}) {
+            NoGradGuard no_grad;
+            const int64_t pad = k / 2;
+            const Tensor residual = randn({2, o, (19 + 2 * pad - k) / stride + 1, (23 + 2 * pad - k) / stride + 1});
+            auto conv = [&](const Tensor& in, const Tensor& r) {
+              return conv2d_epilogue(in, w, scale, shift, r, EpilogueActivation::ReLU6, {stride, stride}, {pad, pad});
+            };
+            const Tensor nchw = conv(x, residual);
+            const Tensor last =
+                conv(x.contiguous(MemoryFormat::ChannelsLast), residual.contiguous(MemoryFormat::ChannelsLast));
+            ASSERT_EQ(last.suggest_memory_format(), MemoryFormat::ChannelsLast);
+            EXPECT_EQ(max(abs(last - nchw)).item<float>(), 0.f)
+                << c << " -> " << o << " channels, kernel " << k << " stride " << stride;
+          }
+        });
+      }
 }
 
 // A first layer's output of more than 16 MB goes into y past the caches (stream_rows) with the

@@ -178,8 +178,8 @@ const R* residual_run(const Epilogue<T, R>& e, int64_t n, int64_t o, int64_t p0,
 
 // dst[k] = the epilogue of src[k], positions p0 + k (k < len, in row-major (Ho, Wo) order, rows
 // Wo long) of channel o of sample n; src and dst contiguous, possibly the same. Float32 (with a
-// float32 residual whose values there are contiguous) in one pass of the instruction set's
-// kernel; else in place in dst.
+// float32 residual, its values there gathered into one run where they are not) in one pass of the
+// instruction set's kernel; else in place in dst.
 template <typename T, typename R>
 void epilogue_positions(const Epilogue<T, R>& e, int64_t n, int64_t o, int64_t p0, int64_t Wo, const T* src, T* dst,
                         int64_t len) {
@@ -189,9 +189,20 @@ void epilogue_positions(const Epilogue<T, R>& e, int64_t n, int64_t o, int64_t p
   }
   if constexpr (std::is_same_v<T, float> && std::is_same_v<R, float>) {
     const float* r = e.residual ? residual_run(e, n, o, p0, Wo, len) : nullptr;
-    if (r || !e.residual)
-      return epilogue_row(len, src, dst, e.scale ? e.scale + o : nullptr, e.shift ? e.shift + o : nullptr, r,
-                          row_activation(e.activation));
+    if (e.residual && !r) {
+      // A residual whose values here are not one run (channels-last) is gathered into one, so that
+      // the instruction set's kernel makes the sums, rounded as for an NCHW residual (the loop
+      // below multiplies and adds apart where the kernel has one FMA).
+      float* run = thread_scratch<float, 12>(len);
+      const float* plane = e.residual + n * e.rs[0] + o * e.rs[1];
+      for (int64_t k = 0, h = p0 / Wo, w = p0 % Wo; k < len; ++k) {
+        run[k] = plane[h * e.rs[2] + w * e.rs[3]];
+        if (++w == Wo) w = 0, ++h;
+      }
+      r = run;
+    }
+    return epilogue_row(len, src, dst, e.scale ? e.scale + o : nullptr, e.shift ? e.shift + o : nullptr, r,
+                        row_activation(e.activation));
   }
   if (src != dst) std::copy(src, src + len, dst);
   T* v = dst;

@@ -145,7 +145,7 @@ Acc sum_in_lanes(int64_t n, F f) {
 // A per-thread scratch buffer of at least `elements` T, 64-byte aligned, kept for the thread's
 // next calls and grown on demand; its contents are not initialised. Buffers in use at the same
 // time need different slots: 0 and 1 are the convolutions', 2 and 3 the GEMM's packing, 4 the
-// convolution epilogue's inside the GEMM.
+// convolution epilogue's inside the GEMM, 12 a gathered residual's (epilogue_positions).
 template <typename T, int Slot>
 T* thread_scratch(int64_t elements) {
   thread_local std::unique_ptr<char[]> raw;
