@@ -229,9 +229,9 @@ TEST(Gemm, BitIdenticalForAnyThreadCount) {
 }
 
 // Products of few rows (x @ W^T, a linear layer's batch) and of one column (a matrix-vector
-// product) are dot products, several rows at a time against each column: every element gets the
-// bits of cpu::dot of its row of A and column of B, for each row count up to the dot products'
-// limit and past a group's, K around the vector widths (whole groups of 4 vectors, single vectors,
+// product) are dot products, several rows at a time against each column (one row: several columns
+// at a time against it): every element gets the bits of cpu::dot of its row of A and column of B, for each row count up
+// to the dot products' limit and past a group's, K around the vector widths (whole groups of 4 vectors, single vectors,
 // a scalar tail), beta 0 and 1, on every instruction set.
 TEST(Gemm, DotProductRowsGiveTheBitsOfOneDotEach) {
   for_each_isa([&] {

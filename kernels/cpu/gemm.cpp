@@ -553,6 +553,29 @@ void gemm_dots(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, co
     });
     return;
   }
+  if (M == 1) {
+    // One row of A (a matrix-vector product: a linear layer at batch 1): several of B's columns
+    // against it at once, each read as its own stream (the kernel's rows), A's vectors loaded once
+    // for them. Each product is that of A's row against one column (the multiplications commute,
+    // the sums run in the same order): the same bits. Measured on Sapphire Rapids, 2 threads, in
+    // the networks at batch 1 (alternating): MobileNet v3's classifier 960 -> 1280 -> 1000
+    // 0.131-0.149 -> 0.107-0.119 ms a layer, ResNet-50's 2048 -> 1000 0.36 -> 0.29 ms; alone, with
+    // 16 weights taken in turn, 0.100-0.117 -> 0.093-0.098 ms (960 -> 1280).
+    parallel_for(N, K, [&](int64_t j0, int64_t j1) {
+      constexpr int64_t kChunk = 64;
+      float sums[kChunk];
+      for (int64_t c0 = j0; c0 < j1; c0 += kChunk) {
+        const int64_t cols = std::min(kChunk, j1 - c0);
+        dot_rows(K, B + c0 * b_cs, b_cs, cols, A, sums);
+        for (int64_t c = 0; c < cols; ++c) {
+          float& out = C[(c0 + c) * c_cs];
+          out = beta == 0.f ? sums[c] : sums[c] + beta * out;
+        }
+      }
+      sink(C + j0 * c_cs, c_rs, c_cs, 0, 1, j0, j1 - j0);
+    });
+    return;
+  }
   parallel_for(N, M * K, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) column_rows(j, 0, M);
     sink(C + j0 * c_cs, c_rs, c_cs, 0, M, j0, j1 - j0);
