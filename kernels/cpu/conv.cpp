@@ -281,6 +281,19 @@ void epilogue_channels_last(const Epilogue<float>& e, int64_t n, int64_t p0, int
   }
 }
 
+// count channels' runs of len positions (channel c's at src + c * src_rs) into a channels-last y
+// (positions ys3 apart, channels contiguous) from position p0 of sample n, channel o0 on,
+// transposed, then through the epilogue there (epilogue_channels_last: where the residual's
+// channels are contiguous, the caller's check). count of at least kTransposeRowsMin: the
+// transposing kernel may write zeros past a row of fewer values than its vector (transpose_copy).
+constexpr int64_t kTransposeRowsMin = 16;
+void store_transposed(const Epilogue<float>& e, int64_t n, int64_t p0, int64_t len, int64_t Wo, int64_t o0,
+                      int64_t count, const float* src, int64_t src_rs, const Operand<float>& y) {
+  float* yp = y.p + n * y.s[0] + p0 * y.s[3] + o0;
+  transpose_copy(len, count, src, src_rs, yp, y.s[3]);
+  if (!e.is_identity()) epilogue_channels_last(e, n, p0, len, Wo, o0, count, yp, y.s[3], yp, y.s[3]);
+}
+
 // The epilogue inside the GEMM of one group of samples from n (GemmEpilogue): C's rows are
 // channels from o0, its columns positions (y itself, (H, W) flattened to one stride; several
 // samples side by side only where y is channels-last and its samples follow each other, P
@@ -341,9 +354,6 @@ struct ConvBlockOutput {
   Operand<Y> y;
   int64_t n0, o0, P, Wo;
 };
-// The fewest channels epilogue_into stores transposed into a channels-last y: the transposing
-// kernel may write zeros past a row of fewer values than its vector (gemm.h, transpose_copy).
-constexpr int64_t kTransposeRowsMin = 16;
 template <typename T, typename Y>
 void epilogue_into(const void* ctx, T* c, int64_t c_rs, int64_t /*c_cs: 1, C is row-major*/, int64_t i0, int64_t rows,
                    int64_t j0, int64_t cols) {
@@ -375,10 +385,7 @@ void epilogue_into(const void* ctx, T* c, int64_t c_rs, int64_t /*c_cs: 1, C is 
     if (y.s[1] == 1 && y.s[2] == out.Wo * y.s[3] && rows >= kTransposeRowsMin && channels_last_residual(*out.e)) {
       for (int64_t j = j0; j < j0 + cols;) {
         const int64_t s = j / out.P, p0 = j % out.P, len = std::min(j0 + cols - j, out.P - p0);
-        float* yp = y.p + (out.n0 + s) * y.s[0] + p0 * y.s[3] + out.o0 + i0;
-        transpose_copy(len, rows, c + (j - j0), c_rs, yp, y.s[3]);
-        if (!out.e->is_identity())
-          epilogue_channels_last(*out.e, out.n0 + s, p0, len, out.Wo, out.o0 + i0, rows, yp, y.s[3], yp, y.s[3]);
+        store_transposed(*out.e, out.n0 + s, p0, len, out.Wo, out.o0 + i0, rows, c + (j - j0), c_rs, y);
         j += len;
       }
       return;
@@ -1327,6 +1334,7 @@ constexpr int64_t kWinogradOwnRoundsChannels = 4;
 // channels at 56x56 1.25 -> 0.65 ms at batch 1 (NCHW 0.46), 6.5 -> 4.3 ms at batch 8 (NCHW 3.5);
 // 128 -> 128 at 28x28, batch 8, 4.45 -> 3.33 ms (NCHW 3.41).
 constexpr int64_t kWinogradChannelBlock = 16;
+static_assert(kWinogradChannelBlock >= kTransposeRowsMin, "a whole block is stored transposed");
 void winograd_forward(const Operand<const float>& x, const float* u, const Epilogue<float>& e, const Operand<float>& y,
                       const ConvGeom& g) {
   const WinogradF43& kn = winograd_f43();
@@ -1402,11 +1410,8 @@ void winograd_forward(const Operand<const float>& x, const float* u, const Epilo
             }
             for (int64_t a = 0; a < 4 && 4 * i + a < g.Ho; ++a) {
               const int64_t oh = 4 * i + a;
-              if (count == kWinogradChannelBlock) {  // channels-last, a whole block
-                float* yp = y.p + n * y.s[0] + oh * y.s[2] + o0;
-                transpose_copy(g.Wo, count, buf + a * row_len, 4 * row_len, yp, y.s[3]);
-                if (!e.is_identity())
-                  epilogue_channels_last(e, n, oh * g.Wo, g.Wo, g.Wo, o0, count, yp, y.s[3], yp, y.s[3]);
+              if (y_channels_last && count == kWinogradChannelBlock) {  // a whole block
+                store_transposed(e, n, oh * g.Wo, g.Wo, g.Wo, o0, count, buf + a * row_len, 4 * row_len, y);
                 continue;
               }
               for (int64_t c = 0; c < count; ++c)
