@@ -165,6 +165,23 @@ std::vector<OpRow> conv_rows() {
       {randn_sample("stride 2",
                     {{1, 3, 10, 11}, {8, 3, 1, 1}, {8}, {8}, {8, 1, 3, 3}, {8}, {8}, {5, 8, 1, 1}, {5}, {5}})}));
 
+  // conv2d_epilogue_max_pool2d, inputs (x, weight, scale, shift): the one kernel where autograd
+  // does not record (few channels: the convolution's rows pooled as they are made; more: the
+  // convolution's own path, then the pooled rows), conv2d_epilogue and max_pool2d where it does and
+  // for other layouts (the bits of both ways are NnOps.ConvMaxPoolGivesTheBitsOfItsTwoOps').
+  rows.push_back(make_row(
+      Op::conv2d_epilogue_max_pool2d,
+      [] {
+        return with_layouts({randn_sample("few channels", {{2, 3, 13, 11}, {8, 3, 7, 7}, {8}, {8}}),
+                             randn_sample("more channels", {{1, 6, 9, 10}, {4, 6, 7, 7}, {4}, {4}})});
+      },
+      [](In x) {
+        return conv2d_epilogue_max_pool2d(x[0], {x[1], x[2], x[3], EpilogueActivation::ReLU}, {2, 2}, {3, 3}, {1, 1}, 1,
+                                          {3, 3}, std::array<int64_t, 2>{2, 2}, {1, 1});
+      },
+      "F.max_pool2d(F.relu(F.conv2d(a, b, stride=2, padding=3) * c.view(1, -1, 1, 1) + d.view(1, -1, 1, 1)), 3, 2, 1)",
+      {0, 1, 2, 3}));
+
   auto conv1d_samples = [](std::vector<OpSample> cases) {
     OpSample nc = cases.front();
     nc.label = "non-contiguous " + nc.label;

@@ -629,6 +629,15 @@ TEST(TransformerMlp, BlocksRunAsOneKernelInInference) {
   expect_fused_blocks("convnext_tiny", 64, "linear_gelu_linear", 18, "features.5.4.block.5");
 }
 
+// In inference the stems of ResNet (its forward) and DenseNet (its features Sequential) run their
+// convolution, batch norm, ReLU and max pool as one kernel (conv2d_epilogue_max_pool2d), the hook
+// on the max pool.
+TEST(Stem, RunsAsOneKernelInInference) {
+  expect_fused_blocks("resnet18", 64, "conv2d_epilogue_max_pool2d", 1, "maxpool");
+  expect_fused_blocks("resnext50_32x4d", 64, "conv2d_epilogue_max_pool2d", 1, "maxpool");
+  expect_fused_blocks("densenet121", 64, "conv2d_epilogue_max_pool2d", 1, "features.pool0");
+}
+
 TEST(ModelConformanceFull, EfficientNet) {
   for (const char* name :
        {"efficientnet_b1", "efficientnet_b2", "efficientnet_b3", "efficientnet_b4", "efficientnet_b5",

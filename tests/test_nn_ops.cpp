@@ -1771,6 +1771,106 @@ TEST(NnOps, MaxPoolOfChannelsLastGivesTheBitsOfNchw) {
   set_num_threads(threads);
 }
 
+// A convolution with its epilogue and a max pool in one kernel (conv2d_epilogue_max_pool2d) gives
+// the bits of conv2d_epilogue then max_pool2d, on every instruction set, on one and two threads:
+// inputs of few channels on the few-channel rows (each pooled row's window of convolution rows made
+// once, in a ring: pool strides below, at and above the window's rows, a dilated window, ceil_mode,
+// 7x7 stride 2 and 3x3 stride 1 and 2, several samples, maps smaller than the windows, NaNs of two
+// payloads), and an input of more channels through the convolution's own path and the pooled rows.
+TEST(NnOps, ConvMaxPoolGivesTheBitsOfItsTwoOps) {
+  using Pair = std::array<int64_t, 2>;
+  struct Pool {
+    Pair kernel, stride, padding, dilation;
+    bool ceil_mode;
+  };
+  const std::vector<Pool> pools = {{{3, 3}, {2, 2}, {1, 1}, {1, 1}, false},
+                                   {{3, 3}, {2, 2}, {1, 1}, {1, 1}, true},
+                                   {{2, 3}, {1, 1}, {1, 1}, {2, 1}, true},
+                                   {{2, 2}, {3, 2}, {0, 0}, {1, 1}, false},
+                                   {{3, 2}, {1, 3}, {1, 0}, {1, 2}, false}};
+  struct Conv {
+    Shape x, w;
+    int64_t stride;
+    EpilogueActivation activation;
+    const char* path;  // the kernel's, with few channels
+  };
+  const char* rows = "few-channel rows, max pool rows";
+  const std::vector<Conv> convs = {{{2, 3, 29, 26}, {16, 3, 7, 7}, 2, EpilogueActivation::ReLU, rows},
+                                   {{2, 3, 17, 20}, {8, 3, 3, 3}, 1, EpilogueActivation::None, rows},
+                                   {{1, 1, 21, 19}, {8, 1, 3, 3}, 2, EpilogueActivation::SiLU, rows},
+                                   // maps of fewer rows than the window's (a sample's rows are not the last one's)
+                                   {{3, 3, 6, 6}, {8, 3, 7, 7}, 2, EpilogueActivation::ReLU, rows},
+                                   {{2, 6, 15, 13}, {5, 6, 3, 3}, 1, EpilogueActivation::ReLU, nullptr}};
+  const int threads = get_num_threads();
+  NoGradGuard no_grad;
+  uint64_t seed = 60;
+  for (const Conv& c : convs) {
+    const std::vector<double> normal = randn_of(c.x, DType::Float32, ++seed).to_vector();
+    std::vector<float> values(normal.begin(), normal.end());
+    values[40] = std::nanf("1"), values[values.size() / 2] = -std::nanf("2");
+    const Tensor x = tensor(values, c.x), w = randn_of(c.w, DType::Float32, ++seed) * 0.3;
+    const Tensor scale = randn_of({c.w[0]}, DType::Float32, ++seed), shift = randn_of({c.w[0]}, DType::Float32, ++seed);
+    const Pair stride{c.stride, c.stride}, padding{c.w[2] / 2, c.w[3] / 2};
+    for (Isa isa : available_isas()) {
+      set_isa(isa);
+      for (int t : {1, 2}) {
+        set_num_threads(t);
+        const Tensor conv = conv2d_epilogue(x, w, scale, shift, Tensor(), c.activation, stride, padding);
+        for (size_t i = 0; i < pools.size(); ++i) {
+          const Pool& p = pools[i];
+          const std::string where =
+              cat_str(c.x, " weight ", c.w, " pool ", i, ", ", isa_name(isa), ", ", t, " threads");
+          const Tensor want = max_pool2d(conv, p.kernel, p.stride, p.padding, p.dilation, p.ceil_mode);
+          std::vector<KernelRecord> records;
+          Tensor y;
+          {
+            KernelProfiler profiler;
+            y = conv2d_epilogue_max_pool2d(x, {w, scale, shift, c.activation}, stride, padding, {1, 1}, 1, p.kernel,
+                                           p.stride, p.padding, p.dilation, p.ceil_mode);
+            records = profiler.records();
+          }
+          ASSERT_EQ(y.shape(), want.shape()) << where;
+          EXPECT_TRUE(same_float_bits(y, want)) << where;
+          ASSERT_EQ(records.size(), 1u) << where;
+          EXPECT_EQ(records[0].op, "conv2d_epilogue_max_pool2d") << where;
+          if (c.path) EXPECT_EQ(records[0].path, c.path) << where;
+        }
+      }
+    }
+  }
+  set_isa(available_isas().back());
+  set_num_threads(threads);
+}
+
+TEST(NnOps, ConvMaxPoolRejectsBadOperands) {
+  const Tensor x = randn_of({2, 3, 9, 9}, DType::Float32, 1), w = randn_of({8, 3, 3, 3}, DType::Float32, 2);
+  const Tensor c8 = randn_of({8}, DType::Float32, 3);
+  const auto relu = EpilogueActivation::ReLU;
+  using Pair = std::array<int64_t, 2>;
+  NoGradGuard no_grad;
+  expect_error(
+      [&] {
+        conv2d_epilogue_max_pool2d(x, {w, randn_of({7}, DType::Float32, 4), c8, relu}, {1, 1}, {1, 1}, {1, 1}, 1,
+                                   {3, 3});
+      },
+      {"conv2d_epilogue_max_pool2d", "scale", "[7]", "8"});
+  expect_error(
+      [&] {
+        conv2d_epilogue_max_pool2d(x, {w, c8, c8, relu}, {1, 1}, {1, 1}, {1, 1}, 1, {3, 3}, Pair{2, 2}, {2, 2});
+      },
+      {"conv2d_epilogue_max_pool2d", "padding", "[2, 2]", "[3, 3]"});
+  expect_error(
+      [&] {
+        conv2d_epilogue_max_pool2d(x, {w, c8, c8, relu}, {1, 1}, {0, 0}, {1, 1}, 1, {9, 9});
+      },
+      {"conv2d_epilogue_max_pool2d", "output size", "[2, 8, 7, 7]"});
+  expect_error(
+      [&] {
+        conv2d_epilogue_max_pool2d(x[0], {w, c8, c8, relu}, {1, 1}, {1, 1}, {1, 1}, 1, {3, 3});
+      },
+      {"conv2d_epilogue_max_pool2d", "[3, 9, 9]"});
+}
+
 // The indexed path (training) on inputs full of ties (ReLU zeros, values on a coarse grid) and
 // with NaNs, several in one window: each output's index (where its gradient goes) must be the
 // one PyTorch's scan picks, the first maximum in row-major order or the last NaN.

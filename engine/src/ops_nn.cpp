@@ -192,20 +192,32 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
                  [&](const Tensor& x) { return conv2d_batched(x, weight, bias, stride, padding, dilation, groups); });
 }
 
+namespace {
+
+// conv2d_epilogue's checks of its input, weight, scale and shift (op: the caller's name); its
+// output shape.
+Shape check_conv_epilogue(const char* op, const Tensor& input, const Tensor& weight, const Tensor& scale,
+                          const Tensor& shift, int64_t groups, Pair stride, Pair padding, Pair dilation) {
+  check_conv(op, input, weight, Tensor(), groups, 2);
+  TVC_CHECK(input.dim() == 4, op, ": input must be (N, C, H, W), got shape ", input.shape());
+  const int64_t O = weight.shape()[0];
+  for (const auto& [name, t] : {std::pair{"scale", &scale}, std::pair{"shift", &shift}}) {
+    TVC_CHECK(t->defined() && t->dim() == 1 && t->shape()[0] == O, op, ": ", name, " must be (", O, ") for the ", O,
+              " output channels of weight shape ", weight.shape(), ", got ",
+              t->defined() ? cat_str(t->shape()) : std::string("an undefined tensor"));
+    TVC_CHECK(t->dtype() == input.dtype(), op, ": ", name, " dtype ", dtype_name(t->dtype()),
+              " differs from input dtype ", dtype_name(input.dtype()));
+  }
+  return conv2d_output_shape(input, weight, stride, padding, dilation);
+}
+
+}  // namespace
+
 Tensor conv2d_epilogue(const Tensor& input, const Tensor& weight, const Tensor& scale, const Tensor& shift,
                        const Tensor& residual, EpilogueActivation activation, Pair stride, Pair padding, Pair dilation,
                        int64_t groups) {
-  check_conv("conv2d_epilogue", input, weight, Tensor(), groups, 2);
-  TVC_CHECK(input.dim() == 4, "conv2d_epilogue: input must be (N, C, H, W), got shape ", input.shape());
-  const int64_t O = weight.shape()[0];
-  for (const auto& [name, t] : {std::pair{"scale", &scale}, std::pair{"shift", &shift}}) {
-    TVC_CHECK(t->defined() && t->dim() == 1 && t->shape()[0] == O, "conv2d_epilogue: ", name, " must be (", O,
-              ") for the ", O, " output channels of weight shape ", weight.shape(), ", got ",
-              t->defined() ? cat_str(t->shape()) : std::string("an undefined tensor"));
-    TVC_CHECK(t->dtype() == input.dtype(), "conv2d_epilogue: ", name, " dtype ", dtype_name(t->dtype()),
-              " differs from input dtype ", dtype_name(input.dtype()));
-  }
-  const Shape out_shape = conv2d_output_shape(input, weight, stride, padding, dilation);
+  const Shape out_shape =
+      check_conv_epilogue("conv2d_epilogue", input, weight, scale, shift, groups, stride, padding, dilation);
   if (residual.defined()) {
     TVC_CHECK(residual.shape() == out_shape, "conv2d_epilogue: residual of shape ", residual.shape(),
               " does not match the output shape ", out_shape);
@@ -236,7 +248,7 @@ Tensor conv2d_epilogue(const Tensor& input, const Tensor& weight, const Tensor& 
     detail::run(Op::conv2d_epilogue, in, {y}, &p);
     return y;
   }
-  const Shape cshape{1, O, 1, 1};
+  const Shape cshape{1, weight.shape()[0], 1, 1};
   Tensor y = add(mul(conv2d_batched(input, weight, Tensor(), stride, padding, dilation, groups), scale.view(cshape)),
                  shift.view(cshape));
   if (residual.defined()) y = add(y, residual);
@@ -345,7 +357,7 @@ struct PoolSetup {
   Shape out_shape;
 };
 
-PoolSetup pool_setup(const char* op, const Tensor& x, Pair kernel, std::optional<Pair> stride_opt, Pair padding,
+PoolSetup pool_setup(const char* op, const Shape& xs, Pair kernel, std::optional<Pair> stride_opt, Pair padding,
                      Pair dilation, bool ceil_mode) {
   Pair stride = stride_opt ? *stride_opt : kernel;
   PoolSetup s;
@@ -359,7 +371,6 @@ PoolSetup pool_setup(const char* op, const Tensor& x, Pair kernel, std::optional
     p.kernel[i] = kernel[i], p.stride[i] = stride[i], p.padding[i] = padding[i], p.dilation[i] = dilation[i];
   }
   p.ceil_mode = ceil_mode;
-  const Shape& xs = x.shape();
   int64_t ho = pool_out_size(xs[2], kernel[0], stride[0], padding[0], dilation[0], ceil_mode);
   int64_t wo = pool_out_size(xs[3], kernel[1], stride[1], padding[1], dilation[1], ceil_mode);
   TVC_CHECK(ho >= 1 && wo >= 1, op, ": output size ", Shape{ho, wo}, " is too small for input of shape ", xs,
@@ -412,7 +423,7 @@ Tensor max_pool2d(const Tensor& input, Pair kernel, std::optional<Pair> stride, 
                   bool ceil_mode) {
   check_pool_input("max_pool2d", input);
   return batched(input, [&](const Tensor& x) {
-    PoolSetup s = pool_setup("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
+    PoolSetup s = pool_setup("max_pool2d", x.shape(), kernel, stride, padding, dilation, ceil_mode);
     // The indices serve only the backward: inference skips them.
     bool with_indices = is_grad_enabled() && x.requires_grad();
     return pool_forward(Op::max_pool2d, Op::max_pool2d_backward, "MaxPool2DWithIndicesBackward0", x, s.out_shape,
@@ -420,12 +431,44 @@ Tensor max_pool2d(const Tensor& input, Pair kernel, std::optional<Pair> stride, 
   });
 }
 
+Tensor conv2d_epilogue_max_pool2d(const Tensor& input, const ConvEpilogueLayer& conv, Pair stride, Pair padding,
+                                  Pair dilation, int64_t groups, Pair pool_kernel, std::optional<Pair> pool_stride,
+                                  Pair pool_padding, Pair pool_dilation, bool ceil_mode) {
+  const char* op = "conv2d_epilogue_max_pool2d";
+  const Shape conv_shape =
+      check_conv_epilogue(op, input, conv.weight, conv.scale, conv.shift, groups, stride, padding, dilation);
+  const PoolSetup s = pool_setup(op, conv_shape, pool_kernel, pool_stride, pool_padding, pool_dilation, ceil_mode);
+  bool one_kernel = input.is_contiguous() && input.numel() > 0 && input.shape()[1] > 0 &&
+                    kernel_registry().supports(Op::conv2d_epilogue_max_pool2d, input.device()) &&
+                    !autograd::any_requires_grad({input, conv.weight, conv.scale, conv.shift});
+  for (const Tensor& t : {input, conv.weight, conv.scale, conv.shift})
+    one_kernel = one_kernel && t.dtype() == DType::Float32 && t.device() == input.device();
+  if (!one_kernel)
+    return max_pool2d(conv2d_epilogue(input, conv.weight, conv.scale, conv.shift, Tensor(), conv.activation, stride,
+                                      padding, dilation, groups),
+                      pool_kernel, pool_stride, pool_padding, pool_dilation, ceil_mode);
+  NoGradGuard no_grad;
+  Tensor y = empty(s.out_shape, {.dtype = input.dtype(), .device = input.device()});
+  if (y.numel() == 0) return y;
+  const Conv2dEpilogueMaxPoolParams p{{{{stride[0], stride[1]},
+                                        {padding[0], padding[1]},
+                                        {dilation[0], dilation[1]},
+                                        groups,
+                                        detail::may_keep_weight_forms(conv.weight)},
+                                       conv.activation},
+                                      s.params,
+                                      conv_shape[2],
+                                      conv_shape[3]};
+  detail::run(Op::conv2d_epilogue_max_pool2d, {input, conv.weight, conv.scale, conv.shift}, {y}, &p);
+  return y;
+}
+
 Tensor avg_pool2d(const Tensor& input, Pair kernel, std::optional<Pair> stride, Pair padding, bool ceil_mode,
                   bool count_include_pad, std::optional<int64_t> divisor_override) {
   check_pool_input("avg_pool2d", input);
   TVC_CHECK(!divisor_override || *divisor_override != 0, "avg_pool2d: divisor_override must not be zero");
   return batched(input, [&](const Tensor& x) {
-    PoolSetup s = pool_setup("avg_pool2d", x, kernel, stride, padding, {1, 1}, ceil_mode);
+    PoolSetup s = pool_setup("avg_pool2d", x.shape(), kernel, stride, padding, {1, 1}, ceil_mode);
     s.params.count_include_pad = count_include_pad;
     s.params.divisor_override = divisor_override.value_or(0);
     return pool_forward(Op::avg_pool2d, Op::avg_pool2d_backward, "AvgPool2DBackward0", x, s.out_shape, s.params, false);

@@ -220,6 +220,21 @@ struct ConvEpilogueLayer {
 Tensor inverted_residual(const Tensor& input, const ConvEpilogueLayer& expand, const ConvEpilogueLayer& depthwise,
                          std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
                          const ConvEpilogueLayer& project, bool add_input);
+// max_pool2d(conv2d_epilogue(input, conv.weight, conv.scale, conv.shift, no residual,
+// conv.activation, stride, padding, dilation, groups), pool_kernel, pool_stride, pool_padding,
+// pool_dilation, ceil_mode): a network's stem (ResNet's and DenseNet's 7x7 convolution, batch norm
+// and ReLU, then their 3x3 stride-2 max pool), input (N,C,H,W) -> (N,O,Hp,Wp), the values of those
+// two calls. When autograd does not record and input, weight, scale and shift are float32, the
+// input dense NCHW on a device with the kernel (the CPU): one kernel, which for an input of few
+// channels (at most 4) pools each output row as soon as the convolution rows its windows need are
+// made, so that the convolution's output stays in the cores' caches instead of going to memory and
+// back; otherwise those two calls.
+Tensor conv2d_epilogue_max_pool2d(const Tensor& input, const ConvEpilogueLayer& conv, std::array<int64_t, 2> stride,
+                                  std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups,
+                                  std::array<int64_t, 2> pool_kernel,
+                                  std::optional<std::array<int64_t, 2>> pool_stride = std::nullopt,
+                                  std::array<int64_t, 2> pool_padding = {0, 0},
+                                  std::array<int64_t, 2> pool_dilation = {1, 1}, bool ceil_mode = false);
 // input (N,C,L), weight (O,C/groups,k), bias (O) -> (N,O,Lo).
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1,
               int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);

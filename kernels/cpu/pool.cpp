@@ -16,6 +16,7 @@
 #include "cpu_kernels.h"
 #include "gemm.h"
 #include "loops.h"
+#include "pool_row.h"
 
 namespace tvc::cpu {
 namespace {
@@ -138,43 +139,58 @@ std::vector<TapOffsets> max_taps(const Pool2dParams& p, const PlaneGeom& g, int6
     }
   return taps;
 }
+
+// max_plane's two steps for one output row: the window's input rows (count of them, in order, W
+// values each at a stride of xs3) reduced column by column into rows_max's W values after the left
+// padding (the first row copied where it is float and dense), then best[ow] (Wo values) the max of
+// its window's columns there, tap by tap. rows_max: padded_row_length values, -inf outside those W.
+template <typename T>
+void max_row(const T* const* rows, int64_t count, int64_t xs3, const Pool2dParams& p, const PlaneGeom& g,
+             compute_t<T>* rows_max, compute_t<T>* best) {
+  using C = compute_t<T>;
+  constexpr C lowest = -std::numeric_limits<C>::infinity();
+  C* row = rows_max + p.padding[1];
+  auto take = [](C& acc, C v) { acc = (v > acc || v != v) ? v : acc; };
+  int64_t h = 0;
+  if (std::is_same_v<T, C> && xs3 == 1 && count > 0) {  // the first row as it is: the max of -inf and it
+    std::copy(rows[0], rows[0] + g.W, row);
+    h = 1;
+  } else {
+    std::fill(row, row + g.W, lowest);
+  }
+  for (; h < count; ++h) {
+    const T* xrow = rows[h];
+    if constexpr (std::is_same_v<T, float>)
+      max_into(g.W, xrow, xs3, row);  // the instruction set's kernel, the same rule
+    else if (xs3 == 1)                // contiguous rows: a loop the compiler vectorises
+      for (int64_t w = 0; w < g.W; ++w) take(row[w], static_cast<C>(xrow[w]));
+    else
+      for (int64_t w = 0; w < g.W; ++w) take(row[w], static_cast<C>(xrow[w * xs3]));
+  }
+  std::fill(best, best + g.Wo, lowest);
+  for (int64_t j = 0; j < p.kernel[1]; ++j) {
+    const C* from = rows_max + j * p.dilation[1];
+    if constexpr (std::is_same_v<C, float>)
+      max_into(g.Wo, from, p.stride[1], best);
+    else
+      for (int64_t ow = 0; ow < g.Wo; ++ow) take(best[ow], from[ow * p.stride[1]]);
+  }
+}
+
 template <typename T>
 void max_plane(const T* xp, int64_t xs2, int64_t xs3, const Pool2dParams& p, const PlaneGeom& g, T* yp, int64_t ys2,
                int64_t ys3, int64_t* ip, int64_t is2, int64_t is3, const TapOffsets* taps, compute_t<T>* rows_max,
                compute_t<T>* best, int32_t* tap) {
   using C = compute_t<T>;
-  constexpr C lowest = -std::numeric_limits<C>::infinity();
   constexpr int32_t none = -1;
   const int64_t stride = p.stride[1], dilation = p.dilation[1];
-  std::fill(rows_max, rows_max + padded_row_length(p, g), lowest);
-  C* row = rows_max + p.padding[1];
-  auto take = [](C& acc, C v) { acc = (v > acc || v != v) ? v : acc; };
+  std::fill(rows_max, rows_max + padded_row_length(p, g), -std::numeric_limits<C>::infinity());
+  std::vector<const T*> rows(p.kernel[0]);
   for (int64_t oh = 0; oh < g.Ho; ++oh) {
-    Window rows = max_window(p, g, oh, 0);
-    int64_t h = rows.h0;
-    if (std::is_same_v<T, C> && xs3 == 1 && h < rows.h1) {  // the first row as it is: the max of -inf and it
-      std::copy(xp + h * xs2, xp + h * xs2 + g.W, row);
-      h += rows.dh;
-    } else {
-      std::fill(row, row + g.W, lowest);
-    }
-    for (; h < rows.h1; h += rows.dh) {
-      const T* xrow = xp + h * xs2;
-      if constexpr (std::is_same_v<T, float>)
-        max_into(g.W, xrow, xs3, row);  // the instruction set's kernel, the same rule
-      else if (xs3 == 1)                // contiguous rows: a loop the compiler vectorises
-        for (int64_t w = 0; w < g.W; ++w) take(row[w], static_cast<C>(xrow[w]));
-      else
-        for (int64_t w = 0; w < g.W; ++w) take(row[w], static_cast<C>(xrow[w * xs3]));
-    }
-    std::fill(best, best + g.Wo, lowest);
-    for (int64_t j = 0; j < p.kernel[1]; ++j) {
-      const C* from = rows_max + j * dilation;
-      if constexpr (std::is_same_v<C, float>)
-        max_into(g.Wo, from, stride, best);
-      else
-        for (int64_t ow = 0; ow < g.Wo; ++ow) take(best[ow], from[ow * stride]);
-    }
+    const Window window = max_window(p, g, oh, 0);
+    int64_t count = 0;
+    for (int64_t h = window.h0; h < window.h1; h += window.dh) rows[count++] = xp + h * xs2;
+    max_row(rows.data(), count, xs3, p, g, rows_max, best);
     if (!ip) {
       if (std::is_same_v<T, C> && ys3 == 1)
         std::copy(best, best + g.Wo, yp + oh * ys2);
@@ -605,6 +621,18 @@ void max_backward_kernel(const KernelArgs& args) {
 }
 
 }  // namespace
+
+MaxPoolRows max_pool_rows(const Pool2dParams& p, int64_t H, int64_t oh) {
+  const Window window = max_window(p, {0, 0, H, 0, 0, 0}, oh, 0);
+  return {window.h0, window.h1, window.dh};
+}
+int64_t max_pool_row_floats(const Pool2dParams& p, int64_t W, int64_t Wo) {
+  return padded_row_length(p, {0, 0, 0, W, 0, Wo});
+}
+void max_pool_row(const float* const* rows, int64_t count, const Pool2dParams& p, int64_t W, int64_t Wo,
+                  float* rows_max, float* y) {
+  max_row(rows, count, 1, p, {0, 0, 0, W, 0, Wo}, rows_max, y);
+}
 
 void register_pool_kernels(KernelRegistry& r) {
   r.set(Op::max_pool2d, Device::CPU, windowed_kernel<Op::max_pool2d, MaxForward, max_window>);

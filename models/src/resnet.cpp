@@ -127,7 +127,7 @@ class ResNet : public nn::Cloneable<ResNet, Backbone> {
   }
 
   Tensor forward(const Tensor& x) override {
-    Tensor out = child("maxpool")(nn::conv_norm_activation(child("conv1"), child("bn1"), &child("relu"), x));
+    Tensor out = nn::conv_norm_activation_max_pool(child("conv1"), child("bn1"), &child("relu"), child("maxpool"), x);
     for (const char* layer : {"layer1", "layer2", "layer3", "layer4"}) out = child(layer)(out);
     out = child("avgpool")(out).flatten(1);
     return child("fc")(out);

@@ -25,14 +25,20 @@ Tensor Sequential::forward(const Tensor& x) {
     const auto& [name, m] = children_.item(i);
     TVC_CHECK(m != nullptr, "Sequential: module '", name, "' is None and cannot be called");
     // A convolution and a batch norm, with the activation after them, go through
-    // conv_norm_activation, which fuses them in evaluation mode.
+    // conv_norm_activation, which fuses them in evaluation mode; with a max pool after those,
+    // conv_norm_activation_max_pool.
     if (dynamic_cast<const Conv2d*>(m.get()) && dynamic_cast<const BatchNorm2d*>(at(i + 1))) {
       // Owned here while they run (a hook may change the children meanwhile).
       ModulePtr conv = m, norm = children_.item(i + 1).second;
       Module* act = dynamic_cast<Activation*>(at(i + 2));
       ModulePtr act_owner = act ? children_.item(i + 2).second : nullptr;
-      y = conv_norm_activation(*conv, *norm, act, y);
       i += act ? 2 : 1;
+      if (dynamic_cast<const MaxPool2d*>(at(i + 1))) {
+        ModulePtr pool = children_.item(++i).second;
+        y = conv_norm_activation_max_pool(*conv, *norm, act, *pool, y);
+        continue;
+      }
+      y = conv_norm_activation(*conv, *norm, act, y);
       continue;
     }
     // A Linear and a GELU go through linear_activation, and with a Linear after them (past a

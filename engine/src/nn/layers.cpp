@@ -172,6 +172,15 @@ Tensor Conv2d::forward_epilogue(const Tensor& x, const Tensor& scale, const Tens
                          {dilation[0], dilation[1]}, groups);
 }
 
+Tensor Conv2d::forward_epilogue_max_pool(const Tensor& x, const Tensor& scale, const Tensor& shift,
+                                         EpilogueActivation activation, const MaxPool2d& pool) {
+  auto [input, p] = padded_input(x);
+  return conv2d_epilogue_max_pool2d(input, {weight(), scale, shift, activation}, {stride[0], stride[1]}, {p[0], p[1]},
+                                    {dilation[0], dilation[1]}, groups, pool.kernel_size.pair("MaxPool2d kernel_size"),
+                                    pool.stride.pair("MaxPool2d stride"), pool.padding.pair("MaxPool2d padding"),
+                                    pool.dilation.pair("MaxPool2d dilation"), pool.ceil_mode);
+}
+
 // ---------------------------------------------------------------- fused inference
 
 namespace {
@@ -351,6 +360,14 @@ Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, cons
                                    residual.defined() ? residual.reshape({1, N * O, H, W}) : Tensor(), act, {1, 1},
                                    {0, 0}, {1, 1}, N);
   return y.reshape({N, O, H, W});
+}
+
+Tensor conv_norm_activation_max_pool(Module& conv, Module& norm, Module* activation, Module& pool, const Tensor& x) {
+  const std::optional<ConvEpilogueLayer> layer = folded_layer(conv, norm, activation, x, {});
+  if (!layer || typeid(pool) != typeid(MaxPool2d) || pool.has_call_hooks())
+    return pool(conv_norm_activation(conv, norm, activation, x));
+  return static_cast<Conv2d&>(conv).forward_epilogue_max_pool(x, layer->scale, layer->shift, layer->activation,
+                                                              static_cast<const MaxPool2d&>(pool));
 }
 
 namespace {

@@ -118,6 +118,8 @@ class Conv1d : public Cloneable<Conv1d, ConvNd> {
   Tensor forward(const Tensor& x) override;
 };
 
+class MaxPool2d;
+
 // x (N, C_in, H, W) or (C_in, H, W) -> (N, C_out, H_out, W_out).
 class Conv2d : public Cloneable<Conv2d, ConvNd> {
  public:
@@ -129,6 +131,10 @@ class Conv2d : public Cloneable<Conv2d, ConvNd> {
   // mode included) through tvc::conv2d_epilogue. The caller folds the bias into shift.
   Tensor forward_epilogue(const Tensor& x, const Tensor& scale, const Tensor& shift, const Tensor& residual,
                           EpilogueActivation activation);
+  // pool(forward_epilogue(x, scale, shift, no residual, activation)) through
+  // tvc::conv2d_epilogue_max_pool2d: x (N, C_in, H, W) -> (N, C_out, Hp, Wp).
+  Tensor forward_epilogue_max_pool(const Tensor& x, const Tensor& scale, const Tensor& shift,
+                                   EpilogueActivation activation, const MaxPool2d& pool);
 };
 
 // ---------------------------------------------------------------- normalisation
@@ -268,6 +274,13 @@ Tensor linear_activation_linear(Module& linear1, Module& activation, Module& lin
 // instead (W * input_scale[n]: a grouped convolution, no pass over x).
 Tensor conv_norm_activation(Module& conv, Module& norm, Module* activation, const Tensor& x,
                             const Tensor& residual = Tensor(), const Tensor& input_scale = Tensor());
+
+// pool(conv_norm_activation(conv, norm, activation, x)) (a network's stem); or, when
+// conv_norm_activation fuses the first three (with x) and pool is a MaxPool2d (that exact class)
+// without hooks, Conv2d::forward_epilogue_max_pool (tvc::conv2d_epilogue_max_pool2d: one kernel in
+// inference, the same values). Sequential calls it for a Conv2d, a BatchNorm2d, an activation
+// (optional) and a MaxPool2d.
+Tensor conv_norm_activation_max_pool(Module& conv, Module& norm, Module* activation, Module& pool, const Tensor& x);
 
 // A convolution, its norm and its activation (null: none) as conv_norm_activation takes them; a
 // null conv: no such layer.

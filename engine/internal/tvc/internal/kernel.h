@@ -243,6 +243,16 @@ struct Pool2dParams {
   int64_t divisor_override = 0;  // 0: none
 };
 
+// conv2d_epilogue_max_pool2d: in = (input (N,C,H,W), weight, scale (O), shift (O)) -> out =
+// max_pool2d(conv2d_epilogue(input, weight, scale, shift), pool) (values), (N,O,Hp,Wp) (ops.h,
+// conv2d_epilogue_max_pool2d); float32, input and output dense NCHW. conv_height and conv_width:
+// the convolution's output size (the pool's input).
+struct Conv2dEpilogueMaxPoolParams {
+  Conv2dEpilogueParams conv;
+  Pool2dParams pool;
+  int64_t conv_height, conv_width;
+};
+
 // channel_affine: in = (x, mean, scale, bias), all of out's shape (the last three broadcast
 // views; out any strides) -> out = (x - mean) * scale + bias, each step rounded to the dtype as
 // the separate sub, mul and add ops round it (eval-mode batch norm in one pass); with

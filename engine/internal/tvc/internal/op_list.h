@@ -104,6 +104,7 @@
   X(conv2d_backward_weight, BACKWARD)       \
   X(conv2d_epilogue, KERNEL)                \
   X(inverted_residual, KERNEL)              \
+  X(conv2d_epilogue_max_pool2d, KERNEL)     \
   X(conv1d, COMPOSED)                       \
   X(max_pool2d, KERNEL)                     \
   X(max_pool2d_backward, BACKWARD)          \
