@@ -860,6 +860,42 @@ TEST(Layers, ConvNormActivationFoldsAgainAfterAnyChange) {
   set_keep_derived_data(true);
 }
 
+// concat_norm_activation keeps its batch norm's scale between calls likewise: the second call
+// gives the first one's bits, and after a change to the running variance, the weight (in place or
+// replaced) or eps the next call makes it again, matching the modules one by one.
+TEST(Layers, ConcatNormActivationMakesItsScaleAgainAfterAnyChange) {
+  auto bn = make_shared<BatchNorm2d>(7);
+  auto act = make_shared<ReLU>();
+  NoGradGuard no_grad;
+  bn->running_mean().copy_(randn_of({7}, 21));
+  bn->running_var().copy_(rand({7}) + 0.5);
+  bn->weight().copy_(randn_of({7}, 22));
+  bn->bias().copy_(randn_of({7}, 23));
+  bn->eval();
+  const std::vector<Tensor> inputs{randn_of({2, 3, 5, 4}, 24), randn_of({2, 4, 5, 4}, 25)};
+  auto check = [&](const std::string& after) {
+    const Tensor want = (*act)((*bn)(cat(inputs, 1)));
+    Tensor y;
+    EXPECT_TRUE(ran(kernels_of([&] { y = concat_norm_activation(*bn, act.get(), inputs); }), "channel_affine"))
+        << after;
+    EXPECT_EQ(relative_error(y, want), 0) << after;
+    EXPECT_EQ(relative_error(concat_norm_activation(*bn, act.get(), inputs), y), 0) << after << ": the kept scale";
+  };
+  check("the first call");
+  bn->weight().mul_(scalar_like(-2.0, DType::Float32));
+  check("the norm's weight times -2");
+  bn->running_var().mul_(scalar_like(4.0, DType::Float32));
+  check("the running variance times 4");
+  bn->eps = 0.5;
+  check("eps 0.5");
+  bn->register_parameter("weight", randn_of({7}, 26));
+  check("a replaced weight");
+  set_keep_derived_data(false);
+  bn->running_var().add_(scalar_like(1.0, DType::Float32));
+  check("keeping off");
+  set_keep_derived_data(true);
+}
+
 // BatchNorm2d in training mode followed by a ReLU, through conv_norm_activation and
 // concat_norm_activation (DenseNet's layers, ResNet's stems): batch_norm_relu's fused pass and
 // gradient (no relu or clamp_backward kernel), the modules one by one's output, running statistics

@@ -8,7 +8,8 @@
 
 namespace tvc::cpu {
 
-// The input rows of output row oh's windows (p's, an input of H rows): first, first + step, ... < end.
+// The input rows of output row oh's windows (p's, an input of H rows): first, first + step, ...
+// < end.
 struct MaxPoolRows {
   int64_t first, end, step;
 };
@@ -16,10 +17,11 @@ MaxPoolRows max_pool_rows(const Pool2dParams& p, int64_t H, int64_t oh);
 // The floats of max_pool_row's rows_max for input rows of W values and output rows of Wo.
 int64_t max_pool_row_floats(const Pool2dParams& p, int64_t W, int64_t Wo);
 // y (Wo values) = output row oh of max_pool2d (p, values only) from the window's input rows of
-// that output row, rows[0, count) in order (max_pool_rows'; W contiguous values each): the same comparisons in the same order as the max_pool2d kernel's
-// planes (the first row copied, the others' columns reduced into rows_max, then each output's
-// window columns tap by tap), so the same bits. rows_max: max_pool_row_floats(p, W, Wo) floats, all
-// -inf before the first call (the calls keep the padding around the row -inf).
+// that output row, rows[0, count) in order (max_pool_rows'; W contiguous values each): the same
+// comparisons in the same order as the max_pool2d kernel's planes (the first row copied, the
+// others' columns reduced into rows_max, then each output's window columns tap by tap), so the
+// same bits. rows_max: max_pool_row_floats(p, W, Wo) floats, all -inf before the first call (the
+// calls keep the padding around the row -inf).
 void max_pool_row(const float* const* rows, int64_t count, const Pool2dParams& p, int64_t W, int64_t Wo,
                   float* rows_max, float* y);
 
