@@ -75,7 +75,11 @@ class DenseBlock : public nn::Cloneable<DenseBlock> {
     if (all.defined()) features[0] = all.narrow(1, 0, init_features.size(1)).copy_(init_features);
     int64_t first = init_features.size(1);
     for (const auto& [name, layer] : named_children()) {
-      const Tensor y = child_as<DenseLayer>(name)(features);
+      DenseLayer& dense = child_as<DenseLayer>(name);
+      // Kept features are adjacent channels of `all`: a layer without hooks (none to see the list)
+      // takes them as the one slice they make, the same values, rather than a list that grows
+      // with the block and is checked and joined again by every layer's norm.
+      const Tensor y = all.defined() && !dense.has_call_hooks() ? dense({all.narrow(1, 0, first)}) : dense(features);
       if (all.defined() && y.dim() == 4 && y.size(0) == all.size(0) && y.size(2) == all.size(2) &&
           y.size(3) == all.size(3) && y.dtype() == all.dtype() && y.device() == all.device() &&
           first + y.size(1) <= all.size(1)) {
