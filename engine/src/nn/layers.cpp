@@ -495,7 +495,11 @@ Tensor concat_norm_activation(Module& norm, Module* activation, const std::vecto
   int64_t first = 0;
   for (const Tensor& x : adjacent_channels_joined(inputs)) {
     const int64_t c = x.size(1);
-    auto per_channel = [&](const Tensor& t) { return t.narrow(0, first, c).reshape({1, c, 1, 1}).expand(x.shape()); };
+    // t's channels [first, first + c) broadcast to x's shape, as one view (not a narrow, a reshape
+    // and an expand, each a view of its own: this runs for every norm of a dense block).
+    auto per_channel = [&](const Tensor& t) {
+      return t.as_strided(x.shape(), {0, t.stride(0), 0, 0}, t.storage_offset() + first * t.stride(0));
+    };
     detail::run(Op::channel_affine, {x, per_channel(mean), per_channel(scale), per_channel(shift)},
                 {out.narrow(1, first, c)}, &params);
     first += c;
