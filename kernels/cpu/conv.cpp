@@ -1785,11 +1785,10 @@ void few_channel_rows_max_pool_forward(const Operand<const float>& x, const floa
           epilogue_positions(e, s, o, h * g.Wo, g.Wo, sums + o * conv.n(), row + o * g.Wo, g.Wo);
         held[h % ring] = s * g.Ho + h;
       }
-      for (int64_t o = 0; o < g.O; ++o) {
-        int64_t count = 0;
-        for (int64_t h = in.first; h < in.end; h += in.step) window[count++] = rows + h % ring * row_floats + o * g.Wo;
-        max_pool_row(window.data(), count, pool, g.Wo, Wp, rows_max, y.p + s * y.s[0] + o * y.s[1] + ph * y.s[2]);
-      }
+      for (int64_t o = 0; o < g.O; ++o)
+        max_pool_output_row(
+            pool, g.Ho, ph, [&](int64_t h) { return rows + h % ring * row_floats + o * g.Wo; }, g.Wo, Wp, window.data(),
+            rows_max, y.p + s * y.s[0] + o * y.s[1] + ph * y.s[2]);
     }
   });
 }
@@ -2429,12 +2428,10 @@ void conv2d_epilogue_max_pool2d_kernel(const KernelArgs& args) {
     std::vector<float> rows_max(max_pool_row_floats(p.pool, Wo, Wp), -std::numeric_limits<float>::infinity());
     std::vector<const float*> window(p.pool.kernel[0]);
     for (int64_t plane = first; plane < last; ++plane)
-      for (int64_t ph = 0; ph < Hp; ++ph) {
-        const MaxPoolRows in = max_pool_rows(p.pool, Ho, ph);
-        int64_t count = 0;
-        for (int64_t h = in.first; h < in.end; h += in.step) window[count++] = planes + (plane * Ho + h) * Wo;
-        max_pool_row(window.data(), count, p.pool, Wo, Wp, rows_max.data(), out + (plane * Hp + ph) * Wp);
-      }
+      for (int64_t ph = 0; ph < Hp; ++ph)
+        max_pool_output_row(
+            p.pool, Ho, ph, [&](int64_t h) { return planes + (plane * Ho + h) * Wo; }, Wo, Wp, window.data(),
+            rows_max.data(), out + (plane * Hp + ph) * Wp);
   });
 }
 

@@ -24,5 +24,15 @@ int64_t max_pool_row_floats(const Pool2dParams& p, int64_t W, int64_t Wo);
 // calls keep the padding around the row -inf).
 void max_pool_row(const float* const* rows, int64_t count, const Pool2dParams& p, int64_t W, int64_t Wo,
                   float* rows_max, float* y);
+// max_pool_row for output row oh of an input of H rows whose row h is row_at(h); window: room for
+// p.kernel[0] row pointers.
+template <typename RowAt>
+void max_pool_output_row(const Pool2dParams& p, int64_t H, int64_t oh, RowAt row_at, int64_t W, int64_t Wo,
+                         const float** window, float* rows_max, float* y) {
+  const MaxPoolRows in = max_pool_rows(p, H, oh);
+  int64_t count = 0;
+  for (int64_t h = in.first; h < in.end; h += in.step) window[count++] = row_at(h);
+  max_pool_row(window, count, p, W, Wo, rows_max, y);
+}
 
 }  // namespace tvc::cpu
